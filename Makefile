@@ -1,0 +1,35 @@
+# The two commands a new user needs (see README.md):
+#   make main   set up, then run the main job end to end
+#   make test   set up, then run the test suite (what CI runs)
+PYTHON ?= python3.11
+VENV ?= .venv
+MAIN_FLAGS ?=
+PYTEST_FLAGS ?=
+
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.lealla_tf-installed
+
+# Quiet TensorFlow, never probe CUDA on a CPU box, keep Keras' config in the workspace.
+export TF_CPP_MIN_LOG_LEVEL ?= 3
+export KERAS_HOME ?= $(CURDIR)/.keras
+export HF_HUB_OFFLINE := 1
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup main test clean
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev,teacher]"
+	$(BIN)/python -m pip check
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+main: $(STAMP)
+	$(BIN)/python -m lealla_tf.recipe $(MAIN_FLAGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_FLAGS)
+
+clean:
+	rm -rf $(VENV) .keras .pytest_cache runs

@@ -1,0 +1,27 @@
+"""lealla_tf: lightweight language-agnostic sentence embeddings (LEALLA) in TF2/Keras.
+
+Imports are lazy so that `python -m lealla_tf.presets` and the CLIs start fast.
+"""
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "EncoderConfig": "lealla_tf.configs",
+    "LeallaEncoder": "lealla_tf.lealla_encoder",
+    "build_encoder": "lealla_tf.lealla_encoder",
+    "PRESETS": "lealla_tf.presets",
+    "get_preset": "lealla_tf.presets",
+    "count_parameters": "lealla_tf.presets",
+    "Tokenizer": "lealla_tf.tokenizer",
+}
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'lealla_tf' has no attribute {name!r}")
+
+
+__all__ = sorted(_EXPORTS)

@@ -1,0 +1,158 @@
+"""Finding and reading parallel-text files (`xx<TAB>en` TSV, optionally gzip'd).
+
+A file's language comes from its name, as in ../shared/data/parallel:
+`<code>-eng.tsv.gz`, where the code may carry a script, region or translation
+suffix (`aze-Latn`, `ber_Latn`, `deu-deu1912`, `pt-BR`). Two-letter ISO 639-1
+codes are mapped to ISO 639-3 so that one language from two corpora is one
+language for sampling and reports.
+"""
+
+import dataclasses
+import glob
+import gzip
+import io
+import os
+import re
+from typing import Iterator, List, Sequence, Tuple
+
+import tensorflow as tf
+
+# ISO 639-1 -> 639-3 for the two-letter codes TICO-19 and others use.
+ISO_639_1_TO_3 = {
+    "af": "afr", "am": "amh", "ar": "ara", "az": "aze", "be": "bel", "bg": "bul",
+    "bn": "ben", "bs": "bos", "ca": "cat", "cs": "ces", "cy": "cym", "da": "dan",
+    "de": "deu", "el": "ell", "en": "eng", "eo": "epo", "es": "spa", "et": "est",
+    "eu": "eus", "fa": "fas", "fi": "fin", "fr": "fra", "ga": "gle", "gl": "glg",
+    "gu": "guj", "ha": "hau", "he": "heb", "hi": "hin", "hr": "hrv", "hu": "hun",
+    "hy": "hye", "id": "ind", "is": "isl", "it": "ita", "ja": "jpn", "jv": "jav",
+    "ka": "kat", "kk": "kaz", "km": "khm", "kn": "kan", "ko": "kor", "kr": "kau",
+    "ku": "kur", "ky": "kir", "lg": "lug", "ln": "lin", "lo": "lao", "lt": "lit",
+    "lv": "lav", "mg": "mlg", "mk": "mkd", "ml": "mal", "mn": "mon", "mr": "mar",
+    "ms": "msa", "mt": "mlt", "my": "mya", "ne": "nep", "nl": "nld", "no": "nor",
+    "om": "orm", "pa": "pan", "pl": "pol", "ps": "pus", "pt": "por", "ro": "ron",
+    "ru": "rus", "rw": "kin", "si": "sin", "sk": "slk", "sl": "slv", "so": "som",
+    "sq": "sqi", "sr": "srp", "sv": "swe", "sw": "swa", "ta": "tam", "te": "tel",
+    "tg": "tgk", "th": "tha", "ti": "tir", "tl": "tgl", "tr": "tur", "uk": "ukr",
+    "ur": "urd", "uz": "uzb", "vi": "vie", "xh": "xho", "yo": "yor", "zh": "zho",
+    "zu": "zul",
+}
+
+_TSV_SUFFIXES = (".tsv.gz", ".tsv")
+# Inside a directory only files named like pair files are taken, so that a
+# COUNTS.tsv or README beside them is not read as sentence pairs.
+_PAIR_FILE_SUFFIXES = ("-eng.tsv.gz", "-eng.tsv", "_eng.tsv.gz", "_eng.tsv")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelFile:
+    """One TSV file of pairs and the language of its first column."""
+
+    path: str
+    language: str
+
+
+def language_of(path: str) -> str:
+    """Language code of a parallel or Tatoeba file, from its name.
+
+    `ntrex/aze-Latn-eng.tsv.gz` -> "aze", `tico19/pt-BR-eng.tsv.gz` -> "por",
+    `tatoeba.afr-eng.afr` -> "afr".
+    """
+    name = os.path.basename(path)
+    match = re.match(r"^tatoeba\.([^.]+)-eng\.", name)
+    if match:
+        code = match.group(1)
+    else:
+        for suffix in _TSV_SUFFIXES + (".gz",):
+            if name.endswith(suffix):
+                name = name[: -len(suffix)]
+                break
+        if name.endswith("-eng") or name.endswith("_eng"):
+            name = name[:-4]
+        code = re.split(r"[-_.]", name)[0]
+    code = code.lower()
+    return ISO_639_1_TO_3.get(code, code)
+
+
+def find_parallel_files(patterns: Sequence[str]) -> List[ParallelFile]:
+    """Expands files, directories (searched recursively) and globs to TSV files.
+
+    In a directory, the files named `<code>-eng.tsv[.gz]` are taken; a file or
+    glob given explicitly is taken whatever its name.
+
+    Raises FileNotFoundError naming each pattern that matched nothing.
+    """
+    if isinstance(patterns, str):
+        patterns = [p for p in patterns.split(",") if p]
+    found, empty = [], []
+    for pattern in patterns:
+        if tf.io.gfile.isdir(pattern):
+            matches = [os.path.join(root, name)
+                       for root, _, names in tf.io.gfile.walk(pattern)
+                       for name in names if name.endswith(_PAIR_FILE_SUFFIXES)]
+        else:
+            matches = tf.io.gfile.glob(pattern)
+        if not matches:
+            empty.append(pattern)
+        found.extend(matches)
+    if empty:
+        raise FileNotFoundError(f"no TSV files found for: {', '.join(empty)}")
+    return [ParallelFile(path, language_of(path)) for path in sorted(set(found))]
+
+
+def open_text(path: str):
+    """A text reader for a plain or gzip'd UTF-8 file (undecodable bytes replaced)."""
+    if "://" in path:
+        # Remote file systems (gs://, s3://) through TensorFlow; GFile is not an
+        # io.RawIOBase, so read it whole (parallel files are shards of MBs).
+        with tf.io.gfile.GFile(path, "rb") as f:
+            raw = io.BytesIO(f.read())
+    else:
+        raw = open(path, "rb")
+    if path.endswith(".gz"):
+        raw = gzip.GzipFile(fileobj=raw)
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n")
+
+
+def read_pairs(path: str, stats: dict = None) -> Iterator[Tuple[str, str]]:
+    """Yields `(source, english)` for each well-formed line of a TSV file.
+
+    A line without a tab or with an empty side is skipped and counted in
+    `stats["malformed"]` (if `stats` is given), never silently lost.
+    """
+    with open_text(path) as f:
+        for line in f:
+            source, tab, target = line.rstrip("\n").rstrip("\r").partition("\t")
+            if not tab or not source.strip() or not target.strip():
+                if stats is not None:
+                    stats["malformed"] = stats.get("malformed", 0) + 1
+                continue
+            if stats is not None:
+                stats["pairs"] = stats.get("pairs", 0) + 1
+            yield source, target
+
+
+def find_tatoeba_languages(tatoeba_dir: str) -> List[str]:
+    """Languages with both `tatoeba.xxx-eng.xxx` and `.eng` files, sorted."""
+    languages = []
+    for path in tf.io.gfile.glob(os.path.join(tatoeba_dir, "tatoeba.*-eng.eng")):
+        code = os.path.basename(path)[len("tatoeba."):-len("-eng.eng")]
+        if tf.io.gfile.exists(os.path.join(tatoeba_dir, f"tatoeba.{code}-eng.{code}")):
+            languages.append(code)
+    if not languages:
+        raise FileNotFoundError(
+            f"no Tatoeba files (tatoeba.<xxx>-eng.<xxx> and .eng) in {tatoeba_dir}")
+    return sorted(languages)
+
+
+def read_tatoeba(tatoeba_dir: str, language: str) -> Tuple[List[str], List[str]]:
+    """The line-aligned (xx sentences, English sentences) of one language."""
+    def lines(path):
+        with open_text(path) as f:
+            return [line.rstrip("\n").rstrip("\r") for line in f]
+
+    source = lines(os.path.join(tatoeba_dir, f"tatoeba.{language}-eng.{language}"))
+    english = lines(os.path.join(tatoeba_dir, f"tatoeba.{language}-eng.eng"))
+    if len(source) != len(english):
+        raise ValueError(f"Tatoeba {language}: {len(source)} source lines but "
+                         f"{len(english)} English lines")
+    return source, english

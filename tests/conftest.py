@@ -1,0 +1,101 @@
+"""Shared fixtures. Everything a test needs is built here, never downloaded.
+
+Environment is set before TensorFlow is imported: quiet logs, no CUDA probing,
+Keras' config kept inside the workspace, and two logical CPU devices so that
+tf.distribute tests can run MirroredStrategy on one machine (this must happen
+before any TensorFlow op runs).
+"""
+
+import gzip
+import os
+import pathlib
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+os.environ.setdefault("KERAS_HOME", str(REPO_ROOT / ".keras"))
+
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+_cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(
+    _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+
+# A tiny cased WordPiece vocabulary: specials deliberately NOT at 0..3 so that
+# code that hard-codes BERT's ids fails.
+TINY_WORDS = [
+    "the", "dog", "cat", "is", "nice", "Puppies", "are", "a", "house", "big",
+    "der", "Hund", "ist", "die", "Katze", "le", "chien", "est", "gentil", ".", ",",
+    "!", "?", "狗", "猫", "собака",
+]
+TINY_CHARACTERS = sorted(set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"))
+
+
+def tiny_vocabulary():
+    vocabulary = ["[PAD]", "[unused0]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + TINY_WORDS
+    vocabulary += TINY_CHARACTERS + ["##" + c for c in TINY_CHARACTERS] + ["##ies"]
+    return list(dict.fromkeys(vocabulary))
+
+
+@pytest.fixture(scope="session")
+def tiny_vocab_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("vocab") / "cased_vocab.txt"
+    path.write_text("\n".join(tiny_vocabulary()) + "\n", encoding="utf-8")
+    return str(path)
+
+
+TINY_PAIRS = {
+    "deu": [("Der Hund ist nett.", "The dog is nice."),
+            ("Die Katze ist groß.", "The cat is big."),
+            ("Das Haus ist alt.", "The house is old.")],
+    "fra": [("Le chien est gentil.", "The dog is nice."),
+            ("Le chat est grand.", "The cat is big."),
+            ("La maison est vieille.", "The house is old.")],
+    "rus": [("Собака хорошая.", "The dog is nice."),
+            ("Кошка большая.", "The cat is big.")],
+    "cmn": [("狗很好。", "The dog is nice."), ("猫很大。", "The cat is big.")],
+}
+
+
+def write_pairs(directory, language, pairs, gz=True):
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    data = "".join(f"{src}\t{eng}\n" for src, eng in pairs).encode("utf-8")
+    if gz:
+        path = directory / f"{language}-eng.tsv.gz"
+        path.write_bytes(gzip.compress(data))
+    else:
+        path = directory / f"{language}-eng.tsv"
+        path.write_bytes(data)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_parallel_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("parallel")
+    for i, (language, pairs) in enumerate(TINY_PAIRS.items()):
+        write_pairs(root / ("corpus_a" if i % 2 else "corpus_b"), language, pairs * 20)
+    (root / "COUNTS.tsv").write_text("file\tpairs\nx\t1\n")
+    return str(root)
+
+
+@pytest.fixture(scope="session")
+def tiny_tatoeba_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tatoeba")
+    for language, pairs in TINY_PAIRS.items():
+        (root / f"tatoeba.{language}-eng.{language}").write_text(
+            "".join(src + "\n" for src, _ in pairs), encoding="utf-8")
+        (root / f"tatoeba.{language}-eng.eng").write_text(
+            "".join(eng + "\n" for _, eng in pairs), encoding="utf-8")
+    return str(root)
+
+
+@pytest.fixture(scope="session")
+def shared_data():
+    """../shared/data, or skip the test cleanly when it is not on this machine."""
+    if not (SHARED_DATA / "tatoeba_dev").is_dir():
+        pytest.skip(f"real data not present at {SHARED_DATA}")
+    return SHARED_DATA

@@ -1,0 +1,80 @@
+"""Presets: exact parameter counts of the released models and the paper's table."""
+
+import gc
+
+import pytest
+
+from lealla_tf.lealla_encoder import build_encoder
+from lealla_tf.presets import (LABSE_VOCABULARY_SIZE, PRESETS, count_encoder_parameters,
+                               count_parameters, get_preset, main)
+
+RELEASED = {
+    "lealla_small": 68_988_672,
+    "lealla_base": 107_034_240,
+    "lealla_large": 147_447_296,
+    "labse": 470_926_848,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(RELEASED))
+def test_built_model_has_released_parameter_count(name):
+    config = get_preset(name).encoder
+    assert config.vocabulary_size == LABSE_VOCABULARY_SIZE
+    encoder = build_encoder(config)  # no optimizer: no slots counted
+    assert encoder.count_params() == RELEASED[name]
+    assert count_parameters(config) == RELEASED[name]
+    del encoder
+    gc.collect()
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_formula_matches_built_model_for_every_preset(name):
+    # A small vocabulary keeps this cheap; the table adds V x d exactly.
+    config = PRESETS[name].encoder.replace(vocabulary_size=97)
+    encoder = build_encoder(config)
+    assert encoder.count_params() == count_parameters(config)
+    del encoder
+    gc.collect()
+
+
+@pytest.mark.parametrize("changes", [
+    {"embedding_dim": 16},
+    {"num_unique_layers": 2},
+    {"embedding_dim": 8, "num_unique_layers": 1, "pooling": "mean"},
+])
+def test_formula_matches_bottleneck_and_recurrence(changes):
+    config = PRESETS["lealla_small"].encoder.replace(vocabulary_size=50, num_layers=4, **changes)
+    assert build_encoder(config).count_params() == count_parameters(config)
+
+
+def test_paper_parameter_column_agrees_to_the_printed_precision():
+    # The paper mostly rounds (101.7M -> "102M") but once truncates (66.6M -> "66M").
+    for name, preset in PRESETS.items():
+        millions = count_parameters(preset.encoder) / 1e6
+        assert abs(millions - float(preset.paper_parameters.rstrip("M"))) < 1.0, name
+
+
+def test_encoder_parameters_match_paper_p_e():
+    # Table 1's P_E (parameters except word embeddings), in millions.
+    expected = {"labse": 85, "lealla_small": 5, "lealla_base": 11, "lealla_large": 19,
+                "layers24_hidden384": 42}
+    for name, p_e in expected.items():
+        assert round(count_encoder_parameters(PRESETS[name].encoder) / 1e6) in (p_e, p_e + 1)
+
+
+def test_unknown_preset_lists_choices():
+    with pytest.raises(ValueError, match="lealla_small"):
+        get_preset("lealla_tiny")
+
+
+def test_cli_prints_every_preset_with_exact_counts(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    for name in PRESETS:
+        assert name in out
+    for count in RELEASED.values():
+        assert f"{count:,}" in out
+    assert main(["--vocabulary_size", "64000"]) == 0
+    out = capsys.readouterr().out
+    assert f"{count_parameters(PRESETS['lealla_small'].encoder.replace(vocabulary_size=64000)):,}" in out

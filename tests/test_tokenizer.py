@@ -1,0 +1,187 @@
+"""The in-graph tokenizer: ids, truncation, padding, bad inputs, graph contexts."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lealla_tf.tokenizer import Tokenizer, read_wordpiece_vocabulary
+from conftest import tiny_vocabulary
+
+BAD_INPUTS = {
+    "empty": b"",
+    "whitespace_only": b"  \t \n  ",
+    "ten_thousand_characters": ("the dog is nice " * 625).encode(),
+    "ten_thousand_letters_one_word": b"a" * 10_000,
+    "mixed_scripts": "The dog 狗 собака 犬 الكلب कुत्ता".encode(),
+    "emoji": "dog 🐶🐕‍🦺 👍🏽".encode(),
+    "control_characters": b"dog\x00\x01\x07\x1b[31m cat\x7f\r\n",
+    "invalid_utf8": b"\xff\xfe dog \xc3\x28 \xa0\xa1 cat \xe2\x82",
+    "lone_surrogate_bytes": b"\xed\xa0\x80 dog",
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_vocab_file):
+    return Tokenizer(tiny_vocab_file, max_seq_length=16)
+
+
+def assert_valid(inputs, tokenizer, batch):
+    ids = inputs["input_word_ids"].numpy()
+    mask = inputs["input_mask"].numpy()
+    types = inputs["input_type_ids"].numpy()
+    assert ids.dtype == np.int32 and mask.dtype == np.int32 and types.dtype == np.int32
+    assert ids.shape == mask.shape == types.shape
+    assert ids.shape[0] == batch and 2 <= ids.shape[1] <= tokenizer.max_seq_length
+    assert ids.min() >= 0 and ids.max() < tokenizer.vocab_size
+    assert set(np.unique(mask)) <= {0, 1}
+    for row_ids, row_mask in zip(ids, mask):
+        length = int(row_mask.sum())
+        assert row_mask[:length].all() and not row_mask[length:].any(), "mask not a prefix"
+        assert row_ids[0] == tokenizer.cls_id and row_ids[length - 1] == tokenizer.sep_id
+        assert (row_ids[length:] == tokenizer.pad_id).all()
+
+
+def test_special_tokens_are_looked_up_not_assumed(tokenizer):
+    vocabulary = tiny_vocabulary()
+    assert tokenizer.pad_id == vocabulary.index("[PAD]") == 0
+    assert tokenizer.unk_id == vocabulary.index("[UNK]") == 2
+    assert tokenizer.cls_id == vocabulary.index("[CLS]") == 3
+    assert tokenizer.sep_id == vocabulary.index("[SEP]") == 4
+    assert tokenizer.vocab_size == len(vocabulary)
+
+
+def test_missing_special_token_is_a_clear_error(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_text("[PAD]\n[UNK]\n[CLS]\ndog\n")
+    with pytest.raises(ValueError, match=r"\[SEP\]"):
+        Tokenizer(str(path))
+    path.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\ndog\ndog\n")
+    with pytest.raises(ValueError, match="repeats tokens"):
+        Tokenizer(str(path))
+    with pytest.raises(FileNotFoundError):
+        Tokenizer(str(tmp_path / "absent.txt"))
+
+
+def test_known_words_map_to_their_ids(tokenizer):
+    vocabulary = tiny_vocabulary()
+    out = tokenizer(tf.constant(["The dog is nice.", "Puppies"]))
+    expected = [vocabulary.index(t) for t in ["[CLS]", "T", "##h", "##e", "dog", "is", "nice",
+                                                ".", "[SEP]"]]
+    assert out["input_word_ids"].numpy()[0].tolist() == expected
+    puppies = out["input_word_ids"].numpy()[1][:3].tolist()
+    assert puppies == [tokenizer.cls_id, vocabulary.index("Puppies"), tokenizer.sep_id]
+
+
+def test_pads_to_longest_in_batch_not_to_max_length(tokenizer):
+    out = tokenizer(tf.constant(["dog", "the dog"]))
+    assert out["input_word_ids"].shape == (2, 4)
+    assert out["input_mask"].numpy().tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
+
+
+def test_truncates_to_max_seq_length_keeping_sep(tokenizer):
+    out = tokenizer(tf.constant(["dog " * 100]))
+    ids = out["input_word_ids"].numpy()[0]
+    assert ids.shape == (16,)
+    assert ids[0] == tokenizer.cls_id and ids[-1] == tokenizer.sep_id
+    assert out["input_mask"].numpy().sum() == 16
+
+
+def test_fixed_length_packing_and_pairs(tokenizer):
+    a = tokenizer.tokenize(tf.constant(["the dog", "cat"]))
+    b = tokenizer.tokenize(tf.constant(["is nice", "big house"]))
+    out = tokenizer.pack([a, b], seq_length=10)
+    assert out["input_word_ids"].shape == (2, 10)
+    types = out["input_type_ids"].numpy()[0]
+    assert types.tolist() == [0, 0, 0, 0, 1, 1, 1, 0, 0, 0]
+
+
+@pytest.mark.parametrize("name", sorted(BAD_INPUTS))
+def test_bad_input_gives_valid_ids(tokenizer, name):
+    out = tokenizer(tf.constant([BAD_INPUTS[name], b"dog"]))
+    assert_valid(out, tokenizer, batch=2)
+
+
+def test_all_bad_inputs_in_one_batch_and_row_independence(tokenizer):
+    values = list(BAD_INPUTS.values())
+    together = tokenizer(tf.constant(values))
+    assert_valid(together, tokenizer, batch=len(values))
+    for i, value in enumerate(values):
+        alone = tokenizer(tf.constant([value]))
+        n = alone["input_word_ids"].shape[1]
+        np.testing.assert_array_equal(together["input_word_ids"].numpy()[i, :n],
+                                      alone["input_word_ids"].numpy()[0])
+
+
+def test_empty_and_control_only_strings_become_cls_sep(tokenizer):
+    out = tokenizer(tf.constant([b"", b"   ", b"\x00\x07"]))
+    assert out["input_word_ids"].numpy().tolist() == [[tokenizer.cls_id, tokenizer.sep_id]] * 3
+
+
+def test_empty_batch(tokenizer):
+    out = tokenizer(tf.constant([], dtype=tf.string))
+    assert out["input_word_ids"].shape[0] == 0
+
+
+def test_same_ids_eager_tf_function_and_tf_data(tokenizer):
+    sentences = [b"The dog is nice.", b"Die Katze", BAD_INPUTS["invalid_utf8"], b""]
+    eager = tokenizer(tf.constant(sentences))["input_word_ids"].numpy()
+
+    traced = tf.function(tokenizer.__call__, input_signature=[tf.TensorSpec([None], tf.string)])
+    np.testing.assert_array_equal(traced(tf.constant(sentences))["input_word_ids"].numpy(), eager)
+
+    dataset = tf.data.Dataset.from_tensor_slices(sentences).batch(4).map(tokenizer)
+    (batch,) = list(dataset)
+    np.testing.assert_array_equal(batch["input_word_ids"].numpy(), eager)
+
+
+def test_works_after_saved_model_round_trip(tokenizer, tmp_path):
+    module = tf.Module()
+    module.tokenizer = tokenizer
+    module.__call__ = tf.function(
+        lambda s: tokenizer(s), input_signature=[tf.TensorSpec([None], tf.string)])
+    tf.saved_model.save(module, str(tmp_path / "tokenizer"))
+    loaded = tf.saved_model.load(str(tmp_path / "tokenizer"))
+    sentences = tf.constant(list(BAD_INPUTS.values()) + [b"The dog is nice."])
+    expected = tokenizer(sentences)
+    actual = loaded(sentences)
+    for key in expected:
+        np.testing.assert_array_equal(actual[key].numpy(), expected[key].numpy())
+    assets = list((tmp_path / "tokenizer" / "assets").iterdir())
+    assert [a.name for a in assets] == ["cased_vocab.txt"], "vocabulary must travel as an asset"
+
+
+def test_lower_case_option(tiny_vocab_file):
+    cased = Tokenizer(tiny_vocab_file)
+    uncased = Tokenizer(tiny_vocab_file, lower_case=True)
+    word = tf.constant(["DOG"])
+    dog = tiny_vocabulary().index("dog")
+    assert dog not in cased(word)["input_word_ids"].numpy()[0].tolist()
+    assert uncased(word)["input_word_ids"].numpy()[0].tolist() == [3, dog, 4]
+
+
+def test_read_wordpiece_vocabulary_keeps_whole_lines(tmp_path):
+    path = tmp_path / "v.txt"
+    path.write_bytes("[PAD]\r\n a\n##b\n".encode())
+    assert read_wordpiece_vocabulary(str(path)) == ["[PAD]", " a", "##b"]
+    path.write_bytes(b"\xff\xfe")
+    with pytest.raises(ValueError, match="UTF-8"):
+        read_wordpiece_vocabulary(str(path))
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_model(tmp_path_factory, tiny_parallel_dir):
+    from lealla_tf.vocab import build_vocabulary
+
+    output = str(tmp_path_factory.mktemp("spm") / "spm.model")
+    summary = build_vocabulary([tiny_parallel_dir], vocab_size=120, output=output,
+                               sentencepiece=True, progress=False)
+    return summary["output"]
+
+
+def test_sentencepiece_model_tokenizer(sentencepiece_model):
+    tokenizer = Tokenizer(sentencepiece_model, max_seq_length=12)
+    assert tokenizer.kind == "sentencepiece"
+    assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id) == (0, 1, 2, 3)
+    out = tokenizer(tf.constant(list(BAD_INPUTS.values()) + [b"The dog is nice."]))
+    assert_valid(out, tokenizer, batch=len(BAD_INPUTS) + 1)
+    assert out["input_mask"].numpy()[-1].sum() > 4
