@@ -38,6 +38,12 @@ class EncoderConfig:
             by default.
         pooling: "cls" (LaBSE: [CLS] -> dense + tanh) or "mean" (masked mean
             of the last layer, as sentence-transformers models do).
+        pooler_dim: optional int. Width of the [CLS] pooler (default
+            `hidden_dim`); the "distillation-first" variant (LEALLA Appendix C)
+            makes it the teacher's width.
+        output_dim: optional int. A dense layer from the pooled output to
+            this many dimensions gives the embedding (distillation-first: back
+            down to d); None for none.
         hidden_activation: "gelu" (exact, HuggingFace checkpoints),
             "gelu_approximate" (tanh form, TensorFlow BERT checkpoints), "relu".
         layer_norm_epsilon: float.
@@ -54,6 +60,8 @@ class EncoderConfig:
     embedding_dim: Optional[int] = None
     num_unique_layers: Optional[int] = None
     pooling: str = "cls"
+    pooler_dim: Optional[int] = None
+    output_dim: Optional[int] = None
     hidden_activation: str = "gelu_approximate"
     layer_norm_epsilon: float = 1e-12
 
@@ -80,12 +88,24 @@ class EncoderConfig:
                 raise ValueError(
                     f"num_unique_layers={self.num_unique_layers} must divide "
                     f"num_layers={self.num_layers}")
+        for name in ("pooler_dim", "output_dim"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"EncoderConfig.{name} must be a positive int or None, "
+                                 f"got {value!r}")
+        if self.pooler_dim is not None and self.pooling != "cls":
+            raise ValueError("pooler_dim needs pooling='cls' (mean pooling has no pooler)")
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
         if self.hidden_activation not in HIDDEN_ACTIVATIONS:
             raise ValueError(
                 f"hidden_activation must be one of {HIDDEN_ACTIVATIONS}, "
                 f"got {self.hidden_activation!r}")
+
+    @property
+    def embedding_size(self) -> int:
+        """Dimension of the sentence embedding."""
+        return self.output_dim or self.pooler_dim or self.hidden_dim
 
     def replace(self, **changes) -> "EncoderConfig":
         """A copy with some fields changed (validated)."""

@@ -41,9 +41,10 @@ class LeallaEncoder(keras.Model):
     int32 `[batch, seq_len]`.
 
     Outputs, a dict:
-        sentence_embedding: float32 `[batch, d]`, the L2-normalised pooled output.
-        pooled_output: `[batch, d]`, [CLS] -> dense -> tanh (or masked mean),
-            not normalised (LaBSE's `default`).
+        sentence_embedding: float32 `[batch, d]`, the L2-normalised pooled output
+            (after the optional output projection).
+        pooled_output: `[batch, pooler_dim]`, [CLS] -> dense -> tanh (or masked
+            mean), not normalised (LaBSE's `default`).
         sequence_output: `[batch, seq_len, d]`, the last layer.
         encoder_outputs: list of `num_layers` tensors `[batch, seq_len, d]`.
 
@@ -61,6 +62,9 @@ class LeallaEncoder(keras.Model):
         num_unique_layers: optional int. Parameter recurrence: only this many
             distinct layers, applied cyclically; None for none.
         pooling: "cls" or "mean".
+        pooler_dim: optional int. [CLS] pooler width (default `hidden_dim`).
+        output_dim: optional int. Dense projection of the pooled output to
+            this size before normalisation; None for none.
         hidden_activation: "gelu", "gelu_approximate" or "relu".
         layer_norm_epsilon: float.
         dtype: optional dtype or `keras.DTypePolicy` ("mixed_bfloat16").
@@ -91,6 +95,8 @@ class LeallaEncoder(keras.Model):
         embedding_dim=None,
         num_unique_layers=None,
         pooling="cls",
+        pooler_dim=None,
+        output_dim=None,
         hidden_activation="gelu_approximate",
         layer_norm_epsilon=1e-12,
         dtype=None,
@@ -103,8 +109,8 @@ class LeallaEncoder(keras.Model):
             intermediate_dim=intermediate_dim, dropout=dropout,
             max_sequence_length=max_sequence_length, num_segments=num_segments,
             embedding_dim=embedding_dim, num_unique_layers=num_unique_layers,
-            pooling=pooling, hidden_activation=hidden_activation,
-            layer_norm_epsilon=layer_norm_epsilon)
+            pooling=pooling, pooler_dim=pooler_dim, output_dim=output_dim,
+            hidden_activation=hidden_activation, layer_norm_epsilon=layer_norm_epsilon)
 
         # === Layers ===
         token_dim = embedding_dim or hidden_dim
@@ -157,7 +163,7 @@ class LeallaEncoder(keras.Model):
         self.pooled_dense = None
         if pooling == "cls":
             self.pooled_dense = keras.layers.Dense(
-                hidden_dim,
+                pooler_dim or hidden_dim,
                 kernel_initializer=_bert_initializer(),
                 activation="tanh",
                 dtype=dtype,
@@ -165,6 +171,14 @@ class LeallaEncoder(keras.Model):
             )
         else:
             self.mean_pooling = MaskedMeanPooling(dtype=dtype, name="mean_pooling")
+        self.output_dense = None
+        if output_dim is not None:
+            self.output_dense = keras.layers.Dense(
+                output_dim,
+                kernel_initializer=_bert_initializer(),
+                dtype=dtype,
+                name="output_dense",
+            )
         self.l2_normalization = L2Normalization(name="l2_normalization")
 
         # === Functional Model ===
@@ -190,6 +204,9 @@ class LeallaEncoder(keras.Model):
             pooled_output = self.pooled_dense(x[:, 0, :])
         else:
             pooled_output = self.mean_pooling(x, mask)
+        embedding = pooled_output
+        if self.output_dense is not None:
+            embedding = self.output_dense(pooled_output)
         super().__init__(
             inputs={
                 "input_word_ids": word_ids,
@@ -197,7 +214,7 @@ class LeallaEncoder(keras.Model):
                 "input_type_ids": type_ids,
             },
             outputs={
-                "sentence_embedding": self.l2_normalization(pooled_output),
+                "sentence_embedding": self.l2_normalization(embedding),
                 "pooled_output": pooled_output,
                 "sequence_output": x,
                 "encoder_outputs": encoder_outputs,
@@ -218,6 +235,8 @@ class LeallaEncoder(keras.Model):
         self.embedding_dim = embedding_dim
         self.num_unique_layers = num_unique_layers
         self.pooling = pooling
+        self.pooler_dim = pooler_dim
+        self.output_dim = output_dim
         self.hidden_activation = hidden_activation
         self.layer_norm_epsilon = layer_norm_epsilon
 
@@ -236,6 +255,8 @@ class LeallaEncoder(keras.Model):
             "embedding_dim": self.embedding_dim,
             "num_unique_layers": self.num_unique_layers,
             "pooling": self.pooling,
+            "pooler_dim": self.pooler_dim,
+            "output_dim": self.output_dim,
             "hidden_activation": self.hidden_activation,
             "layer_norm_epsilon": self.layer_norm_epsilon,
         }

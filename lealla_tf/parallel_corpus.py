@@ -156,3 +156,46 @@ def read_tatoeba(tatoeba_dir: str, language: str) -> Tuple[List[str], List[str]]
         raise ValueError(f"Tatoeba {language}: {len(source)} source lines but "
                          f"{len(english)} English lines")
     return source, english
+
+
+def sample_pairs(files: Sequence[ParallelFile], num_pairs: int, output_dir: str,
+                 alpha: float = 0.3, seed: int = 0, exclude: Sequence[str] = (),
+                 min_per_language: int = 1) -> dict:
+    """Writes a language-balanced sample of pairs as `<lang>-eng.tsv.gz` files.
+
+    Languages get shares q_l ∝ n_l^alpha (temperature sampling), each at
+    least `min_per_language` pairs and at most all it has; pairs are drawn
+    without replacement. Pairs with a side in `exclude` (a set of sentences)
+    are never drawn.
+
+    Returns {language: pairs written}.
+    """
+    import collections
+    import gzip as gzip_module
+    import os as os_module
+
+    import numpy as np
+
+    excluded = set(exclude)
+    by_language = collections.defaultdict(list)
+    for parallel_file in files:
+        for source, english in read_pairs(parallel_file.path):
+            if source not in excluded and english not in excluded:
+                by_language[parallel_file.language].append((source, english))
+    sizes = {lang: len(pairs) for lang, pairs in by_language.items() if pairs}
+    powered = {lang: n ** alpha for lang, n in sizes.items()}
+    total = sum(powered.values())
+    rng = np.random.default_rng(seed)
+    os_module.makedirs(output_dir, exist_ok=True)
+    written = {}
+    for language in sorted(sizes):
+        want = int(round(num_pairs * powered[language] / total))
+        want = min(sizes[language], max(min_per_language, want))
+        chosen = rng.choice(sizes[language], size=want, replace=False)
+        lines = "".join(f"{by_language[language][i][0]}\t{by_language[language][i][1]}\n"
+                        for i in sorted(chosen))
+        with gzip_module.open(os_module.path.join(output_dir, f"{language}-eng.tsv.gz"),
+                              "wt", encoding="utf-8") as f:
+            f.write(lines)
+        written[language] = want
+    return written

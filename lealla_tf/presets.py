@@ -88,8 +88,13 @@ def count_parameters(config: EncoderConfig) -> int:
     feed_forward = d * f + f + f * d + d
     layer = attention + feed_forward + 2 * (2 * d)  # two layer norms
     layers = (config.num_unique_layers or config.num_layers) * layer
-    pooler = d * d + d if config.pooling == "cls" else 0
-    return embeddings + layers + pooler
+    pooled = d
+    pooler = 0
+    if config.pooling == "cls":
+        pooled = config.pooler_dim or d
+        pooler = d * pooled + pooled
+    output = pooled * config.output_dim + config.output_dim if config.output_dim else 0
+    return embeddings + layers + pooler + output
 
 
 def count_encoder_parameters(config: EncoderConfig) -> int:

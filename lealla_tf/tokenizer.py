@@ -140,9 +140,10 @@ class Tokenizer(tf.Module):
             segments: a token-id RaggedTensor `[batch, (tokens)]` (or
                 `[batch, (words), (pieces)]`), or a list of them for several
                 segments.
-            seq_length: pad every row to this length; None pads to the longest
-                row. Rows are trimmed round-robin across segments to
-                `seq_length` (default `max_seq_length`).
+            seq_length: pad every row to exactly this length (an int or a
+                scalar int tensor); None pads to the longest row. Rows are
+                trimmed round-robin across segments to `seq_length` (default
+                `max_seq_length`).
 
         Returns:
             dict of `input_word_ids`, `input_mask`, `input_type_ids`.
@@ -151,27 +152,22 @@ class Tokenizer(tf.Module):
             segments = [segments]
         segments = [s.merge_dims(-2, -1) if s.ragged_rank > 1 else s for s in segments]
         segments = [tf.cast(s, tf.int32) for s in segments]
-        limit = self.max_seq_length if seq_length is None else int(seq_length)
-        budget = limit - 1 - len(segments)
-        if budget < 0:
+        limit = self.max_seq_length if seq_length is None else seq_length
+        if isinstance(limit, int) and limit < 1 + len(segments):
             raise ValueError(f"seq_length {limit} leaves no room for {len(segments)} segments")
+        budget = tf.cast(limit, tf.int32) - 1 - len(segments)
         trimmed = text.RoundRobinTrimmer(max_seq_length=budget).trim(segments)
         word_ids, type_ids = text.combine_segments(
             trimmed, start_of_sequence_id=self.cls_id, end_of_segment_id=self.sep_id)
         if seq_length is None:
-            batch = word_ids.nrows()
             width = tf.maximum(tf.cast(word_ids.bounding_shape(axis=1), tf.int64), 2)
-            shape = tf.stack([batch, width])
-            mask = tf.ones_like(word_ids).to_tensor(default_value=0, shape=shape)
-            word_ids = word_ids.to_tensor(default_value=self.pad_id, shape=shape)
-            type_ids = type_ids.to_tensor(default_value=0, shape=shape)
         else:
-            word_ids, mask = text.pad_model_inputs(word_ids, limit, pad_value=self.pad_id)
-            type_ids, _ = text.pad_model_inputs(type_ids, limit, pad_value=0)
+            width = tf.cast(seq_length, tf.int64)
+        shape = tf.stack([word_ids.nrows(), width])
         return {
-            "input_word_ids": tf.cast(word_ids, tf.int32),
-            "input_mask": tf.cast(mask, tf.int32),
-            "input_type_ids": tf.cast(type_ids, tf.int32),
+            "input_word_ids": word_ids.to_tensor(default_value=self.pad_id, shape=shape),
+            "input_mask": tf.ones_like(word_ids).to_tensor(default_value=0, shape=shape),
+            "input_type_ids": tf.cast(type_ids, tf.int32).to_tensor(default_value=0, shape=shape),
         }
 
     def __call__(self, strings, seq_length=None):

@@ -99,3 +99,33 @@ def shared_data():
     if not (SHARED_DATA / "tatoeba_dev").is_dir():
         pytest.skip(f"real data not present at {SHARED_DATA}")
     return SHARED_DATA
+
+
+def multilingual_sentences(per_language=4):
+    """Real sentences from ../shared/data/tatoeba_dev when present (both sides,
+    every language), else the fixture pairs; always with the bad inputs."""
+    from lealla_tf.parallel_corpus import find_tatoeba_languages, read_tatoeba
+
+    sentences = []
+    tatoeba = SHARED_DATA / "tatoeba_dev"
+    if tatoeba.is_dir():
+        for language in find_tatoeba_languages(str(tatoeba)):
+            source, english = read_tatoeba(str(tatoeba), language)
+            sentences += source[:per_language] + english[:1]
+    else:
+        sentences = [s for pairs in TINY_PAIRS.values() for pair in pairs for s in pair]
+    return [s.encode("utf-8") for s in sentences]
+
+
+@pytest.fixture(scope="session")
+def sentence_vocab_file(tmp_path_factory):
+    """A real WordPiece vocabulary learned (by lealla_tf.vocab) from the same
+    sentences the export tests embed, so tokenization is realistic."""
+    from lealla_tf.vocab import build_vocabulary
+
+    root = tmp_path_factory.mktemp("sentence_vocab")
+    sentences = [s.decode("utf-8") for s in multilingual_sentences(per_language=200)]
+    write_pairs(root / "data", "mul", [(s, s) for s in sentences])
+    output = str(root / "vocab.txt")
+    build_vocabulary([str(root / "data")], vocab_size=8000, output=output, progress=False)
+    return output

@@ -83,6 +83,20 @@ def test_parameter_recurrence_reuses_layers():
     np.testing.assert_allclose(again, out["encoder_outputs"][2], atol=1e-5)
 
 
+def test_distillation_first_pooler_and_output_projection():
+    encoder = build_encoder(TINY.replace(pooler_dim=12, output_dim=8))
+    out = encoder(BATCH)
+    assert out["pooled_output"].shape == (2, 12)
+    assert out["sentence_embedding"].shape == (2, 8)
+    assert encoder.encoder_config.embedding_size == 8
+    projected = encoder.output_dense(out["pooled_output"]).numpy()
+    np.testing.assert_allclose(
+        out["sentence_embedding"], projected / np.linalg.norm(projected, axis=1, keepdims=True),
+        atol=1e-6)
+    with pytest.raises(ValueError, match="pooler_dim needs pooling='cls'"):
+        TINY.replace(pooling="mean", pooler_dim=4)
+
+
 def test_activation_choice_changes_outputs():
     exact = build_encoder(TINY.replace(hidden_activation="gelu"))
     approximate = build_encoder(TINY.replace(hidden_activation="gelu_approximate"))

@@ -54,3 +54,16 @@ def test_tatoeba_reading(tiny_tatoeba_dir, tmp_path):
     (tmp_path / "tatoeba.xyz-eng.eng").write_text("a\n")
     with pytest.raises(ValueError, match="2 source lines but 1 English"):
         read_tatoeba(str(tmp_path), "xyz")
+
+
+def test_sample_pairs_balances_and_excludes(tmp_path):
+    from lealla_tf.parallel_corpus import sample_pairs
+
+    write_pairs(tmp_path / "in", "deu", [(f"de {i}", f"en {i}") for i in range(900)])
+    write_pairs(tmp_path / "in", "xho", [(f"xh {i}", f"en x{i}") for i in range(100)])
+    files = find_parallel_files([str(tmp_path / "in")])
+    counts = sample_pairs(files, 200, str(tmp_path / "out"), alpha=0.0, exclude={"xh 3"})
+    assert counts == {"deu": 100, "xho": 99}  # uniform shares; xho is capped by what it has
+    pairs = list(read_pairs(str(tmp_path / "out" / "xho-eng.tsv.gz")))
+    assert len(pairs) == 99 and ("xh 3", "en x3") not in pairs
+    assert len(set(pairs)) == 99

@@ -42,6 +42,8 @@ def test_formula_matches_built_model_for_every_preset(name):
     {"embedding_dim": 16},
     {"num_unique_layers": 2},
     {"embedding_dim": 8, "num_unique_layers": 1, "pooling": "mean"},
+    {"pooler_dim": 24, "output_dim": 16},
+    {"pooling": "mean", "output_dim": 12},
 ])
 def test_formula_matches_bottleneck_and_recurrence(changes):
     config = PRESETS["lealla_small"].encoder.replace(vocabulary_size=50, num_layers=4, **changes)

@@ -185,3 +185,12 @@ def test_sentencepiece_model_tokenizer(sentencepiece_model):
     out = tokenizer(tf.constant(list(BAD_INPUTS.values()) + [b"The dog is nice."]))
     assert_valid(out, tokenizer, batch=len(BAD_INPUTS) + 1)
     assert out["input_mask"].numpy()[-1].sum() > 4
+
+
+def test_seq_length_may_be_a_tensor(tokenizer):
+    ids = tokenizer.tokenize(tf.constant(["the dog is nice", "cat"]))
+    packed = tf.function(lambda n: tokenizer.pack(ids, seq_length=n))(tf.constant(5))
+    assert packed["input_word_ids"].shape == (2, 5)
+    assert packed["input_word_ids"].numpy()[0, -1] == tokenizer.sep_id
+    with pytest.raises(ValueError, match="no room"):
+        tokenizer.pack([ids, ids], seq_length=2)
