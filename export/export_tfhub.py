@@ -1,0 +1,46 @@
+"""Export a trained model directory as a TF-Hub SavedModel.
+
+    python export/export_tfhub.py --model_dir=runs/small --export_path=exports/small \
+        --format=lealla|labse|encoder_only
+
+lealla:       raw strings -> L2-normalised [batch, d]; drop-in for tfhub.dev/google/LEALLA.
+labse:        the LaBSE/2 preprocessor + encoder pair (export_path/{preprocessor,encoder}).
+encoder_only: int32 ids -> embeddings, no text ops (for TFLite / ONNX converters).
+The contracts are in lealla_tf/export_lib.py.
+"""
+
+import argparse
+import json
+import sys
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model_dir", required=True, help="written by python -m lealla_tf.train")
+    parser.add_argument("--export_path", required=True)
+    parser.add_argument("--format", default="lealla", choices=("lealla", "labse", "encoder_only"))
+    parser.add_argument("--checkpoint", default=None, help="checkpoint prefix (default: latest)")
+    parser.add_argument("--seq_length", type=int, default=None,
+                        help="labse format: the preprocessor's fixed output length "
+                             "(default: the model's max_seq_length)")
+    args = parser.parse_args(argv)
+
+    from lealla_tf.export_lib import export_model_dir
+
+    try:
+        summary = export_model_dir(args.model_dir, args.export_path, args.format,
+                                   checkpoint=args.checkpoint, seq_length=args.seq_length)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for name, path in summary["paths"].items():
+        print(f"exported {args.format} {name}: {path} "
+              f"({summary['bytes'][name] / 1e6:.1f} MB, {summary['embedding_dim']}-d, "
+              f"{summary['parameters']:,} parameters)")
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""SavedModel exporters. The docstrings are the contracts.
+
+Three formats, all loadable with only `import tensorflow_text` beforehand and
+no network:
+
+`export_lealla_model` -> a drop-in for tfhub.dev/google/LEALLA/LEALLA-*/1:
+    model = hub.KerasLayer(path)            # tf-keras
+    model = keras.layers.TFSMLayer(path, call_endpoint="serving_default")
+    model = tf.saved_model.load(path)
+    model(tf.constant(["dog", "Puppies are nice."]))  # float32 [batch, d], unit rows
+  - root `__call__(strings, training=False)` returns a plain tensor;
+    signatures `serving_default` and `serve` map `inputs` (string [batch]) to
+    `{"default": float32 [batch, d]}`.
+  - root `variables`, `trainable_variables`, `regularization_losses`;
+    `vocab_file` is an asset; dropout only with `training=True`.
+  - inputs longer than `max_seq_length` (default 128) tokens are truncated;
+    empty strings and invalid UTF-8 give finite embeddings.
+
+`export_labse_pair` -> the LaBSE/2 interface, two SavedModels:
+  - `<path>/preprocessor`: strings -> `{input_word_ids, input_mask,
+    input_type_ids}` int32 `[batch, seq_length]` (default 128); sub-objects
+    `.tokenize` (strings -> int32 RaggedTensor `[batch, (tokens), (1)]`; word
+    boundaries are not kept, each token is its own "word") and
+    `.bert_pack_inputs(segments, seq_length=<default>)` (1 or 2 segments;
+    seq_length may be given as a scalar int32 tensor).
+  - `<path>/encoder`: that dict -> `{default, pooled_output, sequence_output,
+    encoder_outputs}`; `default` is `pooled_output`, not normalised;
+    `vocab_file` asset and `do_lower_case` attribute.
+
+`export_encoder_only` -> ids in, embeddings out, no text ops (TFLite / ONNX):
+    `serving_default(input_word_ids, input_mask, input_type_ids)` int32
+    `[batch, seq]` -> `{"default": float32 [batch, d]}` (unit rows).
+"""
+
+import os
+
+import tensorflow as tf
+
+INPUT_NAMES = ("input_word_ids", "input_mask", "input_type_ids")
+
+
+def _new_root():
+    # tf.Module's variables / trainable_variables are read-only properties and
+    # are not saved; a plain AutoTrackable root takes them as lists.
+    return tf.__internal__.tracking.AutoTrackable()
+
+
+def _attach_variables(root, encoder, extra_trainable=()):
+    """Lists the encoder's tf.Variables on the export root.
+
+    Keras-3 variables wrap a tf.Variable (`.value`); listing those (and not the
+    Keras model itself) keeps a single copy of each weight in the SavedModel.
+    Dropout's seed-generator state is not among `model.weights` but a
+    `training=True` trace captures it, so it must be reachable too.
+    """
+    seeds = [v.value for v in encoder.variables if "seed_generator" in v.path]
+    weights = [v.value for v in encoder.variables if "seed_generator" not in v.path]
+    root.variables = weights + list(extra_trainable)
+    root.trainable_variables = [v.value for v in encoder.trainable_variables] + list(
+        extra_trainable)
+    root.regularization_losses = []
+    root.dropout_seed_state = seeds
+
+
+def _ids_spec():
+    return {name: tf.TensorSpec([None, None], tf.int32, name=name) for name in INPUT_NAMES}
+
+
+def export_lealla_model(encoder, tokenizer, export_path: str) -> str:
+    """Exports raw strings -> L2-normalised embeddings (see the module contract)."""
+    root = _new_root()
+    root.tokenizer = tokenizer
+    root.vocab_file = tokenizer.vocab_file
+    _attach_variables(root, encoder)
+
+    def embed(strings, training=False):
+        return encoder(tokenizer(strings), training=training)["sentence_embedding"]
+
+    root.__call__ = tf.function(embed)
+    strings = tf.TensorSpec([None], tf.string, name="inputs")
+    root.__call__.get_concrete_function(strings, training=False)
+    root.__call__.get_concrete_function(strings, training=True)
+    serve = tf.function(lambda inputs: {"default": embed(inputs)}, input_signature=[strings])
+    root.serve = serve
+    tf.saved_model.save(root, export_path,
+                        signatures={"serving_default": serve, "serve": serve})
+    return export_path
+
+
+def _bert_pack_inputs(tokenizer, default_seq_length):
+    module = _new_root()
+
+    def pack(segments, seq_length=default_seq_length):
+        return tokenizer.pack(list(segments), seq_length=seq_length)
+
+    module.__call__ = tf.function(pack)
+    for ragged_rank in (1, 2):
+        spec = tf.RaggedTensorSpec([None] + [None] * ragged_rank, tf.int32, ragged_rank)
+        for count in (1, 2):
+            module.__call__.get_concrete_function([spec] * count)
+            module.__call__.get_concrete_function(
+                [spec] * count, seq_length=tf.TensorSpec([], tf.int32))
+    return module
+
+
+def export_labse_pair(encoder, tokenizer, export_path: str, seq_length: int = None) -> dict:
+    """Exports the LaBSE/2 preprocessor + encoder pair (see the module contract).
+
+    `seq_length` (the preprocessor's fixed output length) defaults to the
+    tokenizer's `max_seq_length`, so the pair truncates as the model was trained.
+    Returns {"preprocessor": path, "encoder": path}.
+    """
+    seq_length = seq_length or tokenizer.max_seq_length
+    paths = {"preprocessor": os.path.join(export_path, "preprocessor"),
+             "encoder": os.path.join(export_path, "encoder")}
+    strings = tf.TensorSpec([None], tf.string, name="inputs")
+
+    preprocessor = _new_root()
+    preprocessor.tokenizer = tokenizer
+    preprocessor.vocab_file = tokenizer.vocab_file
+    preprocess = tf.function(lambda inputs: tokenizer(inputs, seq_length=seq_length),
+                             input_signature=[strings])
+    preprocessor.__call__ = preprocess
+    tokenize = _new_root()
+
+    def tokens_as_words(inputs):
+        tokens = tokenizer.tokenize(inputs)
+        pieces = tf.RaggedTensor.from_row_lengths(
+            tokens.flat_values, tf.ones_like(tokens.flat_values, dtype=tf.int64))
+        return tf.RaggedTensor.from_row_lengths(pieces, tokens.row_lengths())
+
+    tokenize.__call__ = tf.function(tokens_as_words, input_signature=[strings])
+    preprocessor.tokenize = tokenize
+    preprocessor.bert_pack_inputs = _bert_pack_inputs(tokenizer, seq_length)
+    tf.saved_model.save(preprocessor, paths["preprocessor"],
+                        signatures={"serving_default": preprocess})
+
+    module = _new_root()
+    module.vocab_file = tokenizer.vocab_file
+    module.do_lower_case = tf.Variable(tokenizer.lower_case, trainable=False, name="do_lower_case")
+    _attach_variables(module, encoder)
+
+    def encode(inputs, training=False):
+        outputs = encoder({name: inputs[name] for name in INPUT_NAMES}, training=training)
+        return {"default": outputs["pooled_output"],
+                "pooled_output": outputs["pooled_output"],
+                "sequence_output": outputs["sequence_output"],
+                "encoder_outputs": list(outputs["encoder_outputs"])}
+
+    module.__call__ = tf.function(encode)
+    module.__call__.get_concrete_function(_ids_spec(), training=False)
+    module.__call__.get_concrete_function(_ids_spec(), training=True)
+    serve = tf.function(
+        lambda inputs: {k: v for k, v in encode(inputs).items() if k != "encoder_outputs"},
+        input_signature=[_ids_spec()])
+    tf.saved_model.save(module, paths["encoder"], signatures={"serving_default": serve})
+    return paths
+
+
+def export_encoder_only(encoder, export_path: str) -> str:
+    """Exports int32 ids -> L2-normalised embeddings, with no text ops."""
+    root = _new_root()
+    _attach_variables(root, encoder)
+
+    def embed(input_word_ids, input_mask, input_type_ids, training=False):
+        inputs = {"input_word_ids": input_word_ids, "input_mask": input_mask,
+                  "input_type_ids": input_type_ids}
+        return encoder(inputs, training=training)["sentence_embedding"]
+
+    specs = [tf.TensorSpec([None, None], tf.int32, name=name) for name in INPUT_NAMES]
+    root.__call__ = tf.function(embed)
+    root.__call__.get_concrete_function(*specs, training=False)
+    root.__call__.get_concrete_function(*specs, training=True)
+    serve = tf.function(lambda input_word_ids, input_mask, input_type_ids: {
+        "default": embed(input_word_ids, input_mask, input_type_ids)}, input_signature=specs)
+    tf.saved_model.save(root, export_path, signatures={"serving_default": serve})
+    return export_path
+
+
+def saved_model_size(path: str) -> int:
+    """Bytes on disk of a SavedModel directory (all files)."""
+    total = 0
+    for root, _, names in tf.io.gfile.walk(path):
+        for name in names:
+            total += tf.io.gfile.stat(os.path.join(root, name)).length
+    return total
+
+
+FORMATS = ("lealla", "labse", "encoder_only")
+
+
+def export_model_dir(model_dir: str, export_path: str, export_format: str = "lealla",
+                     checkpoint: str = None, seq_length: int = None) -> dict:
+    """Exports a trained model directory in one of `FORMATS`.
+
+    Everything (architecture, vocabulary, casing, max length) is read from
+    `model_dir`. Returns a summary: paths, embedding size, bytes on disk.
+    """
+    from lealla_tf.model_dir import load_encoder, load_tokenizer
+
+    if export_format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {export_format!r}")
+    encoder = load_encoder(model_dir, checkpoint)
+    summary = {"format": export_format, "model_dir": model_dir,
+               "embedding_dim": encoder.encoder_config.embedding_size,
+               "parameters": encoder.count_params()}
+    if export_format == "encoder_only":
+        paths = {"model": export_encoder_only(encoder, export_path)}
+    else:
+        tokenizer = load_tokenizer(model_dir)
+        summary["max_seq_length"] = tokenizer.max_seq_length
+        if export_format == "lealla":
+            paths = {"model": export_lealla_model(encoder, tokenizer, export_path)}
+        else:
+            paths = export_labse_pair(encoder, tokenizer, export_path, seq_length=seq_length)
+    summary["paths"] = paths
+    summary["bytes"] = {name: saved_model_size(path) for name, path in paths.items()}
+    return summary

@@ -1,0 +1,197 @@
+"""Exported SavedModels, reloaded in fresh processes, against the in-memory model."""
+
+import base64
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lealla_tf import export_lib
+from lealla_tf.configs import EncoderConfig
+from lealla_tf.lealla_encoder import build_encoder
+from lealla_tf.model_dir import TokenizerConfig, save_encoder_checkpoint, write_model_config
+from lealla_tf.tokenizer import Tokenizer
+from conftest import multilingual_sentences
+from test_tokenizer import BAD_INPUTS
+
+PROBE = pathlib.Path(__file__).parent / "helpers" / "probe_saved_model.py"
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def model(sentence_vocab_file):
+    tokenizer = Tokenizer(sentence_vocab_file, max_seq_length=32)
+    encoder = build_encoder(EncoderConfig(
+        vocabulary_size=tokenizer.vocab_size, num_layers=2, num_heads=2, hidden_dim=16,
+        intermediate_dim=32, dropout=0.1))
+    return encoder, tokenizer
+
+
+@pytest.fixture(scope="module")
+def sentences():
+    return multilingual_sentences() + list(BAD_INPUTS.values())
+
+
+@pytest.fixture(scope="module")
+def exported(model, tmp_path_factory):
+    encoder, tokenizer = model
+    root = tmp_path_factory.mktemp("exports")
+    return {
+        "lealla": export_lib.export_lealla_model(encoder, tokenizer, str(root / "lealla")),
+        "labse": str(root / "labse"),
+        "labse_paths": export_lib.export_labse_pair(encoder, tokenizer, str(root / "labse")),
+        "encoder_only": export_lib.export_encoder_only(encoder, str(root / "encoder_only")),
+    }
+
+
+def probe(loader, export_format, path, sentences, tmp_path):
+    """Runs the probe in a fresh Python process and returns its arrays."""
+    sentences_file = tmp_path / f"{loader}_{export_format}.json"
+    sentences_file.write_text(json.dumps([base64.b64encode(s).decode() for s in sentences]))
+    output = tmp_path / f"{loader}_{export_format}.npz"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="-1")
+    env.pop("TF_USE_LEGACY_KERAS", None)
+    result = subprocess.run(
+        [sys.executable, str(PROBE), f"--loader={loader}", f"--format={export_format}",
+         f"--path={path}", f"--sentences={sentences_file}", f"--output={output}"],
+        capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return dict(np.load(output))
+
+
+def expected_outputs(model, sentences):
+    encoder, tokenizer = model
+    return encoder(tokenizer(tf.constant(sentences)), training=False)
+
+
+def assert_weights_equal(results, variables):
+    loaded = [results[k] for k in sorted(results) if k.startswith("weight_")]
+    assert len(loaded) == len(variables)
+    for got, want in zip(loaded, variables):
+        np.testing.assert_array_equal(got, np.asarray(want))
+
+
+def assert_dropout_only_in_training(results, reference):
+    assert np.abs(results["training_a"] - results["training_b"]).max() > 1e-4
+    assert np.abs(results["training_a"] - reference).max() > 1e-4
+
+
+def test_lealla_format_with_tf_saved_model_load(model, sentences, exported, tmp_path):
+    results = probe("saved_model_load", "lealla", exported["lealla"], sentences, tmp_path)
+    expected = expected_outputs(model, sentences)["sentence_embedding"].numpy()
+    np.testing.assert_allclose(results["batch"], expected, atol=TOLERANCE)
+    np.testing.assert_allclose(results["signature"], expected, atol=TOLERANCE)
+    # Batch invariance: alone (no padding) or among others, the same vector.
+    np.testing.assert_allclose(results["single"], results["batch"], atol=TOLERANCE)
+    assert np.isfinite(results["batch"]).all()
+    np.testing.assert_allclose(np.linalg.norm(results["batch"], axis=1), 1.0, atol=1e-5)
+    assert_dropout_only_in_training(results, results["batch"])
+    assert_weights_equal(results, model[0].trainable_variables)
+    assert int(results["variables_count"]) == len(model[0].weights)
+
+
+def test_lealla_format_with_hub_keras_layer(model, sentences, exported, tmp_path):
+    results = probe("hub_keras_layer", "lealla", exported["lealla"], sentences, tmp_path)
+    expected = expected_outputs(model, sentences)["sentence_embedding"].numpy()
+    np.testing.assert_allclose(results["batch"], expected, atol=TOLERANCE)
+    np.testing.assert_allclose(results["training_false"], expected, atol=TOLERANCE)
+    assert_dropout_only_in_training(results, expected)
+    assert_weights_equal(results, model[0].trainable_variables)
+
+
+def test_lealla_format_with_keras3_tfsm_layer(model, sentences, exported, tmp_path):
+    results = probe("tfsm_layer", "lealla", exported["lealla"], sentences, tmp_path)
+    expected = expected_outputs(model, sentences)["sentence_embedding"].numpy()
+    np.testing.assert_allclose(results["batch"], expected, atol=TOLERANCE)
+    assert len([k for k in results if k.startswith("weight_")]) == len(model[0].weights)
+
+
+def test_labse_pair_with_tf_saved_model_load(model, sentences, exported, tmp_path):
+    results = probe("saved_model_load", "labse", exported["labse"], sentences, tmp_path)
+    expected = expected_outputs(model, sentences)["pooled_output"].numpy()
+    # `default` is the pooled output, not normalised; fixed-length padding changes nothing.
+    np.testing.assert_allclose(results["batch"], expected, atol=TOLERANCE)
+    assert np.abs(np.linalg.norm(results["batch"], axis=1) - 1.0).max() > 1e-3
+    np.testing.assert_allclose(results["via_tokenize"], expected, atol=TOLERANCE)
+    np.testing.assert_allclose(results["single"], results["batch"], atol=TOLERANCE)
+    assert not bool(results["do_lower_case"])
+    assert int(results["encoder_outputs_count"]) == 2
+    assert_dropout_only_in_training(results, results["batch"])
+    assert_weights_equal(results, model[0].trainable_variables)
+
+
+def test_labse_pair_with_hub_keras_layer(model, sentences, exported, tmp_path):
+    results = probe("hub_keras_layer", "labse", exported["labse"], sentences, tmp_path)
+    expected = expected_outputs(model, sentences)["pooled_output"].numpy()
+    np.testing.assert_allclose(results["batch"], expected, atol=TOLERANCE)
+    np.testing.assert_allclose(results["training_false"], expected, atol=TOLERANCE)
+    assert_dropout_only_in_training(results, expected)
+
+
+def test_labse_preprocessor_contract(model, exported):
+    preprocessor = tf.saved_model.load(exported["labse_paths"]["preprocessor"])
+    inputs = preprocessor(tf.constant(["The dog is nice.", ""]))
+    assert set(inputs) == {"input_word_ids", "input_mask", "input_type_ids"}
+    # Fixed length = the model's max_seq_length (32 here, LaBSE's 128 by default).
+    assert all(v.shape == (2, 32) and v.dtype == tf.int32 for v in inputs.values())
+    tokens = preprocessor.tokenize(tf.constant(["The dog is nice."]))
+    assert isinstance(tokens, tf.RaggedTensor) and tokens.shape.rank == 3
+    pair = preprocessor.bert_pack_inputs([tokens, tokens], seq_length=tf.constant(20))
+    assert pair["input_word_ids"].shape == (1, 20)
+    assert pair["input_type_ids"].numpy().max() == 1
+    encoder = tf.saved_model.load(exported["labse_paths"]["encoder"])
+    assert encoder.vocab_file.asset_path.numpy().decode().endswith("vocab.txt")
+
+
+@pytest.mark.parametrize("name", ["lealla", "encoder_only"])
+def test_no_lambda_layers_and_one_copy_of_the_weights(model, exported, name):
+    path = pathlib.Path(exported[name])
+    assert b"Lambda" not in (path / "saved_model.pb").read_bytes()
+    weight_bytes = sum(int(np.prod(w.shape)) * 4 for w in model[0].weights)
+    size = export_lib.saved_model_size(str(path))
+    assert weight_bytes < size < 2 * weight_bytes + 5_000_000
+
+
+def test_vocabulary_travels_as_an_asset(exported):
+    for path in (exported["lealla"], exported["labse_paths"]["preprocessor"],
+                 exported["labse_paths"]["encoder"]):
+        assert os.listdir(os.path.join(path, "assets")) == ["vocab.txt"]
+
+
+def test_encoder_only_converts_to_tflite(model, sentences, exported):
+    encoder, tokenizer = model
+    inputs = tokenizer(tf.constant(sentences[:20]))
+    converter = tf.lite.TFLiteConverter.from_saved_model(exported["encoder_only"])
+    interpreter = tf.lite.Interpreter(model_content=converter.convert())
+    runner = interpreter.get_signature_runner("serving_default")
+    got = runner(**{k: v.numpy() for k, v in inputs.items()})["default"]
+    want = encoder(inputs)["sentence_embedding"].numpy()
+    np.testing.assert_allclose(got, want, atol=TOLERANCE)
+    ops = str(tf.saved_model.load(exported["encoder_only"]).signatures["serving_default"]
+              .graph.as_graph_def())
+    assert "FastBert" not in ops and "Sentencepiece" not in ops
+
+
+def test_export_cli_reads_everything_from_model_dir(model, sentence_vocab_file, tmp_path):
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "export"))
+    import export_tfhub
+
+    encoder, tokenizer = model
+    model_dir = str(tmp_path / "model")
+    write_model_config(model_dir, encoder.encoder_config, TokenizerConfig(max_seq_length=32),
+                       source_vocab_file=sentence_vocab_file)
+    save_encoder_checkpoint(model_dir, encoder)
+    for export_format in ("lealla", "labse", "encoder_only"):
+        assert export_tfhub.main([f"--model_dir={model_dir}", f"--format={export_format}",
+                                  f"--export_path={tmp_path / export_format}"]) == 0
+    loaded = tf.saved_model.load(str(tmp_path / "lealla"))
+    batch = tf.constant(["The dog is nice.", "Der Hund ist nett."])
+    np.testing.assert_allclose(loaded(batch), encoder(tokenizer(batch))["sentence_embedding"],
+                               atol=TOLERANCE)
+    assert export_tfhub.main([f"--model_dir={tmp_path / 'nope'}",
+                              f"--export_path={tmp_path / 'x'}"]) == 2

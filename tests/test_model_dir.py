@@ -1,0 +1,39 @@
+"""The model directory: config.json, vocabulary copy, checkpoint restore."""
+
+import numpy as np
+import pytest
+
+from lealla_tf.configs import EncoderConfig, config_from_dict
+from lealla_tf.lealla_encoder import build_encoder
+from lealla_tf.model_dir import (TokenizerConfig, encoder_config_of, load_encoder, load_tokenizer,
+                                 read_model_config, save_encoder_checkpoint, write_model_config)
+
+TINY = EncoderConfig(vocabulary_size=60, num_layers=1, num_heads=2, hidden_dim=8,
+                     intermediate_dim=8)
+
+
+def test_round_trip(tiny_vocab_file, tmp_path):
+    encoder = build_encoder(TINY.replace(vocabulary_size=
+                                         len(open(tiny_vocab_file).read().split("\n")) - 1))
+    model_dir = str(tmp_path / "m")
+    config = write_model_config(model_dir, encoder.encoder_config,
+                                TokenizerConfig(max_seq_length=20, lower_case=True),
+                                source_vocab_file=tiny_vocab_file, training={"steps": 3})
+    assert config["tokenizer"]["vocab_file"] == "vocab.txt"
+    assert read_model_config(model_dir)["training"] == {"steps": 3}
+    assert encoder_config_of(model_dir) == encoder.encoder_config
+    tokenizer = load_tokenizer(model_dir)
+    assert tokenizer.max_seq_length == 20 and tokenizer.lower_case
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        load_encoder(model_dir)
+    save_encoder_checkpoint(model_dir, encoder)
+    restored = load_encoder(model_dir)
+    for a, b in zip(encoder.weights, restored.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_missing_directory_and_unknown_fields(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a lealla_tf model directory"):
+        read_model_config(str(tmp_path))
+    with pytest.raises(ValueError, match="unknown EncoderConfig fields"):
+        config_from_dict(EncoderConfig, {"hidden_dim": 8, "hiden_dim": 8})
