@@ -1,0 +1,324 @@
+"""Training data: parallel pairs -> language-balanced, tokenized batches in tf.data.
+
+Inputs are TSV (`xx<TAB>en`, plain or .gz) or TFRecord files of `tf.train.Example`
+with `src_raw`, `tgt_raw` (bytes) and optionally `teacher_src`, `teacher_tgt`
+(float lists: precomputed teacher embeddings, written by
+`beam_pipelines/embed_corpus.py --pairs`). A file's language comes from its
+name (`lealla_tf.parallel_corpus.language_of`).
+
+The pair stream is a pure function of the seed: resuming at step k skips
+exactly k global batches of pairs (before tokenization, so it is cheap), which
+is how a killed run continues with no repeated or skipped steps.
+"""
+
+import collections
+import dataclasses
+import os
+from typing import Dict, List, Optional, Sequence
+
+import tensorflow as tf
+
+from lealla_tf.parallel_corpus import (ParallelFile, find_parallel_files,
+                                       find_tatoeba_languages, language_of, read_tatoeba)
+
+TFRECORD_SUFFIXES = (".tfrecord", ".tfrecord.gz", ".tfrecords")
+SOURCE, TARGET = "src_raw", "tgt_raw"
+TEACHER_SOURCE, TEACHER_TARGET = "teacher_src", "teacher_tgt"
+
+
+@dataclasses.dataclass
+class DataConfig:
+    """Where pairs come from and how they are mixed.
+
+    Args:
+        train_data: files, directories or globs (TSV or TFRecord).
+        language_alpha: temperature-sampling exponent over languages: a
+            language with n_l pairs is drawn with probability ∝ n_l^alpha
+            (1 = corpus proportions, 0 = uniform).
+        decontaminate: files or Tatoeba directories; pairs either side of
+            which (case-folded, stripped) appears there are dropped.
+        shuffle_buffer: pairs shuffled per language stream.
+        seed: fixes the order of the stream (and, in training, initialisation).
+    """
+
+    train_data: List[str] = dataclasses.field(default_factory=list)
+    language_alpha: float = 0.3
+    decontaminate: List[str] = dataclasses.field(default_factory=list)
+    shuffle_buffer: int = 10_000
+    seed: int = 0
+
+
+def find_training_files(patterns: Sequence[str]) -> List[ParallelFile]:
+    """TSV pair files and TFRecord files for `patterns` (files, dirs, globs)."""
+    if isinstance(patterns, str):
+        patterns = [p for p in patterns.split(",") if p]
+    records, others, empty = [], [], []
+    from lealla_tf.embedding_io import manifest_files, read_manifest
+
+    for pattern in patterns:
+        if tf.io.gfile.isdir(pattern) and read_manifest(pattern) is not None:
+            # A pipeline output: only the files of its last complete run.
+            records += manifest_files(pattern)
+        elif tf.io.gfile.isdir(pattern):
+            found = [os.path.join(root, name) for root, _, names in tf.io.gfile.walk(pattern)
+                     for name in names if name.endswith(TFRECORD_SUFFIXES)]
+            records += found
+            others.append(pattern)  # TSV files in the directory too
+        else:
+            matches = tf.io.gfile.glob(pattern)
+            if not matches:
+                empty.append(pattern)
+            records += [m for m in matches if m.endswith(TFRECORD_SUFFIXES)]
+            others += [m for m in matches if not m.endswith(TFRECORD_SUFFIXES)]
+    if empty:
+        raise FileNotFoundError(f"no training files found for: {', '.join(empty)}")
+    files = [ParallelFile(path, language_of(path.split(".tfrecord")[0]))
+             for path in sorted(set(records))]
+    if others:
+        try:
+            files += find_parallel_files(others)
+        except FileNotFoundError:
+            if not records:
+                raise
+    if not files:
+        raise FileNotFoundError(f"no TSV or TFRecord pair files in {list(patterns)}")
+    return files
+
+
+def count_lines(path: str) -> int:
+    """Number of pairs in a TSV file or records in a TFRecord file."""
+    if path.endswith(TFRECORD_SUFFIXES):
+        compression = "GZIP" if path.endswith(".gz") else ""
+        return int(tf.data.TFRecordDataset(path, compression_type=compression).reduce(
+            tf.constant(0, tf.int64), lambda n, _: n + 1))
+    from lealla_tf.parallel_corpus import open_text
+
+    with open_text(path) as f:
+        return sum(1 for _ in f)
+
+
+def language_sampling_probabilities(sizes: Dict[str, int], alpha: float) -> Dict[str, float]:
+    """q_l = n_l^alpha / sum_k n_k^alpha (XLM-R / mBERT temperature sampling)."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"language_alpha must be in [0, 1], got {alpha}")
+    powered = {lang: n ** alpha for lang, n in sizes.items() if n > 0}
+    total = sum(powered.values())
+    return {lang: p / total for lang, p in powered.items()}
+
+
+def normalize_for_matching(strings):
+    """The form in which sentences are compared for decontamination."""
+    import tensorflow_text as text
+
+    return tf.strings.strip(text.case_fold_utf8(strings))
+
+
+def evaluation_sentences(paths: Sequence[str]) -> List[str]:
+    """Every sentence of evaluation files or Tatoeba directories."""
+    from lealla_tf.parallel_corpus import open_text
+
+    sentences = []
+    for path in paths:
+        if tf.io.gfile.isdir(path):
+            for language in find_tatoeba_languages(path):
+                source, english = read_tatoeba(path, language)
+                sentences += source + english
+        else:
+            with open_text(path) as f:
+                sentences += [line.rstrip("\n") for line in f]
+    return sentences
+
+
+class Decontaminator:
+    """Drops pairs whose source or target occurs in evaluation data.
+
+    Sentences are compared case-folded and stripped; the lookup is an in-graph
+    hash table, so it runs inside tf.data.
+    """
+
+    def __init__(self, paths: Sequence[str]):
+        sentences = evaluation_sentences(paths)
+        keys = normalize_for_matching(tf.constant(sentences or [""])) if sentences else None
+        self.size = 0 if keys is None else int(tf.size(tf.unique(keys).y))
+        if keys is None:
+            self._table = None
+        else:
+            unique = tf.unique(keys).y
+            self._table = tf.lookup.StaticHashTable(
+                tf.lookup.KeyValueTensorInitializer(unique, tf.ones_like(unique, tf.int32)),
+                default_value=0)
+
+    def keep(self, source, target):
+        """True where neither side is an evaluation sentence."""
+        if self._table is None:
+            return tf.ones_like(source, tf.bool) if source.shape.rank else tf.constant(True)
+        hits = (self._table.lookup(normalize_for_matching(source))
+                + self._table.lookup(normalize_for_matching(target)))
+        return tf.equal(hits, 0)
+
+
+def _tsv_pairs(paths: List[str]):
+    compression = "GZIP" if all(p.endswith(".gz") for p in paths) else None
+    if compression is None and any(p.endswith(".gz") for p in paths):
+        return _tsv_pairs([p for p in paths if p.endswith(".gz")]).concatenate(
+            _tsv_pairs([p for p in paths if not p.endswith(".gz")]))
+    lines = tf.data.TextLineDataset(paths, compression_type=compression or "")
+
+    def parse(line):
+        parts = tf.strings.split(line, "\t", maxsplit=1)
+        parts = tf.concat([parts, ["", ""]], axis=0)[:2]
+        return {SOURCE: parts[0], TARGET: parts[1]}
+
+    def well_formed(pair):
+        return tf.logical_and(tf.strings.length(tf.strings.strip(pair[SOURCE])) > 0,
+                              tf.strings.length(tf.strings.strip(pair[TARGET])) > 0)
+
+    return lines.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).filter(
+        well_formed)
+
+
+def _record_pairs(paths: List[str], teacher_dim: Optional[int]):
+    compression = "GZIP" if all(p.endswith(".gz") for p in paths) else ""
+    features = {SOURCE: tf.io.FixedLenFeature([], tf.string),
+                TARGET: tf.io.FixedLenFeature([], tf.string)}
+    if teacher_dim:
+        features[TEACHER_SOURCE] = tf.io.FixedLenFeature([teacher_dim], tf.float32,
+                                                         default_value=[0.0] * teacher_dim)
+        features[TEACHER_TARGET] = tf.io.FixedLenFeature([teacher_dim], tf.float32)
+    records = tf.data.TFRecordDataset(paths, compression_type=compression)
+    return records.map(lambda r: tf.io.parse_single_example(r, features),
+                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def teacher_dimension_of(files: List[ParallelFile]) -> Optional[int]:
+    """Length of the precomputed teacher vectors in TFRecord inputs (None if absent)."""
+    for parallel_file in files:
+        if not parallel_file.path.endswith(TFRECORD_SUFFIXES):
+            continue
+        compression = "GZIP" if parallel_file.path.endswith(".gz") else ""
+        for record in tf.data.TFRecordDataset(parallel_file.path, compression_type=compression
+                                              ).take(1):
+            example = tf.train.Example.FromString(record.numpy())
+            feature = example.features.feature.get(TEACHER_TARGET)
+            return len(feature.float_list.value) if feature is not None else None
+    return None
+
+
+def pair_dataset(config: DataConfig, global_batch_size: int, steps_done: int = 0,
+                 input_context: Optional[tf.distribute.InputContext] = None,
+                 teacher_dim: Optional[int] = None, files: Optional[List[ParallelFile]] = None,
+                 sizes: Optional[Dict[str, int]] = None):
+    """An endless, language-balanced stream of pairs for one input pipeline.
+
+    Each language is its own shuffled, repeated stream, sharded across input
+    pipelines; streams are mixed with temperature-sampling probabilities.
+    `steps_done` global batches are skipped (resume).
+
+    Returns:
+        (dataset of dicts {src_raw, tgt_raw[, teacher_src, teacher_tgt]},
+         info dict with languages, sizes, probabilities).
+    """
+    files = files if files is not None else find_training_files(config.train_data)
+    by_language = collections.defaultdict(list)
+    for parallel_file in files:
+        by_language[parallel_file.language].append(parallel_file.path)
+    if sizes is None:
+        sizes = {lang: sum(count_lines(p) for p in paths) for lang, paths in by_language.items()}
+    probabilities = language_sampling_probabilities(sizes, config.language_alpha)
+    languages = sorted(probabilities)
+    decontaminator = Decontaminator(config.decontaminate) if config.decontaminate else None
+    pipelines = input_context.num_input_pipelines if input_context else 1
+    pipeline_id = input_context.input_pipeline_id if input_context else 0
+    streams = []
+    for index, language in enumerate(languages):
+        paths = by_language[language]
+        records = [p for p in paths if p.endswith(TFRECORD_SUFFIXES)]
+        tsvs = [p for p in paths if not p.endswith(TFRECORD_SUFFIXES)]
+        if records and tsvs:
+            raise ValueError(f"{language}: mix of TSV and TFRecord inputs; use one kind")
+        if records:
+            pairs = _record_pairs(records, teacher_dim)
+        else:
+            if teacher_dim:
+                raise ValueError(f"{language}: precomputed teacher vectors need TFRecord "
+                                 "inputs (beam_pipelines/embed_corpus.py --pairs)")
+            pairs = _tsv_pairs(tsvs)
+        if decontaminator is not None:
+            pairs = pairs.filter(lambda p: decontaminator.keep(p[SOURCE], p[TARGET]))
+        pairs = pairs.shard(pipelines, pipeline_id)
+        pairs = pairs.shuffle(config.shuffle_buffer, seed=config.seed + index,
+                              reshuffle_each_iteration=True).repeat()
+        streams.append(pairs)
+    weights = [probabilities[lang] for lang in languages]
+    mixed = tf.data.Dataset.sample_from_datasets(streams, weights=weights, seed=config.seed,
+                                                 stop_on_empty_dataset=False)
+    per_pipeline = global_batch_size // pipelines
+    if steps_done:
+        mixed = mixed.skip(steps_done * per_pipeline)
+    info = {"languages": languages, "sizes": sizes, "probabilities": probabilities,
+            "decontamination_sentences": decontaminator.size if decontaminator else 0}
+    return mixed, info
+
+
+def tokenize_batches(pairs, batch_size: int, tokenizer, teacher_preprocessor=None,
+                     teacher_english_only: bool = False):
+    """Batches pairs and tokenizes both sides (each padded to its own longest).
+
+    Returns a dataset of dicts: `source`, `target` (BERT input dicts), and
+    `teacher_source` / `teacher_target` vectors when precomputed, or
+    `teacher_source_inputs` / `teacher_target_inputs` (the teacher's own
+    tokenization, trimmed to the batch's longest) for a hub teacher.
+    """
+    def tokenize(batch):
+        features = {"source": tokenizer(batch[SOURCE]), "target": tokenizer(batch[TARGET])}
+        for key, name in ((TEACHER_SOURCE, "teacher_source"), (TEACHER_TARGET, "teacher_target")):
+            if key in batch:
+                features[name] = batch[key]
+        if teacher_preprocessor is not None:
+            sides = [("target", TARGET)] if teacher_english_only else [
+                ("source", SOURCE), ("target", TARGET)]
+            for side, key in sides:
+                features[f"teacher_{side}_inputs"] = trim_to_longest(
+                    teacher_preprocessor(batch[key]))
+        return features
+
+    return pairs.batch(batch_size, drop_remainder=True).map(
+        tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(
+        tf.data.AUTOTUNE)
+
+
+def trim_to_longest(inputs):
+    """Cuts fixed-length BERT inputs (a LaBSE/2 preprocessor's 128) to the batch's
+    longest row: same result, a fraction of the compute."""
+    longest = tf.maximum(tf.reduce_max(tf.reduce_sum(tf.cast(inputs["input_mask"], tf.int32),
+                                                     axis=1)), 1)
+    return {name: tf.cast(value[:, :longest], tf.int32) for name, value in inputs.items()}
+
+
+def write_pairs_tfrecord(path: str, pairs, teacher_source=None, teacher_target=None) -> int:
+    """Writes pairs (and optional teacher vectors) as TFRecord `tf.train.Example`s.
+
+    The small, in-process writer; `beam_pipelines/embed_corpus.py --pairs`
+    writes the same schema at scale.
+    """
+    def feature_bytes(value):
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode("utf-8")
+                                                                     if isinstance(value, str)
+                                                                     else value]))
+
+    def feature_floats(values):
+        return tf.train.Feature(float_list=tf.train.FloatList(value=list(map(float, values))))
+
+    count = 0
+    options = tf.io.TFRecordOptions(compression_type="GZIP" if path.endswith(".gz") else "")
+    with tf.io.TFRecordWriter(path, options) as writer:
+        for i, (source, target) in enumerate(pairs):
+            feature = {SOURCE: feature_bytes(source), TARGET: feature_bytes(target)}
+            if teacher_source is not None:
+                feature[TEACHER_SOURCE] = feature_floats(teacher_source[i])
+            if teacher_target is not None:
+                feature[TEACHER_TARGET] = feature_floats(teacher_target[i])
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature))
+                         .SerializeToString())
+            count += 1
+    return count

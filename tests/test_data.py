@@ -1,0 +1,101 @@
+"""Training data: file discovery, balancing, sharding, decontamination, resume skip."""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lealla_tf.data import (DataConfig, find_training_files, language_sampling_probabilities,
+                            pair_dataset, teacher_dimension_of, tokenize_batches,
+                            write_pairs_tfrecord)
+from lealla_tf.tokenizer import Tokenizer
+from conftest import write_pairs
+
+
+def take(dataset, count):
+    return [{k: v.numpy() for k, v in item.items()} for item in dataset.take(count)]
+
+
+@pytest.fixture()
+def unbalanced(tmp_path):
+    write_pairs(tmp_path, "deu", [(f"de {i}", f"en {i}") for i in range(400)])
+    write_pairs(tmp_path, "xho", [(f"xh {i}", f"en x{i}") for i in range(4)])
+    return str(tmp_path)
+
+
+def test_probabilities_follow_temperature_sampling():
+    probabilities = language_sampling_probabilities({"a": 100, "b": 1}, 0.5)
+    assert np.isclose(probabilities["a"], 10 / 11) and np.isclose(probabilities["b"], 1 / 11)
+    assert np.isclose(language_sampling_probabilities({"a": 100, "b": 1}, 0.0)["b"], 0.5)
+
+
+@pytest.mark.parametrize("alpha,expected_share", [(1.0, 4 / 404), (0.0, 0.5)])
+def test_language_balanced_sampling(unbalanced, alpha, expected_share):
+    pairs, info = pair_dataset(DataConfig([unbalanced], language_alpha=alpha), 8)
+    sample = take(pairs, 4000)
+    share = np.mean([p["src_raw"].startswith(b"xh") for p in sample])
+    assert abs(share - expected_share) < 0.03
+    assert info["sizes"] == {"deu": 400, "xho": 4}
+
+
+def test_stream_is_deterministic_and_resume_skips_whole_batches(unbalanced):
+    config = DataConfig([unbalanced], seed=3)
+    first, _ = pair_dataset(config, global_batch_size=4)
+    stream = [p["src_raw"] for p in take(first, 40)]
+    again, _ = pair_dataset(config, global_batch_size=4)
+    assert [p["src_raw"] for p in take(again, 40)] == stream
+    resumed, _ = pair_dataset(config, global_batch_size=4, steps_done=5)
+    assert [p["src_raw"] for p in take(resumed, 20)] == stream[20:40]
+
+
+def test_input_pipelines_get_disjoint_shards(unbalanced):
+    config = DataConfig([unbalanced], language_alpha=1.0)
+    seen = []
+    for pipeline in range(2):
+        context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline,
+                                             num_replicas_in_sync=2)
+        pairs, _ = pair_dataset(config, 8, input_context=context)
+        seen.append({p["src_raw"] for p in take(pairs, 2000)})
+    assert not seen[0] & seen[1]
+    assert len(seen[0] | seen[1]) == 404
+
+
+def test_decontamination_drops_pairs_seen_in_evaluation(tmp_path, tiny_tatoeba_dir):
+    write_pairs(tmp_path / "d", "deu", [("Der Hund ist nett.", "anything"),
+                                        ("something", "THE CAT IS BIG.  "),
+                                        ("Sauber", "Clean")])
+    pairs, info = pair_dataset(DataConfig([str(tmp_path / "d")],
+                                          decontaminate=[tiny_tatoeba_dir]), 1)
+    kept = {p["src_raw"] for p in take(pairs, 30)}
+    assert kept == {b"Sauber"}
+    assert info["decontamination_sentences"] > 0
+
+
+def test_malformed_tsv_lines_are_dropped(tmp_path):
+    path = tmp_path / "fra-eng.tsv"
+    path.write_text("ok\tfine\nno tab\n\tempty\nalso\tgood\n")
+    pairs, _ = pair_dataset(DataConfig([str(path)]), 1)
+    assert {p["src_raw"] for p in take(pairs, 20)} == {b"ok", b"also"}
+
+
+def test_tfrecords_with_teacher_vectors(tmp_path, tiny_vocab_file):
+    vectors = np.arange(12, dtype=np.float32).reshape(3, 4)
+    path = str(tmp_path / "deu-eng-00000-of-00001.tfrecord.gz")
+    write_pairs_tfrecord(path, [("a", "b"), ("c", "d"), ("e", "f")], vectors, vectors + 1)
+    files = find_training_files([str(tmp_path)])
+    assert [f.language for f in files] == ["deu"]
+    assert teacher_dimension_of(files) == 4
+    pairs, _ = pair_dataset(DataConfig([str(tmp_path)], shuffle_buffer=1), 3, teacher_dim=4)
+    batches = tokenize_batches(pairs, 3, Tokenizer(tiny_vocab_file))
+    batch = next(iter(batches))
+    assert batch["teacher_target"].shape == (3, 4)
+    first = batch["source"]["input_word_ids"].shape
+    assert first[0] == 3
+    rows = {tuple(r) for r in batch["teacher_target"].numpy().tolist()}
+    assert rows <= {tuple(v) for v in (vectors + 1).tolist()}
+
+
+def test_missing_training_data_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nothing"):
+        find_training_files([str(tmp_path / "nothing*.tsv")])

@@ -1,0 +1,148 @@
+"""`python -m lealla_tf.train`: kill -9 and resume, TPU flag, errors."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lealla_tf.distribution import TPUUnavailableError, check_tpu_flag
+from lealla_tf.train import main, parse_overrides
+
+STEPS = 8
+
+
+def command(model_dir, data, vocab):
+    return [sys.executable, "-m", "lealla_tf.train", "--preset=lealla_small",
+            "--encoder_overrides=num_layers=2,hidden_dim=16,num_heads=2,intermediate_dim=32",
+            f"--vocab_file={vocab}", f"--train_data={data}", f"--model_dir={model_dir}",
+            "--objective=ams", "--global_batch_size=4", f"--train_steps={STEPS}",
+            "--checkpoint_every=1", "--keep_checkpoints=20", "--max_seq_length=16",
+            "--no_progress", "--scale=20"]
+
+
+def environment():
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="-1",
+                TF_DETERMINISTIC_OPS="1", PYTHONUNBUFFERED="1")
+
+
+def final_weights(model_dir):
+    reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints"))
+    return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(
+        os.path.join(model_dir, "checkpoints")) if name.startswith("encoder/")}
+
+
+def fingerprints(model_dir):
+    rows = [json.loads(line) for line in open(os.path.join(model_dir, "train_log.jsonl"))]
+    return [(row["step"], row["fingerprint"]) for row in rows]
+
+
+@pytest.mark.slow
+def test_kill_minus_nine_then_rerun_resumes_exactly(tiny_parallel_dir, sentence_vocab_file,
+                                                    tmp_path):
+    straight = str(tmp_path / "straight")
+    done = subprocess.run(command(straight, tiny_parallel_dir, sentence_vocab_file),
+                          env=environment(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    killed = str(tmp_path / "killed")
+    process = subprocess.Popen(command(killed, tiny_parallel_dir, sentence_vocab_file),
+                               env=environment(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    checkpoint = os.path.join(killed, "checkpoints", "ckpt-3.index")
+    while not os.path.exists(checkpoint) and time.time() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert os.path.exists(checkpoint), "the run never reached step 3"
+    interrupted_at = tf.train.latest_checkpoint(os.path.join(killed, "checkpoints"))
+    assert int(interrupted_at.rsplit("-", 1)[1]) < STEPS, "killed too late to test resuming"
+
+    resumed = subprocess.run(command(killed, tiny_parallel_dir, sentence_vocab_file),
+                             env=environment(), capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "steps " in resumed.stdout and f"-> {STEPS}" in resumed.stdout
+
+    # The same batches, in the same order, for every step ...
+    expected = dict(fingerprints(straight))
+    assert sorted(expected) == list(range(1, STEPS + 1))
+    for step, fingerprint in fingerprints(killed):
+        assert fingerprint == expected[step], f"step {step} saw different data"
+    # One log row per step: rows past the checkpoint were dropped on resume.
+    assert [step for step, _ in fingerprints(killed)] == list(range(1, STEPS + 1))
+    # ... and the same weights at the end: nothing repeated, nothing skipped.
+    a, b = final_weights(straight), final_weights(killed)
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], atol=1e-6, err_msg=name)
+
+
+def closed_loopback_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tpu_flag_is_checked_before_any_connection(tmp_path, capsys):
+    port = closed_loopback_port()
+    started = time.time()
+    code = main([f"--tpu=grpc://127.0.0.1:{port}", f"--model_dir={tmp_path}",
+                 "--train_data=x"])
+    assert code == 2 and time.time() - started < 30
+    assert f"no TPU worker answers at 127.0.0.1:{port}" in capsys.readouterr().err
+    with pytest.raises(TPUUnavailableError, match="no TPU devices"):
+        check_tpu_flag("local")
+    with pytest.raises(TPUUnavailableError, match="not of the form"):
+        check_tpu_flag("grpc://127.0.0.1")
+    with pytest.raises(TPUUnavailableError, match="is empty"):
+        check_tpu_flag(" ")
+    if not os.path.exists("/sys/class/dmi/id/product_name") or "Google" not in open(
+            "/sys/class/dmi/id/product_name").read():
+        with pytest.raises(TPUUnavailableError, match="not a Google Cloud VM"):
+            check_tpu_flag("my-tpu")
+
+
+def test_tpu_flag_accepts_a_listening_worker_address():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        address = f"grpc://127.0.0.1:{server.getsockname()[1]}"
+        assert check_tpu_flag(address) == address
+
+
+def test_cli_errors_are_messages_not_tracebacks(tiny_parallel_dir, sentence_vocab_file,
+                                                tmp_path, capsys):
+    base = [f"--model_dir={tmp_path / 'm'}", f"--train_data={tiny_parallel_dir}"]
+    assert main(base) == 2
+    assert "--vocab_file is required" in capsys.readouterr().err
+    assert main(base + [f"--vocab_file={sentence_vocab_file}"]) == 2
+    assert "needs a teacher" in capsys.readouterr().err
+    assert main(base + [f"--vocab_file={sentence_vocab_file}", "--objective=ams",
+                        "--loss_weights=fd=3"]) == 2
+    assert "not in the objective" in capsys.readouterr().err
+    assert main(base + [f"--vocab_file={sentence_vocab_file}", "--preset=nope"]) == 2
+    assert "unknown preset" in capsys.readouterr().err
+
+
+def test_resume_with_other_flags_is_refused(tiny_parallel_dir, sentence_vocab_file, tmp_path,
+                                            capsys):
+    args = command(str(tmp_path / "m"), tiny_parallel_dir, sentence_vocab_file)[3:]
+    args = [a for a in args if not a.startswith("--train_steps")] + ["--train_steps=1"]
+    assert main(args) == 0
+    assert main(args + ["--margin=0.2"]) == 2
+    assert "loss.margin" in capsys.readouterr().err
+    assert main([a for a in args if a != "--train_steps=1"] + ["--train_steps=2"]) == 0
+
+
+def test_parse_overrides():
+    assert parse_overrides("num_layers=4,embedding_dim=none,dropout=0.2,pooling=mean") == {
+        "num_layers": 4, "embedding_dim": None, "dropout": 0.2, "pooling": "mean"}
+    with pytest.raises(ValueError):
+        parse_overrides("num_layers")

@@ -1,0 +1,182 @@
+"""The trainer: cross-replica negatives, every objective, resume, configs."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lealla_tf.configs import EncoderConfig
+from lealla_tf.data import DataConfig, write_pairs_tfrecord
+from lealla_tf.distribution import make_strategy
+from lealla_tf.model_dir import TokenizerConfig, read_model_config
+from lealla_tf.trainer import (LossConfig, OptimizerConfig, TeacherConfig, TrainConfig, Trainer,
+                               WarmupLinearDecay, check_resumable, default_loss_weights,
+                               parse_objective)
+from conftest import TINY_PAIRS
+
+TEACHER_DIM = 6
+
+
+@pytest.fixture(scope="module")
+def teacher_records(tmp_path_factory):
+    """TFRecord pairs with precomputed (random but fixed) teacher vectors."""
+    root = tmp_path_factory.mktemp("records")
+    rng = np.random.default_rng(0)
+    for language, pairs in TINY_PAIRS.items():
+        pairs = pairs * 6
+        write_pairs_tfrecord(str(root / f"{language}-eng-00000-of-00001.tfrecord"), pairs,
+                             rng.normal(size=(len(pairs), TEACHER_DIM)),
+                             rng.normal(size=(len(pairs), TEACHER_DIM)))
+    return str(root)
+
+
+def tiny_config(tokenizer_size, data, objective="ams+fd+ld", **changes):
+    config = TrainConfig(
+        preset="lealla_small",
+        encoder=EncoderConfig(vocabulary_size=tokenizer_size, num_layers=2, num_heads=2,
+                              hidden_dim=8, intermediate_dim=16, dropout=0.0),
+        tokenizer=TokenizerConfig(max_seq_length=16),
+        data=DataConfig([data], shuffle_buffer=50),
+        loss=LossConfig(objective=objective, scale=20.0),
+        optimizer=OptimizerConfig(learning_rate=1e-3, warmup_steps=2),
+        global_batch_size=8, train_steps=3, checkpoint_every=100, log_every=1)
+    for key, value in changes.items():
+        setattr(config, key, value)
+    return config
+
+
+def vocab_size(path):
+    return len(open(path, encoding="utf-8").read().split("\n")) - 1
+
+
+def loss_and_gradients(trainer, batch):
+    """Per-replica terms and all-reduced gradients of the weighted loss."""
+    def replica_fn(batch):
+        with tf.GradientTape() as tape:
+            terms = trainer.compute_loss_terms(batch, training=True)
+            total = tf.add_n([trainer.weights[t] * terms[t] for t in trainer.terms])
+        gradients = [tf.convert_to_tensor(g) for g in tape.gradient(total, trainer.trainable)]
+        context = tf.distribute.get_replica_context()
+        if trainer.strategy.num_replicas_in_sync > 1:
+            gradients = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
+        return total, gradients
+
+    total, gradients = trainer.strategy.run(tf.function(replica_fn), args=(batch,))
+    total = trainer.strategy.reduce(tf.distribute.ReduceOp.SUM, total, axis=None)
+    gradients = [trainer.strategy.experimental_local_results(g)[0] for g in gradients]
+    return float(total), [g.numpy() for g in gradients]
+
+
+def test_two_replicas_see_the_global_batch(teacher_records, sentence_vocab_file, tmp_path):
+    config = tiny_config(vocab_size(sentence_vocab_file), teacher_records,
+                         objective="ams+fd+ld+mcl+mse")
+    single = Trainer(config, str(tmp_path / "single"), make_strategy("default"),
+                     sentence_vocab_file, progress=False)
+    mirrored_strategy = make_strategy("mirrored")
+    assert mirrored_strategy.num_replicas_in_sync == 2
+    mirrored = Trainer(config, str(tmp_path / "mirrored"), mirrored_strategy,
+                       sentence_vocab_file, progress=False)
+    for source, target in zip(single.trainable, mirrored.trainable):
+        target.assign(source.numpy())
+    single._sizes = mirrored._sizes = None
+    full_batch = next(iter(single.distributed_dataset(0)))
+    split = mirrored.strategy.experimental_distribute_values_from_function(
+        lambda context: tf.nest.map_structure(
+            lambda t: t[4 * context.replica_id_in_sync_group:4 * context.replica_id_in_sync_group + 4],
+            full_batch))
+    single_total, single_gradients = loss_and_gradients(single, full_batch)
+    mirrored_total, mirrored_gradients = loss_and_gradients(mirrored, split)
+    np.testing.assert_allclose(mirrored_total, single_total, rtol=1e-5)
+    for a, b in zip(mirrored_gradients, single_gradients):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+    # Without gathering (each replica only its own 4 negatives) the AMS loss differs.
+    from lealla_tf import losses
+
+    embeddings = single.encoder(full_batch["source"])["sentence_embedding"]
+    targets = single.encoder(full_batch["target"])["sentence_embedding"]
+    halves = sum(float(tf.reduce_sum(losses.additive_margin_softmax_loss(
+        embeddings[i:i + 4], targets[i:i + 4], 20.0))) for i in (0, 4))
+    assert abs(halves / 8 - float(tf.reduce_mean(losses.additive_margin_softmax_loss(
+        embeddings, targets, 20.0)))) > 1e-3
+
+
+@pytest.mark.parametrize("objective", ["ams", "fd", "ld", "ams+fd", "ams+ld", "fd+ld",
+                                       "lealla", "reimers", "ding", "ams+df"])
+def test_every_objective_trains(teacher_records, sentence_vocab_file, tmp_path, objective):
+    config = tiny_config(vocab_size(sentence_vocab_file), teacher_records, objective, train_steps=2)
+    if "df" in parse_objective(objective):
+        config.encoder = config.encoder.replace(pooler_dim=TEACHER_DIM, output_dim=8)
+    trainer = Trainer(config, str(tmp_path / "m"), make_strategy("default"), sentence_vocab_file,
+                      progress=False)
+    summary = trainer.train()
+    assert summary["final_step"] == 2
+    assert all(np.isfinite(summary["last"][t]) for t in parse_objective(objective))
+
+
+def test_dimension_reduction_then_synchronized(teacher_records, sentence_vocab_file, tmp_path):
+    size = vocab_size(sentence_vocab_file)
+    reduction = tiny_config(size, teacher_records, "ams", preset="dimension_reduction",
+                            train_steps=2)
+    reduction.encoder = EncoderConfig(vocabulary_size=size, num_layers=1, num_heads=1,
+                                      hidden_dim=8, intermediate_dim=1)
+    Trainer(reduction, str(tmp_path / "reduction"), make_strategy("default"),
+            sentence_vocab_file, progress=False).train()
+    assert read_model_config(str(tmp_path / "reduction"))["teacher_dimension"] == TEACHER_DIM
+    synchronized = tiny_config(size, teacher_records, "ams+syn", train_steps=2,
+                               teacher=TeacherConfig(reduction_dir=str(tmp_path / "reduction")))
+    summary = Trainer(synchronized, str(tmp_path / "syn"), make_strategy("default"),
+                      sentence_vocab_file, progress=False).train()
+    assert np.isfinite(summary["last"]["syn"])
+
+
+def test_distillation_without_a_teacher_is_a_clear_error(sentence_vocab_file, tiny_parallel_dir,
+                                                         tmp_path):
+    config = tiny_config(vocab_size(sentence_vocab_file), tiny_parallel_dir, "lealla")
+    with pytest.raises(ValueError, match="needs a teacher"):
+        Trainer(config, str(tmp_path / "m"), make_strategy("default"), sentence_vocab_file)
+
+
+def test_objective_parsing_and_paper_weights():
+    assert parse_objective("lealla") == ["ams", "fd", "ld"]
+    assert parse_objective("ding") == ["mcl", "mse"]
+    with pytest.raises(ValueError, match="unknown terms"):
+        parse_objective("ams+kd")
+    with pytest.raises(ValueError, match="repeats"):
+        parse_objective("ams+ams")
+    assert default_loss_weights(128)["fd"] == 1e3 and default_loss_weights(256)["fd"] == 1e4
+    assert default_loss_weights(192)["ld"] == 1e-2 and default_loss_weights(128)["ams"] == 1
+
+
+def test_warmup_then_linear_decay():
+    schedule = WarmupLinearDecay(1e-3, warmup_steps=10, total_steps=110, end_fraction=0.1)
+    values = [float(schedule(s)) for s in (0, 9, 10, 60, 110, 500)]
+    np.testing.assert_allclose(values, [1e-4, 1e-3, 1e-3, 5.5e-4, 1e-4, 1e-4], rtol=1e-5)
+
+
+def test_resume_refuses_changed_settings():
+    stored = {"encoder": {"hidden_dim": 8}, "train_steps": 5, "loss": {"objective": "ams"}}
+    check_resumable(stored, {"encoder": {"hidden_dim": 8}, "train_steps": 9,
+                             "loss": {"objective": "ams"}})
+    with pytest.raises(ValueError, match="loss.objective"):
+        check_resumable(stored, {"encoder": {"hidden_dim": 8}, "train_steps": 5,
+                                 "loss": {"objective": "lealla"}})
+
+
+def test_logs_and_config_are_written(teacher_records, sentence_vocab_file, tiny_tatoeba_dir,
+                                     tmp_path):
+    config = tiny_config(vocab_size(sentence_vocab_file), teacher_records, "lealla",
+                         train_steps=4, eval_every=2, tatoeba_dir=tiny_tatoeba_dir,
+                         checkpoint_every=2)
+    summary = Trainer(config, str(tmp_path / "m"), make_strategy("default"), sentence_vocab_file,
+                      progress=False).train()
+    assert [e["step"] for e in summary["evaluations"]] == [0, 2, 4]
+    stored = read_model_config(str(tmp_path / "m"))
+    assert stored["loss"]["objective"] == "lealla" and stored["encoder"]["hidden_dim"] == 8
+    assert stored["tokenizer"]["vocab_file"] == "vocab.txt"
+    assert os.path.exists(tmp_path / "m" / "vocab.txt")
+    steps = [json.loads(l)["step"] for l in open(tmp_path / "m" / "train_log.jsonl")]
+    assert steps == [1, 2, 3, 4]
+    assert any(name.startswith("events") for name in os.listdir(tmp_path / "m" / "logs"))
+    assert summary["checkpoint"].endswith("ckpt-4")
