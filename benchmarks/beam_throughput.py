@@ -1,0 +1,89 @@
+"""Benchmark: Beam embedding throughput against the bare model, on the same sentences.
+
+    python benchmarks/beam_throughput.py --vocab_file=runs/recipe/vocab.txt \
+        --output_json=benchmarks/results/beam_throughput.json
+
+An exported lealla_small (random weights: speed does not depend on them) embeds the
+same --num_sentences Tatoeba dev sentences (a) in-process, length-sorted batches of
+64, and (b) through beam_pipelines/embed_corpus.py on the FnApiRunner with
+--workers worker processes (model loading and process start-up included: the
+wall time a user sees).
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "beam_pipelines"))
+
+from benchmarks.export_size_speed import tatoeba_sentences  # noqa: E402
+from benchmarks.vocab_build import machine  # noqa: E402
+from lealla_tf.recipe import find_data_dir  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--vocab_file", required=True)
+    parser.add_argument("--output_json", required=True)
+    parser.add_argument("--num_sentences", type=int, default=10000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--data_dir", default=None)
+    args = parser.parse_args()
+
+    import embed_corpus
+
+    from lealla_tf.embedder import load_embedder
+    from lealla_tf.evaluation import embed_sentences
+    from lealla_tf.export_lib import export_lealla_model
+    from lealla_tf.lealla_encoder import build_encoder
+    from lealla_tf.presets import get_preset
+    from lealla_tf.tokenizer import Tokenizer
+
+    sentences = [s for s in tatoeba_sentences(find_data_dir(args.data_dir), args.num_sentences)
+                 if s.strip()]
+    work = tempfile.mkdtemp(prefix="beam_bench_")
+    try:
+        tokenizer = Tokenizer(args.vocab_file)
+        encoder = build_encoder(get_preset("lealla_small").encoder.replace(
+            vocabulary_size=tokenizer.vocab_size))
+        model = export_lealla_model(encoder, tokenizer, os.path.join(work, "model"))
+        corpus = os.path.join(work, "corpus.txt")
+        with open(corpus, "w", encoding="utf-8") as f:
+            f.write("\n".join(sentences) + "\n")
+
+        start = time.perf_counter()
+        embedder = load_embedder(model)
+        embed_sentences(embedder, sentences, batch_size=64)
+        bare = time.perf_counter() - start
+
+        start = time.perf_counter()
+        manifest = embed_corpus.run([f"--input={corpus}", f"--model={model}",
+                                     f"--output={os.path.join(work, 'out')}",
+                                     f"--direct_num_workers={args.workers}",
+                                     "--direct_running_mode=multi_processing"],
+                                    save_main_session=False)
+        beam = time.perf_counter() - start
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result = {"benchmark": "beam_throughput", "machine": machine(), "sentences": len(sentences),
+              "bare_model": {"seconds": bare, "sentences_per_second": len(sentences) / bare},
+              "beam": {"workers": args.workers, "seconds": beam,
+                       "sentences_per_second": len(sentences) / beam,
+                       "counts": manifest["counts"]}}
+    result["beam_over_bare"] = result["beam"]["sentences_per_second"] / result["bare_model"][
+        "sentences_per_second"]
+    print(json.dumps(result, indent=2))
+    os.makedirs(os.path.dirname(os.path.abspath(args.output_json)), exist_ok=True)
+    with open(args.output_json, "w") as f:
+        json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

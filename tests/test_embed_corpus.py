@@ -1,0 +1,134 @@
+"""beam_pipelines/embed_corpus.py on Beam's local runner, with a model our exporter made."""
+
+import gzip
+import json
+import os
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lealla_tf.configs import EncoderConfig
+from lealla_tf.data import DataConfig, pair_dataset, teacher_dimension_of, find_training_files
+from lealla_tf.embedding_io import read_embeddings, read_manifest
+from lealla_tf.export_lib import export_lealla_model
+from lealla_tf.lealla_encoder import build_encoder
+from lealla_tf.tokenizer import Tokenizer
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "beam_pipelines"))
+import embed_corpus  # noqa: E402
+
+SENTENCES = ["The dog is nice.", "Der Hund ist nett.", "Le chien est gentil.", "狗很好。",
+             "Собака хорошая.", "I like tea.", "A much longer sentence about houses and cats."]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory, sentence_vocab_file):
+    tokenizer = Tokenizer(sentence_vocab_file)
+    # Mean pooling spreads a random encoder's sentences apart (CLS-pooled ones sit at
+    # cosine ~0.999), so identical sentences are each other's clear nearest neighbour.
+    encoder = build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
+                                          num_heads=2, hidden_dim=16, intermediate_dim=16,
+                                          pooling="mean"))
+    path = str(tmp_path_factory.mktemp("model") / "lealla")
+    export_lealla_model(encoder, tokenizer, path)
+    reference = {s: v for s, v in zip(SENTENCES, encoder(tokenizer(tf.constant(SENTENCES)))[
+        "sentence_embedding"].numpy())}
+    return path, reference
+
+
+@pytest.fixture()
+def corpus(tmp_path):
+    (tmp_path / "in").mkdir()
+    lines = SENTENCES[:4] + [""] + SENTENCES[4:]
+    (tmp_path / "in" / "a.txt").write_bytes(
+        ("\n".join(lines[:3]) + "\n").encode() + b"\xff\xfe not utf-8\n" + (
+            "\n".join(lines[3:]) + "\n").encode())
+    (tmp_path / "in" / "b.txt.gz").write_bytes(gzip.compress(b"   \nThe dog is nice.\n"))
+    return tmp_path
+
+
+def test_embeds_every_valid_line_and_dead_letters_the_rest(model, corpus):
+    path, reference = model
+    output = str(corpus / "out")
+    manifest = embed_corpus.run([f"--input={corpus / 'in' / '*'}", f"--model={path}",
+                                 f"--output={output}", "--num_shards=3"],
+                                save_main_session=False)
+    counts = manifest["counts"]
+    assert counts == {"lines_read": 11, "embedded": 8, "dead_lettered": 3}
+    assert counts["lines_read"] == counts["embedded"] + counts["dead_lettered"]
+    ids, vectors, texts = read_embeddings(output, with_text=True)
+    assert ids[:3] == ["a.txt:1", "a.txt:2", "a.txt:3"] and len(ids) == 8
+    for text, vector in zip(texts, vectors):
+        np.testing.assert_allclose(vector, reference[text], atol=1e-5)
+    dead = [json.loads(line) for f in manifest["files"] if "dead_letter" in f
+            for line in open(os.path.join(output, f))]
+    assert sorted(d["reason"] for d in dead) == ["empty", "empty", "invalid_utf8"]
+    assert {(os.path.basename(d["file"]), d["line"]) for d in dead} == {
+        ("a.txt", 4), ("a.txt", 6), ("b.txt.gz", 1)}
+
+
+def test_rerun_into_the_same_output_is_safe(model, corpus):
+    path, _ = model
+    output = str(corpus / "out")
+    args = [f"--input={corpus / 'in' / 'a.txt'}", f"--model={path}", f"--output={output}"]
+    first = embed_corpus.run(args, save_main_session=False)
+    ids_first, vectors_first = read_embeddings(output)
+    second = embed_corpus.run(args + ["--num_shards=2"], save_main_session=False)
+    assert first["run"] != second["run"]
+    assert [d for d in os.listdir(output) if d.startswith("run-")] == [second["run"]]
+    ids_second, vectors_second = read_embeddings(output)
+    assert ids_first == ids_second
+    np.testing.assert_allclose(vectors_first, vectors_second, atol=1e-6)
+
+
+def test_tsv_input_keeps_the_given_ids(model, tmp_path):
+    path, reference = model
+    (tmp_path / "ids.tsv").write_text("doc-10\tThe dog is nice.\ndoc-2\tI like tea.\nno id\n")
+    manifest = embed_corpus.run([f"--input={tmp_path / 'ids.tsv'}", f"--model={path}",
+                                 f"--output={tmp_path / 'out'}", "--format=tsv"],
+                                save_main_session=False)
+    assert manifest["counts"] == {"lines_read": 3, "embedded": 2, "dead_lettered": 1}
+    ids, vectors = read_embeddings(str(tmp_path / "out"))
+    assert ids == ["doc-2", "doc-10"]
+    np.testing.assert_allclose(vectors[1], reference["The dog is nice."], atol=1e-5)
+
+
+def test_pairs_mode_writes_training_records_with_teacher_vectors(model, tmp_path):
+    path, reference = model
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "deu-eng.tsv.gz").write_bytes(gzip.compress(
+        "Der Hund ist nett.\tThe dog is nice.\nIch mag Tee.\tI like tea.\nbroken line\n"
+        .encode()))
+    output = str(tmp_path / "pairs")
+    manifest = embed_corpus.run([f"--input={tmp_path / 'in' / '*.tsv.gz'}", f"--model={path}",
+                                 f"--output={output}", "--pairs", "--english_only"],
+                                save_main_session=False)
+    assert manifest["counts"] == {"lines_read": 3, "embedded": 2, "dead_lettered": 1}
+    files = find_training_files([output])
+    assert {f.language for f in files} == {"deu"}
+    assert teacher_dimension_of(files) == 16
+    pairs, _ = pair_dataset(DataConfig([output], shuffle_buffer=1), 1, teacher_dim=16)
+    seen = {}
+    for pair in pairs.take(2):
+        seen[pair["tgt_raw"].numpy().decode()] = pair["teacher_tgt"].numpy()
+    for english, vector in seen.items():
+        np.testing.assert_allclose(vector, reference[english], atol=1e-5)
+
+
+@pytest.mark.slow
+def test_several_worker_processes(model, corpus):
+    path, _ = model
+    manifest = embed_corpus.run([f"--input={corpus / 'in' / '*'}", f"--model={path}",
+                                 f"--output={corpus / 'multi'}", "--direct_num_workers=2",
+                                 "--direct_running_mode=multi_processing"],
+                                save_main_session=False)
+    assert manifest["counts"] == {"lines_read": 11, "embedded": 8, "dead_lettered": 3}
+
+
+def test_missing_input_is_an_error(model, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no input files match"):
+        embed_corpus.run([f"--input={tmp_path / 'none*.txt'}", f"--model={model[0]}",
+                          f"--output={tmp_path / 'o'}"], save_main_session=False)

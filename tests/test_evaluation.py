@@ -1,0 +1,194 @@
+"""Evaluations: Tatoeba (cosine and margin), BUCC protocol, UN-style retrieval, CLI."""
+
+import json
+import os
+import pathlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lealla_tf.evaluation import (build_bucc_like_split, embed_sentences, evaluate_bucc,
+                                  evaluate_tatoeba, evaluate_un_style, read_bucc_split,
+                                  retrieval_accuracy, tatoeba_accuracy, tatoeba_margin_accuracy,
+                                  write_bucc_split)
+from lealla_tf.parallel_corpus import find_parallel_files, read_pairs
+from conftest import SHARED_DATA, TINY_PAIRS
+
+RNG = np.random.default_rng(3)
+
+
+class OracleEmbedder:
+    """Maps each known sentence of a pair to the pair's random vector (plus
+    optional noise): the evaluator under test must recover exactly the gold
+    alignment, so any id, threshold or scoring mistake shows."""
+
+    def __init__(self, pairs, dimension=24, noise=0.0, seed=0):
+        rng = np.random.default_rng(seed)
+        self.vectors = {}
+        for source, english in pairs:
+            # Keyed by the English side: one English sentence paired with several
+            # languages keeps one vector, and each translation lands near it.
+            if english not in self.vectors:
+                self.vectors[english] = rng.normal(size=dimension)
+            self.vectors.setdefault(
+                source, self.vectors[english] + noise * rng.normal(size=dimension))
+        self.dimension = dimension
+        self._rng = rng
+
+    def __call__(self, strings):
+        rows = []
+        for s in strings.numpy():
+            text = s.decode("utf-8")
+            if text not in self.vectors:
+                self.vectors[text] = self._rng.normal(size=self.dimension)
+            rows.append(self.vectors[text])
+        return np.asarray(rows, np.float32)
+
+
+def test_tatoeba_accuracy_against_numpy():
+    source, english = RNG.normal(size=(30, 8)), RNG.normal(size=(30, 8))
+    english[:20] = source[:20] + 0.01 * RNG.normal(size=(20, 8))
+    scores = tatoeba_accuracy(source, english)
+    unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
+    similarity = unit(source) @ unit(english).T
+    forward = np.mean(similarity.argmax(1) == np.arange(30))
+    backward = np.mean(similarity.argmax(0) == np.arange(30))
+    assert scores["xx_to_en"] == pytest.approx(forward)
+    assert scores["en_to_xx"] == pytest.approx(backward)
+    assert scores["p_at_1"] == pytest.approx((forward + backward) / 2)
+    assert scores["xx_to_en"] >= 20 / 30
+
+
+def test_margin_beats_cosine_on_a_hub():
+    # Every source shares a component c; English sentence 0 is (almost) c itself,
+    # a hub close to every source, which steals cosine retrieval but not margin.
+    rng = np.random.default_rng(11)
+    d = 16
+    common = 1.5 * rng.normal(size=d)
+    base = rng.normal(size=(20, d))
+    source = base + common
+    english = base + 0.5 * rng.normal(size=base.shape)
+    english[0] = 3 * common + 0.1 * rng.normal(size=d)
+    cosine = tatoeba_accuracy(source, english)["xx_to_en"]
+    margin = tatoeba_margin_accuracy(source, english)["xx_to_en"]
+    assert margin > cosine + 0.2
+
+
+def test_evaluate_tatoeba_with_oracle(tiny_tatoeba_dir):
+    pairs = [p for ps in TINY_PAIRS.values() for p in ps]
+    metrics = evaluate_tatoeba(OracleEmbedder(pairs), tiny_tatoeba_dir)
+    # English sentences repeat across languages but within a language are distinct.
+    assert metrics["tatoeba/average_p_at_1"] == pytest.approx(1.0)
+    assert metrics["tatoeba/languages"] == 4
+    limited = evaluate_tatoeba(OracleEmbedder(pairs), tiny_tatoeba_dir, max_pairs=1)
+    assert limited["tatoeba/average_p_at_1"] == 1.0
+
+
+def test_embed_sentences_keeps_input_order():
+    seen = []
+
+    def embed(strings):
+        values = [len(s) for s in strings.numpy()]
+        seen.append(values)
+        return np.array([[v, 1.0] for v in values], np.float32)
+
+    sentences = ["ccc", "a", "bbbbbb", "dd", "e"]
+    result = embed_sentences(embed, sentences, batch_size=2)
+    assert result[:, 0].tolist() == [3, 1, 6, 2, 1]
+    assert all(v == sorted(v) for v in seen)  # batches were length-sorted
+
+
+def real_or_fixture_pairs(language="deu", count=300):
+    if (SHARED_DATA / "parallel").is_dir():
+        files = [f for f in find_parallel_files([str(SHARED_DATA / "parallel" / "ntrex")])
+                 if f.language == language]
+        return list(read_pairs(files[0].path))[:count]
+    base = [p for ps in TINY_PAIRS.values() for p in ps]
+    return [(f"{s} #{i}", f"{e} #{i}") for i in range(count // len(base) + 1)
+            for s, e in base][:count]
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.7])
+def test_bucc_protocol_on_pairs_hidden_among_distractors(tmp_path, noise):
+    from lealla_tf.evaluation import bucc_candidates
+    from lealla_tf.mining import best_threshold
+
+    pairs = real_or_fixture_pairs(count=300)
+    for split, seed in (("training", 1), ("test", 2)):
+        rows = build_bucc_like_split(pairs, num_gold=40, num_distractors=60, seed=seed)
+        write_bucc_split(str(tmp_path), "deu", split, *rows)
+    source, english, gold = read_bucc_split(str(tmp_path), "deu", "test")
+    assert len(source) == len(english) == 100 and len(gold) == 40
+    embedder = OracleEmbedder(pairs, noise=noise)
+    metrics = evaluate_bucc(embedder, str(tmp_path), ["deu"])
+
+    # Recompute the protocol by hand: threshold from training gold, P/R/F1 on test.
+    def candidates(split):
+        s, e, g = read_bucc_split(str(tmp_path), "deu", split)
+        scores, s_ids, e_ids = bucc_candidates(
+            embed_sentences(embedder, [t for _, t in s]), embed_sentences(embedder, [t for _, t in e]),
+            [i for i, _ in s], [i for i, _ in e])
+        return scores, [(a, b) in g for a, b in zip(s_ids, e_ids)], len(g)
+
+    scores, correct, num_gold = candidates("training")
+    training = best_threshold(np.asarray(scores), np.asarray(correct), num_gold)
+    assert metrics["bucc/deu/threshold"] == pytest.approx(training["threshold"])
+    scores, correct, num_gold = candidates("test")
+    kept = [c for score, c in zip(scores, correct) if score >= training["threshold"]]
+    precision, recall = sum(kept) / len(kept), sum(kept) / num_gold
+    assert metrics["bucc/deu/precision"] == pytest.approx(precision)
+    assert metrics["bucc/deu/recall"] == pytest.approx(recall)
+    assert metrics["bucc/deu/f1"] == pytest.approx(2 * precision * recall / (precision + recall))
+    if noise == 0.0:
+        assert training["f1"] == pytest.approx(1.0)  # the oracle separates gold from distractors
+        assert metrics["bucc/deu/f1"] > 0.95
+    else:
+        assert metrics["bucc/deu/f1"] < 0.95
+    assert metrics["bucc/average_f1"] == metrics["bucc/deu/f1"]
+
+
+def test_bucc_split_needs_enough_pairs():
+    with pytest.raises(ValueError, match="need 50 pairs"):
+        build_bucc_like_split([(f"a{i}", f"b{i}") for i in range(10)], num_gold=10,
+                              num_distractors=20)
+    with pytest.raises(ValueError, match="got 0 with unique sides"):
+        build_bucc_like_split([("a", "b")] * 100, num_gold=10, num_distractors=20)
+
+
+def test_un_style_retrieval():
+    queries = RNG.normal(size=(50, 16))
+    pool = np.vstack([RNG.normal(size=(500, 16)), queries + 0.05 * RNG.normal(size=(50, 16))])
+    gold = np.arange(500, 550)
+    assert retrieval_accuracy(queries, pool, gold) == 1.0
+    assert retrieval_accuracy(queries, pool, gold, index_type="ivf", nlist=8, nprobe=8) == 1.0
+    pairs = real_or_fixture_pairs(count=60)
+    distractors = [f"distractor sentence {i}" for i in range(300)]
+    metrics = evaluate_un_style(OracleEmbedder(pairs), {"deu": pairs}, distractors)
+    assert metrics["un/pool_size"] == 360 and metrics["un/deu/p_at_1"] == 1.0
+
+
+def test_evaluate_cli_writes_table_json_and_png(tmp_path, tiny_tatoeba_dir, sentence_vocab_file,
+                                                capsys):
+    from lealla_tf.configs import EncoderConfig
+    from lealla_tf.evaluate import main
+    from lealla_tf.export_lib import export_lealla_model
+    from lealla_tf.lealla_encoder import build_encoder
+    from lealla_tf.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(sentence_vocab_file)
+    encoder = build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
+                                          num_heads=2, hidden_dim=8, intermediate_dim=8))
+    export_lealla_model(encoder, tokenizer, str(tmp_path / "model"))
+    output = tmp_path / "report" / "eval.json"
+    assert main([f"--model={tmp_path / 'model'}", f"--tatoeba_dir={tiny_tatoeba_dir}",
+                 f"--output_json={output}", "--no_progress"]) == 0
+    result = json.loads(output.read_text())
+    assert result["primary_metric"] == "tatoeba/average_p_at_1"
+    value = result["metrics"]["tatoeba/average_p_at_1"]
+    assert 0.0 <= value <= 1.0 and "tatoeba_margin/average_p_at_1" in result["metrics"]
+    assert (tmp_path / "report" / "eval.png").stat().st_size > 5000
+    out = capsys.readouterr().out
+    assert "average" in out and "deu" in out
+    assert main([f"--model={tmp_path / 'nothing'}", f"--tatoeba_dir={tiny_tatoeba_dir}",
+                 f"--output_json={output}"]) == 2
