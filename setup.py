@@ -44,6 +44,9 @@ EXTRAS_REQUIRE = {
         "nbclient==0.11.0",
         "nbformat==5.11.1",
         "ipykernel==7.4.0",
+        # Beam imports its interactive runner (which needs pandas) whenever a
+        # pipeline is built inside a Jupyter kernel, as notebook 03 does.
+        "pandas==2.3.3",
     ],
 }
 

