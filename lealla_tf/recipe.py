@@ -363,7 +363,7 @@ def build_parser():
     add("--train_steps", type=int, default=450)
     add("--global_batch_size", type=int, default=64)
     add("--max_seq_length", type=int, default=32)
-    add("--eval_every", type=int, default=75)
+    add("--eval_every", type=int, default=150)
     add("--eval_max_pairs", type=int, default=50)
     add("--skip_comparison", action="store_true", help="no AMS-only run")
     add("--bucc_languages", default=",".join(BUCC_LANGUAGES))
