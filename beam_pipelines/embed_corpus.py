@@ -39,7 +39,6 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.ml.inference.base import (KeyedModelHandler, ModelHandler, PredictionResult,
                                            RunInference)
-from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions
 
 NAMESPACE = "embed_corpus"
 
@@ -281,16 +280,10 @@ def run(argv=None, save_main_session=True, test_pipeline=None) -> dict:
     parser.add_argument("--num_shards", type=int, default=4)
     parser.add_argument("--model_batch_size", type=int, default=64)
     known, pipeline_args = parser.parse_known_args(argv)
-    if not any(a.startswith("--runner") for a in pipeline_args) and test_pipeline is None:
-        # The local runner without DirectRunner's attempt to download Prism.
-        pipeline_args += ["--runner=FnApiRunner"]
-    if __name__ != "__main__":
-        # Imported rather than run as a script: workers cannot import this file by
-        # name, so ship its functions and DoFns by value.
-        from apache_beam.internal.cloudpickle import cloudpickle
-        cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    options = PipelineOptions(pipeline_args)
-    options.view_as(SetupOptions).save_main_session = save_main_session
+    from lealla_tf.beam_options import pipeline_options
+
+    options = pipeline_options(pipeline_args, __name__, save_main_session,
+                               default_runner=test_pipeline is None)
     files = expand_inputs(known.input)
     from lealla_tf.embedding_io import commit_run, new_run_directory
 

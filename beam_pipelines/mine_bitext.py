@@ -17,7 +17,6 @@ import logging
 import sys
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions
 
 
 def mine_directories(directories, margin, retrieval, k, threshold, index, with_ids):
@@ -53,19 +52,13 @@ def run(argv=None, save_main_session=True, test_pipeline=None):
     parser.add_argument("--index", default="flat", choices=("flat", "ivf", "ivfpq"))
     parser.add_argument("--with_ids", action="store_true")
     known, pipeline_args = parser.parse_known_args(argv)
-    if not any(a.startswith("--runner") for a in pipeline_args) and test_pipeline is None:
-        pipeline_args += ["--runner=FnApiRunner"]
+    from lealla_tf.beam_options import pipeline_options
     from lealla_tf.embedding_io import manifest_files
 
     for directory in (known.source, known.target):
         manifest_files(directory)  # FileNotFoundError now, not inside a worker
-    if __name__ != "__main__":
-        # Imported rather than run as a script: workers cannot import this file by
-        # name, so ship its functions and DoFns by value.
-        from apache_beam.internal.cloudpickle import cloudpickle
-        cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    options = PipelineOptions(pipeline_args)
-    options.view_as(SetupOptions).save_main_session = save_main_session
+    options = pipeline_options(pipeline_args, __name__, save_main_session,
+                               default_runner=test_pipeline is None)
     pipeline = test_pipeline or beam.Pipeline(options=options)
     (pipeline
      | "Directories" >> beam.Create([(known.source, known.target)])

@@ -248,16 +248,16 @@ def mine_held_out(data_dir, sample_dir, bucc_dir, languages, models, report_dir,
             available.append(language)
         except ValueError as error:
             print(f"skipping {language}: {error}")
-    results = {}
+    results, embedders = {}, {}
     for name, path in models.items():
-        embedder = load_embedder(path)
-        results[name] = evaluate_bucc(embedder, bucc_dir, available)
+        embedders[name] = load_embedder(path)
+        results[name] = evaluate_bucc(embedders[name], bucc_dir, available)
         print(f"{name}: " + ", ".join(
             f"{lang} F1 {100 * results[name][f'bucc/{lang}/f1']:.1f}" for lang in available)
             + f"; average {100 * results[name]['bucc/average_f1']:.1f}")
     # A file a person can read: the student's best mined pairs of the first language.
     if available:
-        student = load_embedder(models["student"])
+        student = embedders["student"]
         source, english, gold = read_bucc_split(bucc_dir, available[0], "test")
         mined = mine(embed_sentences(student, [t for _, t in source]),
                      embed_sentences(student, [t for _, t in english]))
