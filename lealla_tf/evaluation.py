@@ -11,7 +11,12 @@ import numpy as np
 
 from lealla_tf.parallel_corpus import find_tatoeba_languages, read_tatoeba
 
+# The metric names, spelled here and nowhere else.
 TATOEBA_PRIMARY_METRIC = "tatoeba/average_p_at_1"
+TATOEBA_MARGIN_METRIC = "tatoeba_margin/average_p_at_1"
+TATOEBA_SENTENCES = "tatoeba/sentences"
+BUCC_AVERAGE_F1 = "bucc/average_f1"
+UN_AVERAGE_P_AT_1 = "un/average_p_at_1"
 
 
 def embed_sentences(embed: Callable, sentences: Sequence, batch_size: int = 128,
@@ -22,26 +27,21 @@ def embed_sentences(embed: Callable, sentences: Sequence, batch_size: int = 128,
     padded to its longest sentence), which on CPU is most of the cost.
 
     Args:
-        embed: strings (a tf.string tensor `[b]`) -> `[b, d]` embeddings.
+        embed: an `Embedder` (its `encode` sorts by token length), or any
+            callable taking a tf.string tensor `[b]` to `[b, d]` embeddings.
         sentences: str or bytes.
         batch_size: sentences per call.
     """
-    import tensorflow as tf
-    from tqdm import tqdm
+    from lealla_tf.embedder import Embedder, encode_in_length_order
 
-    sentences = list(sentences)
-    if not sentences:
-        raise ValueError("no sentences to embed")
-    order = np.argsort([len(s) for s in sentences], kind="stable")
-    chunks = []
-    for start in tqdm(range(0, len(order), batch_size), desc=description, unit="batch",
-                      disable=not progress, leave=False):
-        batch = [sentences[i] for i in order[start:start + batch_size]]
-        chunks.append(np.asarray(embed(tf.constant(batch)), dtype=np.float32))
-    embeddings = np.concatenate(chunks)
-    result = np.empty_like(embeddings)
-    result[order] = embeddings
-    return result
+    if isinstance(embed, Embedder):
+        return embed.encode(sentences, batch_size, progress, description)
+    import tensorflow as tf
+
+    embeddings, _ = encode_in_length_order(lambda batch: embed(tf.constant(batch)), sentences,
+                                           batch_size, show_progress_bar=progress,
+                                           description=description)
+    return embeddings
 
 
 def _unit_rows(x):
@@ -80,8 +80,13 @@ def embed_tatoeba(embed: Callable, tatoeba_dir: str, languages: Optional[List[st
     texts, spans = [], {}
     for language in languages:
         source, english = read_tatoeba(tatoeba_dir, language)
+        if max_pairs is not None and max_pairs < 0:
+            raise ValueError(f"max_pairs must be >= 0 (0 or None: all), got {max_pairs}")
         if max_pairs:
             source, english = source[:max_pairs], english[:max_pairs]
+        if not source:
+            raise ValueError(f"Tatoeba {language}: tatoeba.{language}-eng.{language} and "
+                             f"tatoeba.{language}-eng.eng in {tatoeba_dir} hold no sentences")
         spans[language] = (len(texts), len(source))
         texts += source + english
     embeddings = embed_sentences(embed, texts, batch_size=batch_size, progress=progress,
@@ -167,7 +172,7 @@ def evaluate_tatoeba_margin(source_by_language: Dict[str, np.ndarray],
         for name, value in scores.items():
             metrics[f"tatoeba_margin/{language}/{name}"] = value
     values = [metrics[f"tatoeba_margin/{lang}/p_at_1"] for lang in source_by_language]
-    metrics["tatoeba_margin/average_p_at_1"] = float(np.mean(values))
+    metrics[TATOEBA_MARGIN_METRIC] = float(np.mean(values))
     return metrics
 
 
@@ -302,7 +307,7 @@ def evaluate_bucc(embed: Callable, bucc_dir: str, languages: Sequence[str],
         result = score_against_gold(scores, sources, englishes, gold, threshold)
         for name, value in {**result, "threshold": threshold}.items():
             metrics[f"bucc/{language}/{name}"] = value
-    metrics["bucc/average_f1"] = float(np.mean([metrics[f"bucc/{lang}/f1"] for lang in languages]))
+    metrics[BUCC_AVERAGE_F1] = float(np.mean([metrics[f"bucc/{lang}/f1"] for lang in languages]))
     return metrics
 
 
@@ -340,6 +345,48 @@ def evaluate_un_style(embed: Callable, pairs_by_language: Dict[str, list],
         queries = embed_sentences(embed, sources[language], batch_size, progress, f"un {language}")
         metrics[f"un/{language}/p_at_1"] = retrieval_accuracy(
             queries, pool, gold_positions[language], index_type)
-    metrics["un/average_p_at_1"] = float(np.mean(
+    metrics[UN_AVERAGE_P_AT_1] = float(np.mean(
         [metrics[f"un/{lang}/p_at_1"] for lang in pairs_by_language]))
     return metrics
+
+
+# === Tatoeba in one pass, as reports use it ===
+
+def tatoeba_with_margin(embed: Callable, tatoeba_dir: str, max_pairs: Optional[int] = None,
+                        progress: bool = True, batch_size: int = 128) -> Dict[str, float]:
+    """Cosine and margin Tatoeba metrics from ONE embedding pass, plus the
+    sentence count and sentences/s of that pass."""
+    import time
+
+    start = time.time()
+    embedded = embed_tatoeba(embed, tatoeba_dir, max_pairs=max_pairs, batch_size=batch_size,
+                             progress=progress)
+    seconds = time.time() - start
+    metrics = tatoeba_metrics(embedded)
+    metrics[TATOEBA_SENTENCES] = 2 * sum(len(s) for s, _ in embedded.values())
+    metrics["tatoeba/sentences_per_second"] = metrics[TATOEBA_SENTENCES] / max(seconds, 1e-9)
+    metrics.update(evaluate_tatoeba_margin({l: s for l, (s, _) in embedded.items()},
+                                           {l: e for l, (_, e) in embedded.items()}))
+    return metrics
+
+
+def format_tatoeba_table(metrics: dict) -> str:
+    """Per-language Tatoeba table (P@1 in %, both directions and margin)."""
+    p_at_1 = per_language(metrics)
+    lines = [f"{'language':<9}{'pairs':>7}{'xx->en':>9}{'en->xx':>9}{'P@1':>8}{'margin':>9}"]
+    for language in sorted(p_at_1):
+        lines.append(
+            f"{language:<9}{int(metrics.get(f'tatoeba/{language}/pairs', 0)):>7}"
+            f"{100 * metrics[f'tatoeba/{language}/xx_to_en']:>9.1f}"
+            f"{100 * metrics[f'tatoeba/{language}/en_to_xx']:>9.1f}"
+            f"{100 * p_at_1[language]:>8.1f}"
+            f"{100 * metrics.get(f'tatoeba_margin/{language}/p_at_1', float('nan')):>9.1f}")
+    lines.append(f"{'average':<9}{'':>7}{'':>9}{'':>9}{100 * metrics[TATOEBA_PRIMARY_METRIC]:>8.2f}"
+                 f"{100 * metrics.get(TATOEBA_MARGIN_METRIC, float('nan')):>9.2f}")
+    return "\n".join(lines)
+
+
+def best_and_worst(values: Dict[str, float], count: int = 10):
+    """(best `count`, worst `count`) languages of {language: value}, best first."""
+    ranked = sorted(values, key=lambda language: (-values[language], language))
+    return ranked[:count], ranked[-count:]

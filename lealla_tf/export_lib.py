@@ -190,24 +190,27 @@ FORMATS = ("lealla", "labse", "encoder_only")
 
 
 def export_model_dir(model_dir: str, export_path: str, export_format: str = "lealla",
-                     checkpoint: str = None, seq_length: int = None) -> dict:
+                     checkpoint: str = None, seq_length: int = None, encoder=None,
+                     tokenizer=None) -> dict:
     """Exports a trained model directory in one of `FORMATS`.
 
     Everything (architecture, vocabulary, casing, max length) is read from
-    `model_dir`. Returns a summary: paths, embedding size, bytes on disk.
+    `model_dir`; a caller that already holds the restored `encoder` and
+    `tokenizer` passes them, and they are not built a second time. Returns a
+    summary: paths, embedding size, parameters, bytes on disk.
     """
     from lealla_tf.model_dir import load_encoder, load_tokenizer
 
     if export_format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {export_format!r}")
-    encoder = load_encoder(model_dir, checkpoint)
+    encoder = encoder if encoder is not None else load_encoder(model_dir, checkpoint)
     summary = {"format": export_format, "model_dir": model_dir,
                "embedding_dim": encoder.encoder_config.embedding_size,
                "parameters": encoder.count_params()}
     if export_format == "encoder_only":
         paths = {"model": export_encoder_only(encoder, export_path)}
     else:
-        tokenizer = load_tokenizer(model_dir)
+        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
         summary["max_seq_length"] = tokenizer.max_seq_length
         if export_format == "lealla":
             paths = {"model": export_lealla_model(encoder, tokenizer, export_path)}

@@ -259,18 +259,23 @@ class LeallaEncoder(keras.Model):
             "output_dim": self.output_dim,
             "hidden_activation": self.hidden_activation,
             "layer_norm_epsilon": self.layer_norm_epsilon,
+            # The functional wrapper does not keep the policy its layers were built with.
+            "dtype": keras.dtype_policies.serialize(self.token_embedding.dtype_policy),
         }
 
     @classmethod
     def from_config(cls, config):
+        config = dict(config)
+        if isinstance(config.get("dtype"), dict):
+            config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
         return cls(**config)
 
     @property
     def encoder_config(self) -> EncoderConfig:
         """This encoder's architecture as an `EncoderConfig`."""
         values = self.get_config()
-        values.pop("name")
-        values.pop("trainable")
+        for key in ("name", "trainable", "dtype"):
+            values.pop(key)
         return EncoderConfig(**values)
 
 

@@ -192,3 +192,52 @@ def synchronized_distillation_loss(reduced_teacher_source, reduced_teacher_targe
     """
     return feature_distillation_loss(_unit(reduced_teacher_source), _unit(reduced_teacher_target),
                                      _unit(student_source), _unit(student_target))
+
+
+def token_distribution(input_word_ids, input_mask, vocabulary_size, exclude_ids=()):
+    """p_S of EMS eq. 7: each sentence's tokens as a distribution over the vocabulary.
+
+    p_S(w) = N_w / |S| for the tokens w of S (special tokens in `exclude_ids`,
+    such as [CLS] and [SEP], and padding left out); `[b, vocabulary_size]`.
+    """
+    ids = tf.cast(input_word_ids, tf.int32)
+    weight = tf.cast(input_mask, tf.float32)
+    for excluded in exclude_ids:
+        weight *= tf.cast(tf.not_equal(ids, excluded), tf.float32)
+    weight /= tf.maximum(tf.reduce_sum(weight, axis=1, keepdims=True), 1.0)
+    rows = tf.broadcast_to(tf.range(tf.shape(ids)[0])[:, None], tf.shape(ids))
+    indices = tf.stack([tf.reshape(rows, [-1]), tf.reshape(ids, [-1])], axis=1)
+    return tf.scatter_nd(indices, tf.reshape(weight, [-1]),
+                         tf.stack([tf.shape(ids)[0], vocabulary_size]))
+
+
+def cross_lingual_reconstruction_loss(source_logits, target_logits, source_tokens,
+                                      target_tokens):
+    """Cross-lingual token-level reconstruction (XTR), EMS (Mao & Nakagawa 2023) eq. 6.
+
+        L_XTR = sum_S ( D_KL(p_{S_l'} || q_{S_l}) + D_KL(p_{S_l} || q_{S_l'}) )
+
+    q_{S_l} = softmax(logits) is what an MLP head predicts from the sentence
+    embedding of S_l and the TARGET language's embedding (EMS eq. 4-5): the
+    bag of tokens of its translation S_l'. p_S is the uniform distribution over
+    S's tokens (`token_distribution`). Only the token distribution of the
+    translation is predicted, so no decoder is needed.
+
+    Args:
+        source_logits: `[b, V]` predicted from x (target language: y's).
+        target_logits: `[b, V]` predicted from y (target language: x's).
+        source_tokens, target_tokens: `[b, V]` p_x, p_y.
+
+    Returns:
+        `[b]` per pair: KL(p_y || q_x) + KL(p_x || q_y).
+
+    Relations: minus the constant entropy of p, it is the cross-entropy of the
+    translation's tokens under the prediction (a bag-of-words decoder).
+    """
+    def kl(p, logits):
+        log_q = tf.nn.log_softmax(_float(logits), axis=-1)
+        p = tf.cast(p, log_q.dtype)
+        log_p = tf.math.log(tf.where(p > 0, p, tf.ones_like(p)))
+        return tf.reduce_sum(p * (log_p - log_q), axis=-1)
+
+    return kl(target_tokens, source_logits) + kl(source_tokens, target_logits)

@@ -15,25 +15,11 @@ from typing import Optional
 
 import tensorflow as tf
 
-from lealla_tf.configs import EncoderConfig, config_from_dict, config_to_dict, read_json, write_json
+from lealla_tf.configs import (EncoderConfig, TokenizerConfig, config_from_dict, config_to_dict,
+                              read_json, write_json)
 
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
-
-
-@dataclasses.dataclass
-class TokenizerConfig:
-    """How the model's tokenizer is built.
-
-    Args:
-        vocab_file: file name inside the model directory (or an absolute path).
-        max_seq_length: tokens per sentence, [CLS] and [SEP] included.
-        lower_case: lower-case and strip accents (uncased vocabularies).
-    """
-
-    vocab_file: str = "vocab.txt"
-    max_seq_length: int = 128
-    lower_case: bool = False
 
 
 def vocab_file_name(vocab_file: str) -> str:
@@ -95,7 +81,8 @@ def load_tokenizer(model_dir: str):
     if not os.path.isabs(vocab_file) and "://" not in vocab_file:
         vocab_file = os.path.join(model_dir, vocab_file)
     return Tokenizer(vocab_file, max_seq_length=config.max_seq_length,
-                     lower_case=config.lower_case)
+                     lower_case=config.lower_case, special_tokens=config.special_tokens,
+                     prefix=config.prefix, unknown_per_character=config.unknown_per_character)
 
 
 def latest_checkpoint(model_dir: str) -> Optional[str]:
@@ -117,6 +104,10 @@ def load_encoder(model_dir: str, checkpoint: Optional[str] = None, dtype=None):
     from lealla_tf.lealla_encoder import build_encoder
 
     encoder = build_encoder(encoder_config_of(model_dir), dtype=dtype)
+    if checkpoint and not tf.io.gfile.exists(checkpoint + ".index"):
+        raise FileNotFoundError(f"checkpoint {checkpoint} not found (expected {checkpoint}.index;"
+                                f" pass a prefix such as {os.path.join(model_dir, CHECKPOINT_DIR)}"
+                                "/ckpt-N, or no --checkpoint for the latest)")
     checkpoint = checkpoint or latest_checkpoint(model_dir)
     if checkpoint is None:
         raise FileNotFoundError(f"no checkpoint in {os.path.join(model_dir, CHECKPOINT_DIR)}")

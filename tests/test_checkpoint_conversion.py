@@ -20,7 +20,6 @@ from lealla_tf.model_dir import load_encoder, load_tokenizer
 from lealla_tf.tokenizer import Tokenizer
 from conftest import SHARED_DATA, multilingual_sentences
 
-EXPORT_DIR = pathlib.Path(__file__).resolve().parents[1] / "export"
 
 
 def weights_of(encoder):
@@ -251,10 +250,10 @@ def test_minilm_teacher_matches_sentence_transformers(tmp_path):
     pytest.importorskip("sentence_transformers")
     sentences = english_sentences(1000)
     assert len(sentences) == 1000
-    sys.path.insert(0, str(EXPORT_DIR))
-    import convert_teacher
+    from lealla_tf.teacher_conversion import convert_teacher
 
-    assert convert_teacher.main([f"--export_path={tmp_path / 'teacher'}"]) == 0
+    assert convert_teacher("all-minilm-l6-v2", str(tmp_path / "teacher"))["teacher"] == (
+        "all-minilm-l6-v2")
     (tmp_path / "sentences.txt").write_text("\n".join(sentences), encoding="utf-8")
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     result = subprocess.run([sys.executable, "-c", SENTENCE_TRANSFORMERS_REFERENCE,

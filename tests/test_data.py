@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lealla_tf.data import (DataConfig, find_training_files, language_sampling_probabilities,
-                            pair_dataset, teacher_dimension_of, tokenize_batches,
-                            write_pairs_tfrecord)
+from lealla_tf.configs import DataConfig
+from lealla_tf.data import (find_training_files, pair_dataset, teacher_dimension_of,
+                            tokenize_batches, write_pairs_tfrecord)
+from lealla_tf.parallel_corpus import language_sampling_probabilities
+from lealla_tf.teachers import PrecomputedTeacher
 from lealla_tf.tokenizer import Tokenizer
 from conftest import write_pairs
 
@@ -87,7 +89,7 @@ def test_tfrecords_with_teacher_vectors(tmp_path, tiny_vocab_file):
     assert [f.language for f in files] == ["deu"]
     assert teacher_dimension_of(files) == 4
     pairs, _ = pair_dataset(DataConfig([str(tmp_path)], shuffle_buffer=1), 3, teacher_dim=4)
-    batches = tokenize_batches(pairs, 3, Tokenizer(tiny_vocab_file))
+    batches = tokenize_batches(pairs, 3, Tokenizer(tiny_vocab_file), PrecomputedTeacher(4, True))
     batch = next(iter(batches))
     assert batch["teacher_target"].shape == (3, 4)
     first = batch["source"]["input_word_ids"].shape

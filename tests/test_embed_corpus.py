@@ -11,14 +11,14 @@ import pytest
 import tensorflow as tf
 
 from lealla_tf.configs import EncoderConfig
-from lealla_tf.data import DataConfig, pair_dataset, teacher_dimension_of, find_training_files
+from lealla_tf.configs import DataConfig
+from lealla_tf.data import pair_dataset, teacher_dimension_of, find_training_files
 from lealla_tf.embedding_io import read_embeddings, read_manifest
 from lealla_tf.export_lib import export_lealla_model
 from lealla_tf.lealla_encoder import build_encoder
 from lealla_tf.tokenizer import Tokenizer
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "beam_pipelines"))
-import embed_corpus  # noqa: E402
+from lealla_tf.pipelines import embed_corpus  # noqa: E402
 
 SENTENCES = ["The dog is nice.", "Der Hund ist nett.", "Le chien est gentil.", "狗很好。",
              "Собака хорошая.", "I like tea.", "A much longer sentence about houses and cats."]
@@ -55,7 +55,7 @@ def test_embeds_every_valid_line_and_dead_letters_the_rest(model, corpus):
     output = str(corpus / "out")
     manifest = embed_corpus.run([f"--input={corpus / 'in' / '*'}", f"--model={path}",
                                  f"--output={output}", "--num_shards=3"],
-                                save_main_session=False)
+                                )
     counts = manifest["counts"]
     assert counts == {"lines_read": 11, "embedded": 8, "dead_lettered": 3}
     assert counts["lines_read"] == counts["embedded"] + counts["dead_lettered"]
@@ -74,9 +74,9 @@ def test_rerun_into_the_same_output_is_safe(model, corpus):
     path, _ = model
     output = str(corpus / "out")
     args = [f"--input={corpus / 'in' / 'a.txt'}", f"--model={path}", f"--output={output}"]
-    first = embed_corpus.run(args, save_main_session=False)
+    first = embed_corpus.run(args)
     ids_first, vectors_first = read_embeddings(output)
-    second = embed_corpus.run(args + ["--num_shards=2"], save_main_session=False)
+    second = embed_corpus.run(args + ["--num_shards=2"])
     assert first["run"] != second["run"]
     assert [d for d in os.listdir(output) if d.startswith("run-")] == [second["run"]]
     ids_second, vectors_second = read_embeddings(output)
@@ -89,7 +89,7 @@ def test_tsv_input_keeps_the_given_ids(model, tmp_path):
     (tmp_path / "ids.tsv").write_text("doc-10\tThe dog is nice.\ndoc-2\tI like tea.\nno id\n")
     manifest = embed_corpus.run([f"--input={tmp_path / 'ids.tsv'}", f"--model={path}",
                                  f"--output={tmp_path / 'out'}", "--format=tsv"],
-                                save_main_session=False)
+                                )
     assert manifest["counts"] == {"lines_read": 3, "embedded": 2, "dead_lettered": 1}
     ids, vectors = read_embeddings(str(tmp_path / "out"))
     assert ids == ["doc-2", "doc-10"]
@@ -105,12 +105,13 @@ def test_pairs_mode_writes_training_records_with_teacher_vectors(model, tmp_path
     output = str(tmp_path / "pairs")
     manifest = embed_corpus.run([f"--input={tmp_path / 'in' / '*.tsv.gz'}", f"--model={path}",
                                  f"--output={output}", "--pairs", "--english_only"],
-                                save_main_session=False)
+                                )
     assert manifest["counts"] == {"lines_read": 3, "embedded": 2, "dead_lettered": 1}
     files = find_training_files([output])
     assert {f.language for f in files} == {"deu"}
     assert teacher_dimension_of(files) == 16
-    pairs, _ = pair_dataset(DataConfig([output], shuffle_buffer=1), 1, teacher_dim=16)
+    pairs, _ = pair_dataset(DataConfig([output], shuffle_buffer=1), 1, teacher_dim=16,
+                            teacher_source=False)
     seen = {}
     for pair in pairs.take(2):
         seen[pair["tgt_raw"].numpy().decode()] = pair["teacher_tgt"].numpy()
@@ -124,11 +125,11 @@ def test_several_worker_processes(model, corpus):
     manifest = embed_corpus.run([f"--input={corpus / 'in' / '*'}", f"--model={path}",
                                  f"--output={corpus / 'multi'}", "--direct_num_workers=2",
                                  "--direct_running_mode=multi_processing"],
-                                save_main_session=False)
+                                )
     assert manifest["counts"] == {"lines_read": 11, "embedded": 8, "dead_lettered": 3}
 
 
 def test_missing_input_is_an_error(model, tmp_path):
     with pytest.raises(FileNotFoundError, match="no input files match"):
         embed_corpus.run([f"--input={tmp_path / 'none*.txt'}", f"--model={model[0]}",
-                          f"--output={tmp_path / 'o'}"], save_main_session=False)
+                          f"--output={tmp_path / 'o'}"])

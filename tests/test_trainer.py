@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lealla_tf.configs import EncoderConfig
-from lealla_tf.data import DataConfig, write_pairs_tfrecord
+from lealla_tf.configs import (DataConfig, EncoderConfig, LossConfig, OptimizerConfig,
+                               TeacherConfig, TokenizerConfig, TrainConfig, check_resumable)
+from lealla_tf.data import write_pairs_tfrecord
 from lealla_tf.distribution import make_strategy
-from lealla_tf.model_dir import TokenizerConfig, read_model_config
-from lealla_tf.trainer import (LossConfig, OptimizerConfig, TeacherConfig, TrainConfig, Trainer,
-                               WarmupLinearDecay, check_resumable, default_loss_weights,
-                               parse_objective)
+from lealla_tf.model_dir import read_model_config
+from lealla_tf.objectives import default_loss_weights, parse_objective
+from lealla_tf.trainer import WarmupLinearDecay
+from lealla_tf.training import build_trainer
 from conftest import TINY_PAIRS
 
 TEACHER_DIM = 6
@@ -51,21 +52,15 @@ def vocab_size(path):
     return len(open(path, encoding="utf-8").read().split("\n")) - 1
 
 
-def loss_and_gradients(trainer, batch):
-    """Per-replica terms and all-reduced gradients of the weighted loss."""
-    def replica_fn(batch):
-        with tf.GradientTape() as tape:
-            terms = trainer.compute_loss_terms(batch, training=True)
-            total = tf.add_n([trainer.weights[t] * terms[t] for t in trainer.terms])
-        gradients = [tf.convert_to_tensor(g) for g in tape.gradient(total, trainer.trainable)]
-        context = tf.distribute.get_replica_context()
-        if trainer.strategy.num_replicas_in_sync > 1:
-            gradients = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
-        return total, gradients
+def Trainer(config, model_dir, strategy, vocab_file, progress=True):
+    return build_trainer(config, model_dir, vocab_file, strategy, progress)
 
-    total, gradients = trainer.strategy.run(tf.function(replica_fn), args=(batch,))
-    total = trainer.strategy.reduce(tf.distribute.ReduceOp.SUM, total, axis=None)
-    gradients = [trainer.strategy.experimental_local_results(g)[0] for g in gradients]
+
+def loss_and_gradients(task, batch):
+    """Total loss and all-reduced gradients of the task's own step function."""
+    _, total, gradients = task.strategy.run(tf.function(task.replica_gradients), args=(batch,))
+    total = task.strategy.reduce(tf.distribute.ReduceOp.SUM, total, axis=None)
+    gradients = [task.strategy.experimental_local_results(g)[0] for g in gradients]
     return float(total), [g.numpy() for g in gradients]
 
 
@@ -73,14 +68,13 @@ def test_two_replicas_see_the_global_batch(teacher_records, sentence_vocab_file,
     config = tiny_config(vocab_size(sentence_vocab_file), teacher_records,
                          objective="ams+fd+ld+mcl+mse")
     single = Trainer(config, str(tmp_path / "single"), make_strategy("default"),
-                     sentence_vocab_file, progress=False)
+                     sentence_vocab_file, progress=False).task
     mirrored_strategy = make_strategy("mirrored")
     assert mirrored_strategy.num_replicas_in_sync == 2
     mirrored = Trainer(config, str(tmp_path / "mirrored"), mirrored_strategy,
-                       sentence_vocab_file, progress=False)
+                       sentence_vocab_file, progress=False).task
     for source, target in zip(single.trainable, mirrored.trainable):
         target.assign(source.numpy())
-    single._sizes = mirrored._sizes = None
     full_batch = next(iter(single.distributed_dataset(0)))
     split = mirrored.strategy.experimental_distribute_values_from_function(
         lambda context: tf.nest.map_structure(
@@ -94,8 +88,9 @@ def test_two_replicas_see_the_global_batch(teacher_records, sentence_vocab_file,
     # Without gathering (each replica only its own 4 negatives) the AMS loss differs.
     from lealla_tf import losses
 
-    embeddings = single.encoder(full_batch["source"])["sentence_embedding"]
-    targets = single.encoder(full_batch["target"])["sentence_embedding"]
+    encoder = single.student.encoder
+    embeddings = encoder(full_batch["source"])["sentence_embedding"]
+    targets = encoder(full_batch["target"])["sentence_embedding"]
     halves = sum(float(tf.reduce_sum(losses.additive_margin_softmax_loss(
         embeddings[i:i + 4], targets[i:i + 4], 20.0))) for i in (0, 4))
     assert abs(halves / 8 - float(tf.reduce_mean(losses.additive_margin_softmax_loss(
@@ -103,7 +98,7 @@ def test_two_replicas_see_the_global_batch(teacher_records, sentence_vocab_file,
 
 
 @pytest.mark.parametrize("objective", ["ams", "fd", "ld", "ams+fd", "ams+ld", "fd+ld",
-                                       "lealla", "reimers", "ding", "ams+df"])
+                                       "lealla", "reimers", "ding", "ams+df", "xtr+ams"])
 def test_every_objective_trains(teacher_records, sentence_vocab_file, tmp_path, objective):
     config = tiny_config(vocab_size(sentence_vocab_file), teacher_records, objective, train_steps=2)
     if "df" in parse_objective(objective):
@@ -117,7 +112,7 @@ def test_every_objective_trains(teacher_records, sentence_vocab_file, tmp_path, 
 
 def test_dimension_reduction_then_synchronized(teacher_records, sentence_vocab_file, tmp_path):
     size = vocab_size(sentence_vocab_file)
-    reduction = tiny_config(size, teacher_records, "ams", preset="dimension_reduction",
+    reduction = tiny_config(size, teacher_records, "ams", student="dimension_reduction",
                             train_steps=2)
     reduction.encoder = EncoderConfig(vocabulary_size=size, num_layers=1, num_heads=1,
                                       hidden_dim=8, intermediate_dim=1)

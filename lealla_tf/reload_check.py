@@ -1,10 +1,11 @@
-"""Loads an exported SavedModel in a FRESH process and records what it computes.
+"""The reload check: load an exported SavedModel in a FRESH process and record what it computes.
 
-Run by the export tests as a subprocess, so no Python state is shared with the
-exporter. Only `import tensorflow_text` (plus the loader's own library) comes
-before loading, as a user would do.
+`reload_in_fresh_process(path, sentences)` runs this module as a subprocess, so no
+Python state is shared with the exporter, and returns its arrays; the export
+tests and the main job's export stage both use it. Only `import tensorflow_text`
+(plus the loader's own library) comes before loading, as a user would do.
 
-    python probe_saved_model.py --loader=hub_keras_layer|tfsm_layer|saved_model_load \
+    python -m lealla_tf.reload_check --loader=hub_keras_layer|tfsm_layer|saved_model_load \
         --format=lealla|labse --path=... --sentences=sentences.json --output=out.npz
 """
 
@@ -12,6 +13,43 @@ import argparse
 import base64
 import json
 import os
+import subprocess
+import sys
+import tempfile
+
+LOADERS = ("hub_keras_layer", "tfsm_layer", "saved_model_load")
+
+
+def reload_in_fresh_process(path: str, sentences, loader: str = "hub_keras_layer",
+                            export_format: str = "lealla", timeout: int = 600) -> dict:
+    """Loads `path` with `loader` in a new Python process and embeds `sentences`.
+
+    Returns the arrays the check recorded ("batch": the embeddings of all
+    sentences in one call, plus loader-specific ones: dropout with training=True,
+    one sentence at a time, the weights). RuntimeError with the child's stderr
+    when loading fails.
+    """
+    import numpy as np
+
+    if loader not in LOADERS:
+        raise ValueError(f"loader must be one of {LOADERS}, got {loader!r}")
+    encoded = [base64.b64encode(s if isinstance(s, bytes) else s.encode("utf-8")).decode()
+               for s in sentences]
+    with tempfile.TemporaryDirectory() as work:
+        sentences_file = os.path.join(work, "sentences.json")
+        output = os.path.join(work, "output.npz")
+        with open(sentences_file, "w") as f:
+            json.dump(encoded, f)
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="-1")
+        env.pop("TF_USE_LEGACY_KERAS", None)
+        result = subprocess.run(
+            [sys.executable, "-m", "lealla_tf.reload_check", f"--loader={loader}",
+             f"--format={export_format}", f"--path={path}", f"--sentences={sentences_file}",
+             f"--output={output}"], capture_output=True, text=True, env=env, timeout=timeout)
+        if result.returncode != 0:
+            raise RuntimeError(f"{loader} could not reload {path} in a fresh process:\n"
+                               f"{result.stderr[-4000:]}")
+        return dict(np.load(output))
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")

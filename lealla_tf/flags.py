@@ -1,0 +1,49 @@
+"""Parsers for the `name=value,...` flags the command lines share."""
+
+import dataclasses
+
+
+def parse_assignments(text: str, flag: str) -> dict:
+    """`a=1,b=x` -> {"a": "1", "b": "x"}; ValueError naming the flag otherwise."""
+    values = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"{flag} item {item!r} is not name=value")
+        values[name.strip()] = value.strip()
+    return values
+
+
+def parse_weights(text: str) -> dict:
+    """--loss_weights: term=float pairs."""
+    weights = {}
+    for name, value in parse_assignments(text, "--loss_weights").items():
+        try:
+            weights[name] = float(value)
+        except ValueError:
+            raise ValueError(f"--loss_weights: {name}={value!r} is not a number") from None
+    return weights
+
+
+def parse_overrides(text: str) -> dict:
+    """--encoder_overrides: `a=1,b=none` -> {"a": 1, "b": None} (ints, floats, none, strings)."""
+    from lealla_tf.configs import EncoderConfig
+
+    def convert(value):
+        if value.lower() == "none":
+            return None
+        for kind in (int, float):
+            try:
+                return kind(value)
+            except ValueError:
+                pass
+        return value
+
+    overrides = {name: convert(value)
+                 for name, value in parse_assignments(text, "--encoder_overrides").items()}
+    fields = {f.name for f in dataclasses.fields(EncoderConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"--encoder_overrides: unknown fields {unknown}; valid: "
+                         f"{', '.join(sorted(fields - {'vocabulary_size'}))}")
+    return overrides

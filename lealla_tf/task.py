@@ -1,0 +1,151 @@
+"""The distillation task: what one training step computes (the tf-models task/trainer seam).
+
+The task owns the student, the teacher, the heads and the objective's terms
+(`lealla_tf.objectives.OBJECTIVES`), builds the input pipeline, and computes one
+replica's loss terms and gradients. `lealla_tf.trainer.Trainer` runs it: the
+optimizer, the loop, checkpoints and logs.
+
+One step, on each replica:
+  1. the student embeds both sides of its pairs (L2-normalised, [b, d]);
+  2. the teacher's vectors come precomputed with the data, or from the frozen
+     teacher encoder run inside the step (its tokenization ran in tf.data);
+  3. candidates of the contrastive terms (AMS, logit distillation, MCL) are
+     gathered from ALL replicas, with this replica's rows at offset
+     replica_id * b, so negatives are the global batch as in LaBSE;
+  4. each term is summed over the replica's rows and divided by the global
+     batch size; gradients are all-reduced across replicas.
+"""
+
+from typing import Dict, List, Optional
+
+import tensorflow as tf
+
+from lealla_tf.configs import TrainConfig
+from lealla_tf.data import pair_dataset, tokenize_batches
+from lealla_tf.heads import DistillationHeads
+from lealla_tf.objectives import OBJECTIVES, TermInputs, compute_terms, parse_objective
+from lealla_tf.students import build_student
+from lealla_tf.teachers import EnglishOnlyTeacher, PrecomputedTeacher
+
+
+class DistillationTask:
+    """Student, teacher, heads and terms of a resolved `TrainConfig`.
+
+    Args:
+        config: a config resolved by `lealla_tf.configs.resolve_train_config`.
+        strategy: the tf.distribute strategy (student and heads are built in its scope).
+        tokenizer: the student's `Tokenizer`.
+        teacher: a `lealla_tf.teachers.Teacher`, or None.
+        files: the training files (`lealla_tf.data.find_training_files`).
+        sizes: pairs per language (counted once by the caller), or None.
+    """
+
+    def __init__(self, config: TrainConfig, strategy, tokenizer, teacher=None,
+                 files: Optional[List] = None, sizes: Optional[Dict[str, int]] = None):
+        self.config = config
+        self.strategy = strategy
+        self.tokenizer = tokenizer
+        self.teacher = teacher
+        self.files = files if files is not None else []
+        self.sizes = sizes
+        self.terms = parse_objective(config.loss.objective)
+        self.weights = {t: float(config.loss.weights[t]) for t in self.terms}
+        self.uses_teacher = config.student == "dimension_reduction" or any(
+            OBJECTIVES[t].needs_teacher for t in self.terms)
+        self.data_info = {}
+        with strategy.scope():
+            self.student = build_student(config)
+            self.heads = DistillationHeads(
+                self.terms, self.student.embedding_size, config.teacher_dimension,
+                config.teacher.reduction_dir, vocabulary_size=tokenizer.vocab_size,
+                num_languages=len([n for n in (sizes or {}).values() if n > 0]),
+                special_ids=(tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id))
+        self.trainable = self.student.trainable_weights + self.heads.trainable_weights
+
+    def initialize_weights(self) -> dict:
+        """A fresh run's starting point: `init_from`'s encoder, and/or the teacher's
+        token embeddings (`embedding_init`). Returns what was done."""
+        done = {}
+        if self.config.init_from:
+            self.student.initialize_from(self.config.init_from)
+            done["init_from"] = self.config.init_from
+        if self.config.embedding_init != "random":
+            from lealla_tf.embedding_init import initialize_token_embeddings
+
+            done["embedding_init"] = initialize_token_embeddings(
+                self.student.encoder, self.tokenizer, self.config.embedding_init_source,
+                self.config.embedding_init)
+        return done
+
+    def checkpoint_objects(self) -> dict:
+        """What a checkpoint must hold besides the optimizer and step."""
+        return {"heads": self.heads, **self.student.checkpoint_objects()}
+
+    # === Data ===
+
+    def _precomputed(self) -> Optional[PrecomputedTeacher]:
+        inner = self.teacher.inner if isinstance(self.teacher, EnglishOnlyTeacher) else (
+            self.teacher)
+        return inner if isinstance(inner, PrecomputedTeacher) else None
+
+    def dataset(self, input_context: Optional[tf.distribute.InputContext] = None,
+                steps_done: int = 0):
+        """Tokenized batches for one input pipeline, `steps_done` global batches in."""
+        per_replica = (input_context.get_per_replica_batch_size(self.config.global_batch_size)
+                       if input_context else self.config.global_batch_size)
+        precomputed = self._precomputed()
+        pairs, self.data_info = pair_dataset(
+            self.config.data, self.config.global_batch_size, steps_done, input_context,
+            teacher_dim=precomputed.dimension if precomputed else None, files=self.files,
+            sizes=self.sizes, teacher_source=bool(precomputed and precomputed.has_source))
+        return tokenize_batches(pairs, per_replica, self.tokenizer,
+                                self.teacher if self.uses_teacher else None)
+
+    def distributed_dataset(self, steps_done: int = 0):
+        return self.strategy.distribute_datasets_from_function(
+            lambda context: self.dataset(context, steps_done))
+
+    # === One step ===
+
+    def loss_terms(self, batch, training: bool = True) -> Dict[str, tf.Tensor]:
+        """Per-term losses of one replica's batch, each already divided by the
+        global batch size (so summing over replicas gives the batch mean)."""
+        replica = tf.distribute.get_replica_context()
+        replicas = self.strategy.num_replicas_in_sync
+        local = tf.shape(batch["source"]["input_word_ids"])[0]
+        offset = tf.cast(replica.replica_id_in_sync_group, tf.int32) * local if replicas > 1 else 0
+
+        def gather(x):
+            return replica.all_gather(x, axis=0) if replicas > 1 else x
+
+        teacher_vectors = (None, None)
+        if self.uses_teacher:
+            teacher_vectors = self.teacher.vectors(batch)
+        outputs = self.student(batch, teacher_vectors, training=training)
+        loss = self.config.loss
+        inputs = TermInputs(
+            student_source=outputs.source, student_target=outputs.target,
+            pooled_source=outputs.pooled_source, pooled_target=outputs.pooled_target,
+            teacher_source=teacher_vectors[0], teacher_target=teacher_vectors[1],
+            gather=gather, offset=offset, heads=self.heads, scale=loss.scale,
+            margin=loss.margin, temperature=loss.temperature, batch=batch)
+        return compute_terms(self.terms, inputs, self.config.global_batch_size)
+
+    def replica_gradients(self, batch):
+        """(terms, weighted total, gradients) on one replica; the gradients are
+        already summed over all replicas (so every replica holds the global
+        batch's gradient), dense, and not yet clipped."""
+        with tf.GradientTape() as tape:
+            terms = self.loss_terms(batch, training=True)
+            total = tf.add_n([self.weights[t] * terms[t] for t in self.terms])
+        gradients = tape.gradient(total, self.trainable)
+        gradients = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                     for g in gradients]
+        if self.strategy.num_replicas_in_sync > 1:
+            gradients = tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, gradients)
+        return terms, total, gradients
+
+    def embed_function(self):
+        """strings -> student embeddings for dev evaluation (None when it cannot)."""
+        return self.student.embed_function(self.tokenizer, self.teacher)

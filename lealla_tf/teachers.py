@@ -1,0 +1,148 @@
+"""Where the teacher's vectors come from: small objects behind one interface.
+
+    teacher.dimension               D, the width of its vectors
+    teacher.batch_features(batch)   in tf.data: what the step will need
+    teacher.vectors(features)       in the step: (x^t, y^t), unit rows [b, D]
+
+- `HubTeacher`: a frozen LaBSE/2-format module (the converted
+  multilingual-e5-small, all-MiniLM-L6-v2, or LaBSE itself). Its preprocessor
+  runs in tf.data, its encoder inside the step, so the same code runs on TPU.
+- `PrecomputedTeacher`: vectors stored with the pairs (TFRecords written by
+  `beam_pipelines/embed_corpus.py --pairs`).
+- `EnglishOnlyTeacher`: wraps either for a monolingual teacher that sees only the
+  English side: x^t = y^t = T(en) (Reimers & Gurevych 2020; Ding et al. 2022).
+  A multilingual teacher embeds both sides: x^t = T(x), y^t = T(y) (LEALLA eq. 3-4).
+"""
+
+import os
+from typing import List, Optional
+
+import tensorflow as tf
+
+from lealla_tf.configs import TeacherConfig
+from lealla_tf.data import precomputed_teacher_layout, trim_to_longest
+from lealla_tf.embedding_io import (PAIR_SOURCE, PAIR_TARGET, PAIR_TEACHER_SOURCE,
+                                    PAIR_TEACHER_TARGET)
+
+
+def _unit(x):
+    return tf.math.l2_normalize(tf.stop_gradient(tf.cast(x, tf.float32)), axis=-1)
+
+
+class Teacher:
+    """The interface (see the module docstring)."""
+
+    dimension: int
+    english_only = False
+    description = ""
+
+    def batch_features(self, batch: dict) -> dict:
+        raise NotImplementedError
+
+    def vectors(self, features: dict):
+        raise NotImplementedError
+
+
+class HubTeacher(Teacher):
+    """A frozen LaBSE/2-format module; its vectors are L2-normalised `default` outputs."""
+
+    def __init__(self, config: TeacherConfig):
+        import tensorflow_hub as hub
+        import tensorflow_text  # noqa: F401  (the preprocessor's ops)
+
+        encoder = config.encoder or os.path.join(config.path, "encoder")
+        preprocessor = config.preprocessor or os.path.join(config.path, "preprocessor")
+        for path in (encoder, preprocessor):
+            if "://" not in path and not tf.io.gfile.exists(path):
+                raise FileNotFoundError(
+                    f"teacher module not found: {path} (expected a LaBSE/2-format module; "
+                    "build one with export/convert_teacher.py)")
+        self.preprocessor = hub.load(preprocessor)
+        self.encoder = hub.load(encoder)
+        self.dimension = int(self.embed(self.tokenize(tf.constant(["probe"]))).shape[-1])
+        self.description = f"hub module {config.path or encoder}"
+
+    def tokenize(self, strings):
+        return trim_to_longest(self.preprocessor(strings))
+
+    def embed(self, inputs):
+        return _unit(self.encoder(inputs)["default"])
+
+    def batch_features(self, batch):
+        return {"teacher_source_inputs": self.tokenize(batch[PAIR_SOURCE]),
+                "teacher_target_inputs": self.tokenize(batch[PAIR_TARGET])}
+
+    def vectors(self, features):
+        return (self.embed(features["teacher_source_inputs"]),
+                self.embed(features["teacher_target_inputs"]))
+
+    def embed_strings(self, strings):
+        """strings -> unit teacher vectors (dimension reduction's dev evaluation)."""
+        return self.embed(self.tokenize(strings))
+
+
+class PrecomputedTeacher(Teacher):
+    """Vectors stored with the pairs: `teacher_src` (x^t) and `teacher_tgt` (y^t)."""
+
+    def __init__(self, dimension: int, has_source: bool):
+        self.dimension = dimension
+        self.has_source = has_source
+        self.description = f"precomputed {dimension}-d vectors"
+
+    def batch_features(self, batch):
+        features = {"teacher_target": batch[PAIR_TEACHER_TARGET]}
+        if self.has_source:
+            features["teacher_source"] = batch[PAIR_TEACHER_SOURCE]
+        return features
+
+    def vectors(self, features):
+        return _unit(features["teacher_source"]), _unit(features["teacher_target"])
+
+
+class EnglishOnlyTeacher(Teacher):
+    """A monolingual teacher: only the English side is embedded; x^t = y^t = T(en)."""
+
+    english_only = True
+
+    def __init__(self, inner: Teacher):
+        self.inner = inner
+        self.dimension = inner.dimension
+        self.description = f"{inner.description}, English side only"
+
+    def batch_features(self, batch):
+        if isinstance(self.inner, PrecomputedTeacher):
+            return {"teacher_target": batch[PAIR_TEACHER_TARGET]}
+        return {"teacher_target_inputs": self.inner.tokenize(batch[PAIR_TARGET])}
+
+    def vectors(self, features):
+        if isinstance(self.inner, PrecomputedTeacher):
+            target = _unit(features["teacher_target"])
+        else:
+            target = self.inner.embed(features["teacher_target_inputs"])
+        return target, target
+
+    def embed_strings(self, strings):
+        return self.inner.embed_strings(strings)
+
+
+def build_teacher(config: TeacherConfig, files: List) -> Optional[Teacher]:
+    """The teacher a config and its training files give (None: no teacher).
+
+    A hub module wins over precomputed vectors. Precomputed vectors must hold
+    the source side (`teacher_src`) unless `english_only` is set, so that a
+    both-side objective never silently trains against zeros.
+    """
+    if config.hub:
+        teacher = HubTeacher(config)
+    else:
+        layout = precomputed_teacher_layout(files)
+        if layout is None:
+            return None
+        dimension, has_source = layout
+        if not has_source and not config.english_only:
+            raise ValueError(
+                "the training TFRecords hold teacher vectors of the English side only "
+                "(teacher_tgt); pass --teacher_english_only for these targets, or write both "
+                "sides with beam_pipelines/embed_corpus.py --pairs (without --english_only)")
+        teacher = PrecomputedTeacher(dimension, has_source)
+    return EnglishOnlyTeacher(teacher) if config.english_only else teacher

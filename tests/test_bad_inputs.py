@@ -1,0 +1,238 @@
+"""Every command line, driven through the user mistakes and faults found by probing.
+
+Each case must end with exit code 2 and ONE line on stderr, `error: ...`, naming
+the flag or file at fault; never a traceback, never a silently wrong result.
+"""
+
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def assert_one_line_error(capsys, code, *needles):
+    captured = capsys.readouterr()
+    assert code == 2, captured.err[-2000:]
+    # Progress bars and TensorFlow's own log lines aside, stderr is one line.
+    lines = [line for line in captured.err.replace("\r", "\n").splitlines() if line.strip()
+             and not line.startswith(("WARNING", "I0000", "W0000"))
+             and not re.search(r"\d+%\|", line)]
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert "Traceback" not in captured.err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.fixture()
+def train_args(sentence_vocab_file, tiny_parallel_dir, tmp_path):
+    def make(*extra, data=tiny_parallel_dir, model_dir=None):
+        return [f"--model_dir={model_dir or tmp_path / 'm'}", f"--train_data={data}",
+                f"--vocab_file={sentence_vocab_file}", "--objective=ams",
+                "--encoder_overrides=num_layers=1,hidden_dim=8,num_heads=2,intermediate_dim=8",
+                "--global_batch_size=4", "--train_steps=1", "--max_seq_length=16",
+                "--no_progress", *extra]
+    return make
+
+
+@pytest.mark.parametrize("flag,needle", [
+    ("--train_steps=0", "--train_steps"), ("--train_steps=-5", "--train_steps"),
+    ("--checkpoint_every=0", "--checkpoint_every"), ("--log_every=0", "--log_every"),
+    ("--global_batch_size=0", "--global_batch_size"),
+    ("--global_batch_size=-4", "--global_batch_size"),
+    ("--max_seq_length=600", "--max_seq_length"), ("--learning_rate=-1", "--learning_rate"),
+    ("--encoder_overrides=bogus=1", "bogus"), ("--loss_weights=ams=x", "--loss_weights"),
+    ("--language_alpha=2", "--language_alpha")])
+def test_train_flag_mistakes(train_args, capsys, flag, needle):
+    from lealla_tf.train import main
+
+    args = [a for a in train_args() if not a.startswith(flag.split("=")[0] + "=")] + [flag]
+    assert_one_line_error(capsys, main(args), needle)
+
+
+def test_train_data_faults_name_the_file(train_args, tmp_path, capsys):
+    from lealla_tf.data import write_pairs_tfrecord
+    from lealla_tf.train import main
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "deu-eng.tsv").write_text("no tab here\n\tonly English\n")
+    assert_one_line_error(capsys, main(train_args(data=str(empty))), "no well-formed pairs",
+                          "deu-eng.tsv")
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    data = gzip.compress(("Hund\tdog\n" * 2000).encode())
+    (corrupt / "deu-eng.tsv.gz").write_bytes(data[:len(data) // 2] + b"\x00" * 64)
+    assert_one_line_error(capsys, main(train_args(data=str(corrupt))), "deu-eng.tsv.gz")
+    truncated = tmp_path / "records"
+    truncated.mkdir()
+    path = str(truncated / "deu-eng.tfrecord")
+    write_pairs_tfrecord(path, [("Hund", "dog")] * 50)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 7)
+    assert_one_line_error(capsys, main(train_args(data=str(truncated))), "deu-eng.tfrecord")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    assert_one_line_error(capsys, main(train_args(model_dir=str(a_file))), "--model_dir")
+
+
+def test_a_failed_first_run_does_not_block_the_corrected_rerun(train_args, tmp_path, capsys):
+    from lealla_tf.train import main
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "fra-eng.tsv").write_text("")
+    assert_one_line_error(capsys, main(train_args(data=str(empty))), "no well-formed pairs")
+    assert not (tmp_path / "m" / "config.json").exists()
+    assert main(train_args("--margin=0.2")) == 0
+
+
+def test_zero_learning_rate_is_kept(train_args, tmp_path):
+    from lealla_tf.configs import read_json
+    from lealla_tf.train import main
+
+    assert main(train_args("--learning_rate=0")) == 0
+    assert read_json(str(tmp_path / "m" / "config.json"))["optimizer"]["learning_rate"] == 0.0
+
+
+def test_a_checkpoint_write_cut_by_a_kill_is_cleaned_on_resume(train_args, tmp_path):
+    from lealla_tf.train import main
+
+    assert main(train_args()) == 0
+    leftover = tmp_path / "m" / "checkpoints" / "ckpt-2_temp" / "part-00000-of-00001"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(b"half a checkpoint")
+    assert main([a for a in train_args() if a != "--train_steps=1"] + ["--train_steps=2"]) == 0
+    assert not leftover.parent.exists()
+
+
+def test_vocab_faults(tmp_path, capsys):
+    from lealla_tf.vocab import main
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "deu-eng.tsv").write_text("only one column\n")
+    out = str(tmp_path / "v.txt")
+    assert_one_line_error(capsys, main([f"--input={tmp_path / 'd'}", "--vocab_size=100",
+                                        f"--output={out}"]), "no well-formed pairs")
+    (tmp_path / "d" / "deu-eng.tsv").unlink()
+    (tmp_path / "d" / "fra-eng.tsv.gz").write_bytes(b"\x1f\x8b\x08\x00garbage" * 10)
+    assert_one_line_error(capsys, main([f"--input={tmp_path / 'd'}", "--vocab_size=100",
+                                        f"--output={out}"]), "fra-eng.tsv.gz")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, sentence_vocab_file):
+    from lealla_tf.configs import EncoderConfig, TokenizerConfig
+    from lealla_tf.export_lib import export_lealla_model
+    from lealla_tf.lealla_encoder import build_encoder
+    from lealla_tf.model_dir import save_encoder_checkpoint, write_model_config
+    from lealla_tf.tokenizer import Tokenizer
+
+    root = tmp_path_factory.mktemp("exported")
+    tokenizer = Tokenizer(sentence_vocab_file)
+    encoder = build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
+                                          num_heads=2, hidden_dim=8, intermediate_dim=8,
+                                          pooling="mean"))
+    write_model_config(str(root / "model"), encoder.encoder_config,
+                       TokenizerConfig(max_seq_length=16), source_vocab_file=sentence_vocab_file)
+    save_encoder_checkpoint(str(root / "model"), encoder)
+    return {"model_dir": str(root / "model"),
+            "export": export_lealla_model(encoder, tokenizer, str(root / "export"))}
+
+
+def test_evaluate_faults(exported, tiny_tatoeba_dir, tmp_path, capsys):
+    from lealla_tf.evaluate import main
+
+    base = [f"--model={exported['export']}", f"--tatoeba_dir={tiny_tatoeba_dir}",
+            "--no_progress"]
+    assert_one_line_error(capsys, main(base + ["--max_pairs=-1",
+                                               f"--output_json={tmp_path / 'e.json'}"]),
+                          "--max_pairs")
+    assert_one_line_error(capsys, main(base + [f"--output_json={tmp_path}"]), "--output_json")
+    empty = tmp_path / "tatoeba"
+    empty.mkdir()
+    (empty / "tatoeba.xho-eng.xho").write_text("")
+    (empty / "tatoeba.xho-eng.eng").write_text("")
+    assert_one_line_error(capsys, main([f"--model={exported['export']}",
+                                        f"--tatoeba_dir={empty}", "--no_progress",
+                                        f"--output_json={tmp_path / 'e.json'}"]),
+                          "tatoeba.xho-eng.xho")
+    # --max_pairs=1 keeps exactly one pair a language (not "all but the last").
+    assert main(base + ["--max_pairs=1", f"--output_json={tmp_path / 'one.json'}"]) == 0
+    metrics = json.load(open(tmp_path / "one.json"))["metrics"]
+    assert {v for k, v in metrics.items() if k.endswith("/pairs")} == {1}
+
+
+def test_export_with_a_missing_checkpoint(exported, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "export/export_tfhub.py", f"--model_dir={exported['model_dir']}",
+         f"--export_path={tmp_path / 'x'}", "--checkpoint=/nonexistent/ckpt-7"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "checkpoint /nonexistent/ckpt-7 not found" in result.stderr
+
+
+def test_embed_corpus_faults(exported, tmp_path, capsys):
+    from lealla_tf.pipelines.embed_corpus import main
+
+    (tmp_path / "ids.tsv").write_text("a\tThe dog.\nb\tThe cat.\na\tA house.\n")
+    base = [f"--model={exported['export']}", f"--output={tmp_path / 'out'}"]
+    assert_one_line_error(capsys, main([f"--input={tmp_path / 'ids.tsv'}", "--format=tsv",
+                                        *base]), "ids occur more than once")
+    assert not (tmp_path / "out" / "MANIFEST.json").exists()  # nothing committed
+    assert_one_line_error(capsys, main([f"--input={tmp_path / 'ids.tsv'}",
+                                        "--model_batch_size=0", *base]), "--model_batch_size")
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "out").mkdir(exist_ok=True)
+        (tmp_path / "out" / ".lock").write_text(str(holder.pid))
+        assert_one_line_error(capsys, main([f"--input={tmp_path / 'ids.tsv'}", *base]),
+                              "another run", str(holder.pid))
+    finally:
+        holder.kill()
+        holder.wait()
+    # The holder is gone: its stale lock is taken over.
+    assert main([f"--input={tmp_path / 'ids.tsv'}", *base]) == 0
+    assert not (tmp_path / "out" / ".lock").exists()
+
+
+def test_same_file_name_in_two_folders_gives_two_ids(exported, tmp_path):
+    from lealla_tf.embedding_io import read_embeddings
+    from lealla_tf.pipelines.embed_corpus import embed_corpus
+
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "deu.txt").write_text("Der Hund.\n")
+    embed_corpus([str(tmp_path / "*" / "deu.txt")], exported["export"], str(tmp_path / "out"))
+    ids, _ = read_embeddings(str(tmp_path / "out"))
+    assert sorted(ids) == ["a/deu.txt:1", "b/deu.txt:1"]
+
+
+def test_mine_bitext_faults(tmp_path, capsys):
+    from lealla_tf.pipelines.mine_bitext import main
+
+    assert_one_line_error(capsys, main([f"--source={tmp_path}", f"--target={tmp_path}",
+                                        f"--output={tmp_path / 'm.tsv'}", "--k=0"]), "--k")
+    assert_one_line_error(capsys, main([f"--source={tmp_path}", f"--target={tmp_path}",
+                                        f"--output={tmp_path / 'm.tsv'}"]), "MANIFEST")
+
+
+def test_precomputed_english_only_vectors_are_not_silently_used_both_ways(
+        sentence_vocab_file, tmp_path, capsys):
+    import numpy as np
+
+    from lealla_tf.data import write_pairs_tfrecord
+    from lealla_tf.train import main
+
+    (tmp_path / "records").mkdir()
+    write_pairs_tfrecord(str(tmp_path / "records" / "deu-eng.tfrecord"), [("Hund", "dog")] * 8,
+                         teacher_target=np.ones((8, 4), np.float32))
+    args = [f"--model_dir={tmp_path / 'm'}", f"--train_data={tmp_path / 'records'}",
+            f"--vocab_file={sentence_vocab_file}", "--objective=ams+fd"]
+    assert_one_line_error(capsys, main(args), "--teacher_english_only")

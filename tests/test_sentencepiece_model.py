@@ -1,0 +1,86 @@
+"""SentencePiece ModelProto files written without generated protobuf code, and pruning."""
+
+import io
+
+import pytest
+import sentencepiece
+import tensorflow as tf
+
+from lealla_tf import sentencepiece_model as spm_model
+from lealla_tf.tokenizer import Tokenizer
+from conftest import write_pairs
+
+WORDS = ["the dog sleeps", "the cat sleeps", "dogs and cats", "der Hund schläft",
+         "le chien dort", "a house", "houses everywhere"]
+
+
+def trained_model(**options):
+    output = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(WORDS * 30), model_writer=output, vocab_size=60,
+        model_type="unigram", hard_vocab_limit=False, minloglevel=2, **options)
+    return output.getvalue()
+
+
+def test_parse_then_serialize_encodes_identically():
+    proto = trained_model(pad_id=3)
+    model = spm_model.parse_model(proto)
+    assert model.unk_piece == "<unk>" and model.pad_piece == "<pad>"
+    original = sentencepiece.SentencePieceProcessor(model_proto=proto)
+    rewritten = sentencepiece.SentencePieceProcessor(model_proto=model.serialize())
+    for sentence in WORDS + ["unseen wörds ☃"]:
+        assert rewritten.encode(sentence) == original.encode(sentence)
+    assert (rewritten.unk_id(), rewritten.bos_id(), rewritten.eos_id(), rewritten.pad_id()) == (
+        original.unk_id(), original.bos_id(), original.eos_id(), original.pad_id())
+
+
+def test_pieces_in_fairseq_order_with_a_compiled_normalizer(tmp_path):
+    spec = spm_model.normalizer_spec_from_map({0xFF21: [0x41], 0x1: []}, "nmt_nfkc")
+    assert spm_model.normalizer_settings(spec)["name"] == "nmt_nfkc"
+    pieces = [spm_model.Piece("<s>", 0, spm_model.CONTROL),
+              spm_model.Piece("<pad>", 0, spm_model.CONTROL),
+              spm_model.Piece("</s>", 0, spm_model.CONTROL),
+              spm_model.Piece("<unk>", 0, spm_model.UNKNOWN),
+              spm_model.Piece("\u2581A", -1.0), spm_model.Piece("\u2581b", -2.0)]
+    path = tmp_path / "fairseq.model"
+    path.write_bytes(spm_model.SentencePieceModel(pieces, spec).serialize())
+    tokenizer = Tokenizer(str(path))
+    assert (tokenizer.cls_id, tokenizer.pad_id, tokenizer.sep_id, tokenizer.unk_id) == (0, 1, 2, 3)
+    # U+FF21 (fullwidth A) normalises to A, the control character vanishes.
+    ids = tokenizer(tf.constant(["\uff21\x01 b"]))["input_word_ids"].numpy()[0].tolist()
+    assert ids == [0, 4, 5, 2]
+
+
+def test_invalid_models_are_refused():
+    spec = spm_model.normalizer_spec_from_map({}, "identity")
+    with pytest.raises(ValueError, match="duplicate piece"):
+        spm_model.SentencePieceModel([spm_model.Piece("<unk>", 0, spm_model.UNKNOWN),
+                                      spm_model.Piece("a"), spm_model.Piece("a")],
+                                     spec).serialize()
+    with pytest.raises(ValueError, match="UNKNOWN"):
+        spm_model.SentencePieceModel([spm_model.Piece("a")], spec).serialize()
+    with pytest.raises(ValueError, match="not a SentencePiece model"):
+        spm_model.parse_model(b"\xff\xff\xff")
+
+
+def test_pruning_keeps_used_pieces_and_falls_back_to_characters(tmp_path):
+    from lealla_tf.vocab_pruning import prune_teacher_vocabulary
+
+    teacher = tmp_path / "teacher.model"
+    teacher.write_bytes(trained_model())
+    write_pairs(tmp_path / "data", "deu", [("der Hund schläft", "the dog sleeps")] * 5)
+    output = str(tmp_path / "pruned.model")
+    summary = prune_teacher_vocabulary(str(teacher), [str(tmp_path / "data")], output,
+                                       max_pieces=3, progress=False)
+    pruned = sentencepiece.SentencePieceProcessor(model_file=output)
+    original = sentencepiece.SentencePieceProcessor(model_file=str(teacher))
+    assert summary["pieces"] == pruned.get_piece_size() < original.get_piece_size()
+    # Every piece of the pruned model is a teacher piece (the embeddings can follow).
+    teacher_pieces = {original.id_to_piece(i) for i in range(original.get_piece_size())}
+    assert {pruned.id_to_piece(i) for i in range(pruned.get_piece_size())} <= teacher_pieces
+    # A corpus word whose piece was dropped still tokenizes into known pieces.
+    for sentence in ("der Hund schläft", "the dog sleeps"):
+        assert pruned.unk_id() not in pruned.encode(sentence)
+        assert pruned.decode(pruned.encode(sentence)) == sentence
+    with pytest.raises(ValueError, match=".model"):
+        prune_teacher_vocabulary(str(teacher), [str(tmp_path / "data")], "x.txt")
