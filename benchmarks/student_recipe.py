@@ -156,7 +156,7 @@ def main():
     parser.add_argument("--output_json", required=True)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--sample_pairs", type=int, default=40000)
-    parser.add_argument("--max_pieces", type=int, default=0,
+    parser.add_argument("--max_pieces", type=int, default=32000,
                         help="cap of the pruned vocabulary (0: every piece that occurs)")
     parser.add_argument("--eval_pairs", type=int, default=200)
     parser.add_argument("--only", default="", help="comma-separated configuration names")

@@ -2,6 +2,10 @@
 
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions
 
+# Beam knows the DaskRunner only by its full name.
+RUNNER_ALIASES = {"--runner=DaskRunner":
+                  "--runner=apache_beam.runners.dask.dask_runner.DaskRunner"}
+
 
 def pipeline_options(pipeline_args, save_main_session: bool = False,
                      default_runner: bool = True) -> PipelineOptions:
@@ -12,7 +16,7 @@ def pipeline_options(pipeline_args, save_main_session: bool = False,
     Prism. The pipelines live in the installed package, so workers import their
     functions by name and the main session need not be pickled.
     """
-    pipeline_args = list(pipeline_args)
+    pipeline_args = [RUNNER_ALIASES.get(a, a) for a in pipeline_args]
     if default_runner and not any(a.startswith("--runner") for a in pipeline_args):
         pipeline_args.append("--runner=FnApiRunner")
     options = PipelineOptions(pipeline_args)

@@ -133,3 +133,106 @@ def test_missing_input_is_an_error(model, tmp_path):
     with pytest.raises(FileNotFoundError, match="no input files match"):
         embed_corpus.run([f"--input={tmp_path / 'none*.txt'}", f"--model={model[0]}",
                           f"--output={tmp_path / 'o'}"])
+
+
+# === The same pipeline on a dask.distributed cluster (loopback only) ===
+
+@pytest.fixture(scope="module")
+def dask_cluster():
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       host="127.0.0.1", dashboard_address=None)
+    yield cluster
+    cluster.close()
+
+
+def read_dead_letters(output):
+    manifest = read_manifest(output)
+    return sorted(line for f in manifest["files"] if "dead_letter" in f
+                  for line in open(os.path.join(output, f)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pairs", [False, True])
+def test_dask_runner_equals_the_fn_api_runner(model, corpus, dask_cluster, tmp_path, pairs):
+    path, _ = model
+    if pairs:
+        (corpus / "pairs").mkdir()
+        (corpus / "pairs" / "deu-eng.tsv.gz").write_bytes(gzip.compress(
+            "\n".join(f"Der Hund {i}.\tThe dog {i}." for i in range(40)).encode()
+            + b"\nbroken line\n"))
+        inputs, extra = [f"--input={corpus / 'pairs' / '*'}"], ["--pairs"]
+    else:
+        inputs, extra = [f"--input={corpus / 'in' / '*'}"], []
+    outputs = {}
+    for runner, flags in (("fnapi", []), ("dask", [
+            "--runner=DaskRunner", f"--dask_client_address={dask_cluster.scheduler_address}"])):
+        outputs[runner] = str(tmp_path / runner)
+        manifest = embed_corpus.run(inputs + [f"--model={path}", f"--output={outputs[runner]}",
+                                              "--num_shards=3"] + extra + flags)
+        assert manifest["counts"]["lines_read"] == (manifest["counts"]["embedded"]
+                                                    + manifest["counts"]["dead_lettered"])
+    assert read_manifest(outputs["fnapi"])["counts"] == read_manifest(outputs["dask"])["counts"]
+    assert read_dead_letters(outputs["fnapi"]) == read_dead_letters(outputs["dask"])
+    if pairs:
+        def records(output):
+            files = find_training_files([output])
+            rows, _ = pair_dataset(DataConfig([output], shuffle_buffer=1), 1, teacher_dim=16,
+                                   files=files)
+            return {r["tgt_raw"].numpy(): (r["teacher_src"].numpy(), r["teacher_tgt"].numpy())
+                    for r in rows.take(40)}
+        a, b = records(outputs["fnapi"]), records(outputs["dask"])
+        assert a.keys() == b.keys() and len(a) == 40
+        for key in a:
+            np.testing.assert_allclose(a[key][0], b[key][0], atol=1e-6)
+            np.testing.assert_allclose(a[key][1], b[key][1], atol=1e-6)
+    else:
+        ids_a, vectors_a = read_embeddings(outputs["fnapi"])
+        ids_b, vectors_b = read_embeddings(outputs["dask"])
+        assert ids_a == ids_b
+        np.testing.assert_allclose(vectors_a, vectors_b, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(model, dask_cluster, tmp_path):
+    import signal
+    import threading
+    import time
+
+    path, _ = model
+    lines = [f"{SENTENCES[i % len(SENTENCES)]} {i}" for i in range(6000)]
+    (tmp_path / "big.txt").write_text("\n".join(lines) + "\n")
+    output = str(tmp_path / "out")
+    result = {}
+
+    def run():
+        result["manifest"] = embed_corpus.run([
+            f"--input={tmp_path / 'big.txt'}", f"--model={path}", f"--output={output}",
+            "--num_shards=12", "--runner=DaskRunner",
+            f"--dask_client_address={dask_cluster.scheduler_address}"])
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.time() + 300
+    shards_at_kill = None
+    while time.time() < deadline and thread.is_alive():
+        runs = [d for d in os.listdir(output) if d.startswith("run-")] if os.path.isdir(
+            output) else []
+        written = [f for r in runs for f in os.listdir(os.path.join(output, r))
+                   if f.startswith("embeddings") and f.endswith(".tfrecord.gz")]
+        if written:
+            shards_at_kill = len(written)
+            import distributed
+
+            with distributed.Client(dask_cluster.scheduler_address) as client:
+                pid = next(iter(client.run(os.getpid).values()))
+            os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    thread.join(600)
+    assert shards_at_kill is not None and shards_at_kill < 12, "the worker was not killed mid-run"
+    assert result["manifest"]["counts"] == {"lines_read": 6000, "embedded": 6000,
+                                            "dead_lettered": 0}
+    ids, vectors = read_embeddings(output)
+    assert sorted(ids) == sorted(f"big.txt:{i}" for i in range(1, 6001))  # once each
+    assert np.all(np.isfinite(vectors))

