@@ -26,6 +26,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks.vocab_build import machine  # noqa: E402
+from lealla_tf.configs import RECIPE_LOSS_WEIGHTS  # noqa: E402
 
 LEALLA = "ams+fd+ld"
 CONFIGURATIONS = {
@@ -44,8 +45,9 @@ CONFIGURATIONS = {
                         "objective": "mse", "then": "mcl",
                         "overrides": {"num_unique_layers": 12}},
 }
-# Loss weights of the e5 recipe, chosen by --only=weights_* runs (see README).
-WEIGHTS = {LEALLA: {"fd": 1.0, "ld": 1e4}, "fd": {"fd": 1.0}}
+# Loss weights of the e5 recipe (lealla_tf.configs.RECIPE_LOSS_WEIGHTS); the
+# --only=weights_* runs sweep them.
+WEIGHTS = {LEALLA: dict(RECIPE_LOSS_WEIGHTS), "fd": {"fd": RECIPE_LOSS_WEIGHTS["fd"]}}
 for _beta in (1.0, 10.0, 100.0):
     for _gamma in (1e2, 1e4):
         CONFIGURATIONS[f"weights_fd{_beta:g}_ld{_gamma:g}"] = {

@@ -154,6 +154,11 @@ class DataConfig:
         decontaminate: files or Tatoeba directories; pairs either side of
             which (case-folded, stripped) appears there are dropped.
         shuffle_buffer: pairs shuffled per language stream.
+        length_buckets: batch pairs of similar length together (pairs are
+            grouped by the longer side's UTF-8 bytes into this many buckets,
+            boundaries every 32 bytes, and each batch is drawn from one
+            bucket), so less of every batch is padding; 0: batches in stream
+            order.
         seed: fixes the order of the stream (and, in training, initialisation).
     """
 
@@ -161,6 +166,7 @@ class DataConfig:
     language_alpha: float = 0.3
     decontaminate: List[str] = dataclasses.field(default_factory=list)
     shuffle_buffer: int = 10_000
+    length_buckets: int = 0
     seed: int = 0
 
 
@@ -323,6 +329,9 @@ def validate_train_config(config: TrainConfig) -> None:
     _positive("--eval_max_pairs", config.eval_max_pairs, allow_zero=True)
     _positive("--time_budget_minutes", config.time_budget_minutes, allow_zero=True)
     _positive("--shuffle_buffer", config.data.shuffle_buffer)
+    if config.data.length_buckets < 0:
+        raise ValueError(f"--length_buckets must be 0 (off) or positive, got "
+                         f"{config.data.length_buckets}")
     if not 0.0 <= config.data.language_alpha <= 1.0:
         raise ValueError(f"--language_alpha must be in [0, 1], got {config.data.language_alpha}")
     optimizer = config.optimizer
@@ -455,6 +464,12 @@ def check_resumable(stored: dict, requested: dict) -> None:
                          "--model_dir or the same flags:\n  " + "\n  ".join(differences))
 
 
+# The main job's loss weights for a 384-d multilingual teacher (FD on both
+# sides, LD over the global batch), chosen by benchmarks/student_recipe.py;
+# the paper's (`lealla_tf.objectives`) are for LaBSE at batch 8192.
+RECIPE_LOSS_WEIGHTS = {"fd": 1.0, "ld": 1e4}
+
+
 @dataclasses.dataclass
 class RecipeConfig:
     """The main job (`python -m lealla_tf.recipe`, `make main`).
@@ -474,6 +489,18 @@ class RecipeConfig:
         embedding_init: see `TrainConfig.embedding_init`.
         comparison_objective: the same student trained with this objective on
             the same data and steps (the distillation ablation); "" for none.
+        loss_weights: per-term weights; None: `RECIPE_LOSS_WEIGHTS` for the
+            terms the objective has.
+        length_buckets: see `DataConfig.length_buckets` (measured by
+            benchmarks/train_throughput.py --train_data).
+        teacher_eval_pairs: the teacher is evaluated on the first this many
+            pairs of each language (0: all; the 12-layer teacher is the
+            slowest model of the job), and the student on those pairs too,
+            besides its evaluation on all pairs.
+        truncate_teacher: teacher vectors of the first `max_seq_length` tokens of
+            each sentence, the text the student sees (the pruned teacher
+            vocabulary tokenizes as the teacher does), not of the whole
+            sentence; also cheaper. Needs the converted teacher module.
     """
 
     data_dir: Optional[str] = None
@@ -482,20 +509,23 @@ class RecipeConfig:
     teacher_backend: str = "auto"
     vocabulary: str = "teacher_pruned"
     vocab_size: int = 32000
-    sample_pairs: int = 40000
+    sample_pairs: int = 14000
     preset: str = "lealla_small"
     encoder_overrides: Dict[str, Any] = dataclasses.field(default_factory=dict)
     pooling: str = "mean"
     embedding_init: str = "teacher_pca"
     objective: str = "lealla"
-    loss_weights: Dict[str, float] = dataclasses.field(default_factory=dict)
+    loss_weights: Optional[Dict[str, float]] = None
     comparison_objective: str = "ams"
-    train_steps: int = 450
+    train_steps: int = 200
     global_batch_size: int = 64
     max_seq_length: int = 32
+    length_buckets: int = 4
+    truncate_teacher: bool = True
+    teacher_eval_pairs: int = 300
     learning_rate: Optional[float] = None
     warmup_steps: Optional[int] = None
-    eval_every: int = 150
+    eval_every: int = 100
     eval_max_pairs: int = 50
     bucc_languages: List[str] = dataclasses.field(
         default_factory=lambda: ["deu", "fra", "rus", "cmn"])

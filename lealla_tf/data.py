@@ -268,8 +268,26 @@ def pair_dataset(config: DataConfig, global_batch_size: int, steps_done: int = 0
     return mixed, info
 
 
-def tokenize_batches(pairs, batch_size: int, tokenizer, teacher=None):
-    """Batches pairs and tokenizes both sides (each padded to its own longest).
+BUCKET_BYTES = 32
+
+
+def batch_by_length(pairs, batch_size: int, buckets: int):
+    """Batches pairs of similar length: the longer side's UTF-8 bytes pick one
+    of `buckets` buckets (boundaries every `BUCKET_BYTES` bytes, the last one
+    open), and each batch is the next `batch_size` pairs of one bucket. The
+    stream's order is kept within a bucket, so the result is deterministic."""
+    def bucket(pair):
+        longest = tf.maximum(tf.strings.length(pair[SOURCE]), tf.strings.length(pair[TARGET]))
+        return tf.cast(tf.minimum(longest // BUCKET_BYTES, buckets - 1), tf.int64)
+
+    return pairs.group_by_window(
+        bucket, lambda _, window: window.batch(batch_size, drop_remainder=True),
+        window_size=batch_size)
+
+
+def tokenize_batches(pairs, batch_size: int, tokenizer, teacher=None, length_buckets: int = 0):
+    """Batches pairs (in stream order, or by length with `length_buckets`; see
+    `batch_by_length`) and tokenizes both sides (each padded to its own longest).
 
     Returns a dataset of dicts: `source`, `target` (BERT input dicts), `language`
     (the source side's language index) and what
@@ -283,7 +301,9 @@ def tokenize_batches(pairs, batch_size: int, tokenizer, teacher=None):
             features.update(teacher.batch_features(batch))
         return features
 
-    return pairs.batch(batch_size, drop_remainder=True).map(
+    batches = (batch_by_length(pairs, batch_size, length_buckets) if length_buckets
+               else pairs.batch(batch_size, drop_remainder=True))
+    return batches.map(
         tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(
         tf.data.AUTOTUNE)
 

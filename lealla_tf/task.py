@@ -99,7 +99,8 @@ class DistillationTask:
             teacher_dim=precomputed.dimension if precomputed else None, files=self.files,
             sizes=self.sizes, teacher_source=bool(precomputed and precomputed.has_source))
         return tokenize_batches(pairs, per_replica, self.tokenizer,
-                                self.teacher if self.uses_teacher else None)
+                                self.teacher if self.uses_teacher else None,
+                                self.config.data.length_buckets)
 
     def distributed_dataset(self, steps_done: int = 0):
         return self.strategy.distribute_datasets_from_function(

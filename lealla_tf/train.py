@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--decontaminate", action="append", default=[],
         help="evaluation files or Tatoeba dirs whose sentences are dropped from training")
     add("--shuffle_buffer", type=int, default=10_000)
+    add("--length_buckets", type=int, default=0,
+        help="batch pairs of similar length (this many buckets of 32 UTF-8 bytes); 0: off")
     add("--seed", type=int, default=0)
     add("--tatoeba_dir", default="", help="dev evaluation (Tatoeba P@1) directory")
     add("--eval_every", type=int, default=0, help="steps between dev evaluations (0: none)")
@@ -107,7 +109,8 @@ def config_from_flags(args):
         tokenizer=TokenizerConfig(max_seq_length=args.max_seq_length, lower_case=args.lower_case),
         data=DataConfig(train_data=list(args.train_data), language_alpha=args.language_alpha,
                         decontaminate=list(args.decontaminate),
-                        shuffle_buffer=args.shuffle_buffer, seed=args.seed),
+                        shuffle_buffer=args.shuffle_buffer,
+                        length_buckets=args.length_buckets, seed=args.seed),
         teacher=TeacherConfig(path=args.teacher, encoder=args.teacher_encoder,
                               preprocessor=args.teacher_preprocessor,
                               english_only=args.teacher_english_only,

@@ -101,3 +101,33 @@ def test_tfrecords_with_teacher_vectors(tmp_path, tiny_vocab_file):
 def test_missing_training_data_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="nothing"):
         find_training_files([str(tmp_path / "nothing*.tsv")])
+
+
+def test_length_buckets_batch_similar_lengths_deterministically(tmp_path):
+    from lealla_tf.data import BUCKET_BYTES, SOURCE, TARGET, batch_by_length
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 4 * BUCKET_BYTES, size=600)
+    pairs = tf.data.Dataset.from_tensor_slices(
+        {SOURCE: ["x" * int(n) for n in lengths], TARGET: ["en"] * len(lengths)})
+
+    def bucket_ids(buckets):
+        return [sorted({min(len(s) // BUCKET_BYTES, buckets - 1) for s in batch[SOURCE]})
+                for batch in take(batch_by_length(pairs, 8, buckets), 40)]
+
+    assert all(len(ids) == 1 for ids in bucket_ids(4))  # each batch from one bucket
+    assert all(ids == [0] for ids in bucket_ids(1))  # one bucket = stream order
+    assert bucket_ids(4) == bucket_ids(4)  # deterministic
+    ordered = [len(s) for b in take(batch_by_length(pairs, 8, 1), 40) for s in b[SOURCE]]
+    assert ordered == [int(n) for n in lengths[:320]]
+    padded = [max(len(s) for s in b[SOURCE]) for b in take(batch_by_length(pairs, 8, 4), 40)]
+    plain = [max(len(s) for s in b[SOURCE]) for b in take(batch_by_length(pairs, 8, 1), 40)]
+    assert sum(padded) < 0.8 * sum(plain)
+
+
+def test_negative_length_buckets_are_refused(tmp_path):
+    from lealla_tf.configs import TrainConfig, validate_train_config
+
+    config = TrainConfig(data=DataConfig(train_data=[str(tmp_path)], length_buckets=-1))
+    with pytest.raises(ValueError, match="--length_buckets"):
+        validate_train_config(config)

