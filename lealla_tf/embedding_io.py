@@ -24,7 +24,7 @@ import datetime
 import json
 import os
 import struct
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -225,3 +225,166 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+# === Memory-mappable copies of embedding shards (mining beyond memory) ===
+
+MAPPED_SUFFIX = ".mmap"
+_VECTORS, _META = "vectors.f32", "meta.json"
+
+
+class StringColumn:
+    """Strings kept as one UTF-8 blob and their int64 end offsets; `lookup` reads
+    only the strings asked for (positioned reads), never the whole column."""
+
+    def __init__(self, directory: str, name: str):
+        self._data, self._ends = (os.path.join(directory, f"{name}.{suffix}")
+                                  for suffix in ("bin", "ends"))
+
+    def lookup(self, indices) -> List[str]:
+        with open(self._data, "rb") as data, open(self._ends, "rb") as ends:
+            strings = []
+            for i in np.asarray(indices, np.int64).tolist():
+                start, end = (struct.unpack("<2q", os.pread(ends.fileno(), 16, 8 * (i - 1)))
+                              if i else (0, struct.unpack("<q", os.pread(ends.fileno(), 8, 0))[0]))
+                strings.append(os.pread(data.fileno(), end - start, start).decode("utf-8"))
+            return strings
+
+
+class MappedShard(NamedTuple):
+    vectors: Tuple[str, int, int]  # (path, rows, dim) of raw little-endian float32
+    ids: StringColumn
+    texts: StringColumn
+
+
+class MappedEmbeddings:
+    """An embed_corpus output as memory-mappable shards: `parts` go to
+    `mining.Rows`; `ids` / `texts` look up strings by global row number."""
+
+    def __init__(self, shards: List[MappedShard]):
+        self.shards = shards
+        self.parts = [shard.vectors for shard in shards]
+        self._starts = np.cumsum([0] + [rows for _, rows, _ in self.parts])
+        self.rows = int(self._starts[-1])
+        dims = {dim for _, rows, dim in self.parts if rows}
+        self.dim = dims.pop() if len(dims) == 1 else (0 if not dims else None)
+
+    def _lookup(self, column: str, indices) -> List[str]:
+        indices = np.asarray(indices, np.int64)
+        shard = np.searchsorted(self._starts, indices, side="right") - 1
+        out = [None] * len(indices)
+        for number in np.unique(shard).tolist():
+            where = np.flatnonzero(shard == number)
+            strings = getattr(self.shards[number], column).lookup(
+                indices[where] - self._starts[number])
+            for position, string in zip(where.tolist(), strings):
+                out[position] = string
+        return out
+
+    def ids(self, indices) -> List[str]:
+        return self._lookup("ids", indices)
+
+    def texts(self, indices) -> List[str]:
+        return self._lookup("texts", indices)
+
+
+def mmap_embeddings(output_dir: str, cache_dir: Optional[str] = None,
+                    batch_size: int = 4096) -> MappedEmbeddings:
+    """The embedding shards of an `embed_corpus` output as memory-mappable files.
+
+    Gzip'd TFRecords cannot be mapped, so each shard is converted once, streaming
+    `batch_size` records at a time, into a folder `<shard>.mmap/` beside it
+    (vectors.f32: raw float32 rows; ids / texts: UTF-8 blobs with end offsets).
+    A committed run folder never changes and is deleted with its run, so the copy
+    stays valid and goes with it. `cache_dir` puts the copies elsewhere (needed
+    for remote outputs, gs://...). Shards keep their record order.
+    """
+    files = [f for f in manifest_files(output_dir) if os.path.basename(f).startswith(
+        "embeddings")]
+    if cache_dir is None and "://" in output_dir:
+        raise ValueError(f"{output_dir} is remote: pass a local cache_dir (--cache_dir) for "
+                         "the memory-mapped copies of its shards")
+    shards = []
+    for path in files:
+        if cache_dir is None:
+            folder = path + MAPPED_SUFFIX
+        else:
+            import hashlib
+
+            digest = hashlib.sha1(path.encode("utf-8")).hexdigest()[:16]
+            folder = os.path.join(cache_dir, f"{digest}-{os.path.basename(path)}{MAPPED_SUFFIX}")
+        meta = read_json_or_none(os.path.join(folder, _META))
+        if meta is None or meta.get("stamp") != _stamp(path):
+            _map_shard(path, folder, batch_size)
+            meta = read_json_or_none(os.path.join(folder, _META))
+        shards.append(MappedShard((os.path.join(folder, _VECTORS), meta["rows"], meta["dim"]),
+                                  StringColumn(folder, "ids"), StringColumn(folder, "texts")))
+    return MappedEmbeddings(shards)
+
+
+def _stamp(path: str) -> List[int]:
+    """Size and modification time of a shard: a copy made of another file is redone."""
+    if "://" in path:
+        import tensorflow as tf
+
+        stat = tf.io.gfile.stat(path)
+        return [int(stat.length), int(stat.mtime_nsec)]
+    stat = os.stat(path)
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def _map_shard(path: str, folder: str, batch_size: int) -> None:
+    """Streams one embedding shard into `folder` (written aside, then renamed in)."""
+    import shutil
+
+    temporary = f"{folder}.tmp-{os.getpid()}"
+    os.makedirs(temporary, exist_ok=True)
+    try:
+        stamp = _stamp(path)
+        rows, dim = _write_mapped(path, temporary, batch_size)
+        with open(os.path.join(temporary, _META), "w") as f:
+            json.dump({"rows": rows, "dim": dim, "shard": os.path.basename(path),
+                       "stamp": stamp}, f)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    shutil.rmtree(folder, ignore_errors=True)  # a stale copy
+    try:
+        os.rename(temporary, folder)
+    except OSError:  # another process mapped it first
+        shutil.rmtree(temporary, ignore_errors=True)
+
+
+def _write_mapped(path: str, folder: str, batch_size: int) -> Tuple[int, int]:
+    """Writes the vectors, ids and texts of shard `path` into `folder`: (rows, dim)."""
+    import tensorflow as tf
+
+    features = {"id": tf.io.FixedLenFeature([], tf.string),
+                "embedding": tf.io.FixedLenFeature([], tf.string),
+                "text": tf.io.FixedLenFeature([], tf.string, default_value="")}
+    dataset = tf.data.TFRecordDataset([path], compression_type="GZIP").batch(batch_size).map(
+        lambda r: tf.io.parse_example(r, features))
+    rows, dim, ends = 0, 0, {"id": 0, "text": 0}
+    names = {"vectors": _VECTORS, "id": "ids", "text": "texts"}
+    with contextlib.ExitStack() as stack:
+        files = {name: stack.enter_context(open(os.path.join(folder, name), "wb"))
+                 for name in (_VECTORS, "ids.bin", "ids.ends", "texts.bin", "texts.ends")}
+        try:
+            for batch in dataset:
+                vectors = b"".join(batch["embedding"].numpy())
+                count = len(batch["id"])
+                dim = dim or len(vectors) // (4 * count)
+                if len(vectors) != 4 * dim * count:
+                    raise ValueError(f"{path} holds embeddings of different dimensions")
+                files[names["vectors"]].write(vectors)
+                for column in ("id", "text"):
+                    values = batch[column].numpy()
+                    lengths = np.cumsum([len(v) for v in values], dtype=np.int64) + ends[column]
+                    files[f"{names[column]}.bin"].write(b"".join(values))
+                    files[f"{names[column]}.ends"].write(lengths.astype("<i8").tobytes())
+                    ends[column] = int(lengths[-1])
+                rows += count
+        except tf.errors.OpError as error:
+            raise ValueError(f"{path} is unreadable ({type(error).__name__}); rerun "
+                             "embed_corpus into its output") from None
+    return rows, dim

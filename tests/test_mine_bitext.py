@@ -1,14 +1,43 @@
 """beam_pipelines/mine_bitext.py end to end on two embedded 'languages'."""
 
-import pathlib
-import sys
+import gzip
+import json
+import os
 
+import numpy as np
 import pytest
 
+from lealla_tf.embedding_io import (commit_run, embedding_example, mmap_embeddings,
+                                    new_run_directory, read_embeddings, write_tfrecord)
+from lealla_tf.mining import Rows, mine
 from lealla_tf.pipelines import embed_corpus  # noqa: E402
 from lealla_tf.pipelines import mine_bitext  # noqa: E402
 
 from test_embed_corpus import SENTENCES, model  # noqa: E402,F401  (fixture)
+
+
+def write_embedding_output(directory, vectors, shards=3, prefix="s"):
+    """An embed_corpus-style output (manifest, gzip'd TFRecord shards) of `vectors`,
+    with ids `<prefix>:<row>` and texts `text <prefix> <row>`, rows dealt to shards."""
+    os.makedirs(directory, exist_ok=True)
+    run_dir = new_run_directory(str(directory))
+    os.makedirs(run_dir)
+    files = []
+    for shard in range(shards):
+        path = os.path.join(run_dir, f"embeddings-{shard:05d}-of-{shards:05d}.tfrecord.gz")
+        with gzip.open(path, "wb") as handle:
+            for row in range(shard, len(vectors), shards):
+                write_tfrecord(handle, embedding_example(f"{prefix}:{row}", vectors[row],
+                                                         text=f"text {prefix} {row}"))
+        files.append(path)
+    commit_run(str(directory), run_dir, files)
+
+
+def planted(n=300, d=16, seed=0):
+    rng = np.random.default_rng(seed)
+    source = rng.normal(size=(n, d)).astype(np.float32)
+    target = (source + 0.2 * rng.normal(size=(n, d))).astype(np.float32)
+    return source, target
 
 
 def test_mines_identical_sentences_back(model, tmp_path):  # noqa: F811
@@ -33,3 +62,75 @@ def test_unknown_embedding_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="MANIFEST"):
         mine_bitext.run([f"--source={tmp_path}", f"--target={tmp_path}",
                          f"--output={tmp_path / 'x.tsv'}"])
+
+
+def test_memory_mapped_copies_hold_the_shards(tmp_path):
+    vectors = np.random.default_rng(1).normal(size=(50, 8)).astype(np.float32)
+    write_embedding_output(tmp_path / "out", vectors)
+    mapped = mmap_embeddings(str(tmp_path / "out"))
+    assert (mapped.rows, mapped.dim, len(mapped.shards)) == (50, 8, 3)
+    rows = Rows(mapped.parts, "mapped")
+    ids, texts = mapped.ids(np.arange(50)), mapped.texts(np.arange(50))
+    order = [int(i.split(":")[1]) for i in ids]
+    np.testing.assert_array_equal(rows.read(0, 50), vectors[order])
+    assert texts == [f"text s {row}" for row in order]
+    assert sorted(order) == list(range(50))
+    reference_ids, _ = read_embeddings(str(tmp_path / "out"))
+    assert sorted(ids) == sorted(reference_ids)
+    # Made once, beside the shards (the run folder), then reused as they are.
+    vector_file = mapped.parts[0][0]
+    assert os.path.dirname(os.path.dirname(vector_file)).endswith(
+        json.load(open(tmp_path / "out" / "MANIFEST.json"))["run"])
+    stamp = os.stat(vector_file).st_mtime_ns
+    assert os.stat(mmap_embeddings(str(tmp_path / "out")).parts[0][0]).st_mtime_ns == stamp
+    elsewhere = mmap_embeddings(str(tmp_path / "out"), cache_dir=str(tmp_path / "cache"))
+    assert all(part[0].startswith(str(tmp_path / "cache")) for part in elsewhere.parts)
+
+
+def read_pairs(path):
+    return [line.split("\t") for line in open(path, encoding="utf-8").read().splitlines()]
+
+
+def test_memory_budget_gives_the_same_pairs(tmp_path):
+    source, target = planted()
+    write_embedding_output(tmp_path / "src", source, prefix="s")
+    write_embedding_output(tmp_path / "tgt", target, shards=2, prefix="t")
+    common = [f"--source={tmp_path / 'src'}", f"--target={tmp_path / 'tgt'}", "--with_ids",
+              "--threshold=1.0"]
+    plain = mine_bitext.run(common + [f"--output={tmp_path / 'plain.tsv'}"])
+    budget = mine_bitext.run(common + [f"--output={tmp_path / 'budget.tsv'}",
+                                       "--memory_budget_gb=0.05", f"--cache_dir={tmp_path / 'c'}"])
+    assert plain == budget > 250
+    assert read_pairs(tmp_path / "plain.tsv") == read_pairs(tmp_path / "budget.tsv")
+    pairs = read_pairs(tmp_path / "plain.tsv")
+    assert np.mean([p[3].split(":")[1] == p[4].split(":")[1] for p in pairs]) > 0.95
+    assert all(p[1] == "text " + p[3].replace(":", " ") for p in pairs)
+    # The same pairs as the library mining the arrays directly.
+    mined = mine(source, target, threshold=1.0)
+    assert [(f"s:{i}", f"t:{j}") for i, j in zip(mined["source"], mined["target"])] == [
+        (p[3], p[4]) for p in pairs]
+    summary = json.load(open(f"{tmp_path / 'plain.tsv'}.summary.json"))
+    assert summary == {"pairs": plain, "dead_lettered": 0, "source_rows": 300,
+                       "target_rows": 300}
+    assert open(f"{tmp_path / 'plain.tsv'}.dead_letter.jsonl").read() == ""
+
+
+def test_nan_and_zero_embeddings_are_dead_lettered(tmp_path):
+    source, target = planted(n=40)
+    source[5], source[9], target[3] = np.nan, 0.0, np.inf
+    write_embedding_output(tmp_path / "src", source, prefix="s")
+    write_embedding_output(tmp_path / "tgt", target, prefix="t")
+    output = tmp_path / "mined.tsv"
+    count = mine_bitext.run([f"--source={tmp_path / 'src'}", f"--target={tmp_path / 'tgt'}",
+                             f"--output={output}", "--with_ids", "--k=50"])
+    pairs = read_pairs(output)
+    assert count == len(pairs) == 37
+    mined_ids = {p[3] for p in pairs} | {p[4] for p in pairs}
+    assert not mined_ids & {"s:5", "s:9", "t:3"}
+    dead = [json.loads(line) for line in open(f"{output}.dead_letter.jsonl")]
+    assert sorted((d["side"], d["id"], d["reason"]) for d in dead) == [
+        ("source", "s:5", "non_finite"), ("source", "s:9", "zero"),
+        ("target", "t:3", "non_finite")]
+    assert json.load(open(f"{output}.summary.json"))["dead_lettered"] == 3
+    scores = [float(p[0]) for p in pairs]
+    assert all(0 <= s <= 39 for s in scores)  # ratio margin in [0, k]: k capped at 39 targets

@@ -1,11 +1,14 @@
-"""Mining against a brute-force numpy reference (loops, as LASER writes it)."""
+"""Mining against a brute-force numpy reference (loops, as LASER writes it), and
+its properties on any input: tiny sides, k beyond the candidates, duplicates,
+zero / NaN rows, inverted lists shorter than k, chunked and memory-mapped work."""
 
 import itertools
 
 import numpy as np
 import pytest
 
-from lealla_tf.mining import (best_threshold, build_index, greedy_one_to_one, knn,
+from lealla_tf import mining
+from lealla_tf.mining import (Rows, best_threshold, build_index, greedy_one_to_one, knn,
                               margin_scores, mine, normalize_rows)
 
 RNG = np.random.default_rng(7)
@@ -32,7 +35,7 @@ def reference_mine(source, target, k, margin, retrieval):
         if margin == "absolute":
             return c
         mean = (average_source[i] + average_target[j]) / 2
-        return c - mean if margin == "distance" else c / mean
+        return c - mean if margin == "distance" else (1 + c) / (1 + mean)  # shifted ratio
 
     def best_target(i):  # among the k nearest targets, the best by margin
         neighbours = np.argsort(-cosine[i], kind="stable")[:k_f]
@@ -123,7 +126,13 @@ def test_margin_formulas():
     c, a, b = np.array([0.8]), np.array([0.6]), np.array([0.4])
     assert margin_scores(c, a, b, "absolute")[0] == pytest.approx(0.8)
     assert margin_scores(c, a, b, "distance")[0] == pytest.approx(0.3)
-    assert margin_scores(c, a, b, "ratio")[0] == pytest.approx(1.6)
+    assert margin_scores(c, a, b, "ratio")[0] == pytest.approx(1.8 / 1.5)
+    # No blow-up where the cosine ratio's denominator would be <= 0, and a missing
+    # (NaN) average is left out of the mean.
+    assert margin_scores(np.array([0.3]), np.array([-0.2]), np.array([0.1]), "ratio")[0] == \
+        pytest.approx(1.3 / 0.95)
+    assert margin_scores(np.array([-1.0]), np.array([-1.0]), np.array([-1.0]), "ratio")[0] == 0
+    assert margin_scores(c, np.array([np.nan]), b, "ratio")[0] == pytest.approx(1.8 / 1.4)
 
 
 def test_best_threshold_maximises_f1():
@@ -140,3 +149,206 @@ def test_bad_options_are_errors():
     with pytest.raises(ValueError, match="must divide"):
         build_index(normalize_rows(RNG.normal(size=(500, 10))), "ivfpq", nlist=4,
                     pq_subquantizers=3)
+
+
+@pytest.mark.parametrize("source,target,kwargs,message", [
+    (np.zeros((0, 4)), np.ones((3, 4)), {}, "source side has no embeddings"),
+    (np.ones((3, 4)), np.zeros((0, 4)), {}, "target side has no embeddings"),
+    (np.ones((3, 4)), np.ones((3, 5)), {}, "differ in dimension: 4 vs 5"),
+    (np.ones((3, 4)), np.ones((3, 4)), {"k": 0}, "k must be at least 1"),
+    (np.ones((3, 4)), np.ones((3, 4)), {"k": -2}, "k must be at least 1"),
+    (np.ones(4), np.ones((3, 4)), {}, "2-D"),
+    (np.ones((3, 4)), np.ones((3, 4)), {"index_type": "hnsw"}, "flat, ivf or ivfpq"),
+    (np.ones((30, 8)), np.ones((30, 8)), {"index_type": "ivfpq"}, "at least 256"),
+    (np.ones((3, 4)), np.ones((3, 4)), {"memory_budget_gb": 0}, "must be positive"),
+    (np.ones((10 ** 6, 1), np.float32), np.ones((1, 1)), {"memory_budget_gb": 0.05},
+     "too small to mine 1,000,000 x 1"),
+])
+def test_user_mistakes_are_one_line_value_errors(source, target, kwargs, message):
+    with pytest.raises(ValueError, match=message) as error:
+        mine(source, target, **kwargs)
+    assert "\n" not in str(error.value)
+
+
+# === Properties on random inputs, against the brute-force reference ===
+
+def check_invariants(mined, n_source, n_target, k, margin, retrieval, exact=True):
+    """Finite scores in the margin's range, real indices, one-to-one where promised."""
+    scores, sources, targets = mined["score"], mined["source"], mined["target"]
+    assert np.all(np.isfinite(scores))
+    assert np.all((sources >= 0) & (sources < n_source)), sources
+    assert np.all((targets >= 0) & (targets < n_target)), targets
+    bound = {"absolute": (-1, 1), "distance": (-2, 2),
+             "ratio": (0, min(k, max(n_source, n_target)) * (1 if exact else 2))}[margin]
+    assert np.all(scores >= bound[0] - 1e-5) and np.all(scores <= bound[1] + 1e-5), (
+        scores.min(), scores.max(), bound)
+    assert np.all(np.diff(scores) <= 0), "best first"
+    if retrieval in ("fwd", "intersect", "max"):
+        assert len(set(sources.tolist())) == len(sources)
+    if retrieval in ("bwd", "intersect", "max"):
+        assert len(set(targets.tolist())) == len(targets)
+
+
+def as_dict(mined):
+    return {(int(i), int(j)): float(s) for s, i, j in zip(mined["score"], mined["source"],
+                                                          mined["target"])}
+
+
+SHAPES = [(1, 1), (1, 5), (5, 1), (2, 3), (3, 2), (7, 40), (40, 7), (25, 25)]
+
+
+@pytest.mark.parametrize("n_source,n_target", SHAPES)
+@pytest.mark.parametrize("k", [1, 4, 50])
+def test_random_inputs_match_the_reference(n_source, n_target, k):
+    rng = np.random.default_rng(n_source * 1000 + n_target + k)
+    source = normalize_rows(rng.normal(size=(n_source, 8)))
+    target = normalize_rows(rng.normal(size=(n_target, 8)))
+    for margin, retrieval in itertools.product(["absolute", "distance", "ratio"],
+                                               ["fwd", "bwd", "intersect", "max"]):
+        mined = mine(source, target, k=k, margin=margin, retrieval=retrieval)
+        check_invariants(mined, n_source, n_target, k, margin, retrieval)
+        got, expected = as_dict(mined), reference_mine(source, target, k, margin, retrieval)
+        assert got.keys() == expected.keys(), (margin, retrieval)
+        for pair, value in expected.items():
+            assert got[pair] == pytest.approx(value, abs=1e-5)
+
+
+def test_unrelated_tiny_sides_do_not_pass_a_threshold_by_blowing_up():
+    rng = np.random.default_rng(0)
+    mined = mine(rng.normal(size=(2, 16)), rng.normal(size=(3, 16)), threshold=1.05)
+    assert np.all(mined["score"] <= 3), mined["score"]  # was 1.7e11 and 8.4e10
+    # Anti-correlated neighbourhoods (every cosine < 0) used to flip the ratio's sign.
+    x = normalize_rows(np.array([[1.0, 0.0], [0.9, 0.1]]))
+    mined = mine(x, -x, k=4, margin="ratio")
+    check_invariants(mined, 2, 2, 4, "ratio", "max")
+
+
+@pytest.mark.parametrize("margin,retrieval", [("ratio", "max"), ("distance", "intersect"),
+                                              ("ratio", "fwd"), ("absolute", "bwd")])
+def test_duplicate_rows(margin, retrieval):
+    rng = np.random.default_rng(3)
+    base = normalize_rows(rng.normal(size=(6, 8)))
+    source = base[[0, 0, 1, 2, 2, 2, 3]]
+    target = base[[0, 1, 1, 2, 4, 5, 5, 3]]
+    for k in (1, 3, 20):
+        mined = mine(source, target, k=k, margin=margin, retrieval=retrieval)
+        check_invariants(mined, len(source), len(target), k, margin, retrieval)
+        expected = reference_mine(source, target, k, margin, retrieval)
+        # Ties between identical rows may pick either copy: each row's best score
+        # agrees; a one-to-one matching may then differ, its best pair may not.
+        expected = np.sort(list(expected.values()))[::-1]
+        if retrieval in ("fwd", "bwd"):
+            np.testing.assert_allclose(mined["score"], expected, atol=1e-5)
+        else:
+            assert mined["score"][0] == pytest.approx(expected[0], abs=1e-5)
+
+
+def with_bad_rows(rng, n, d, bad):
+    x = normalize_rows(rng.normal(size=(n, d)))
+    for row, value in bad.items():
+        x[row] = value
+    return x
+
+
+def test_zero_and_nan_rows_are_refused_or_skipped_and_reported():
+    rng = np.random.default_rng(5)
+    source = with_bad_rows(rng, 12, 8, {2: 0.0, 7: np.nan})
+    target = with_bad_rows(rng, 9, 8, {0: np.inf, 4: 0.0})
+    with pytest.raises(ValueError, match="source row 2 is all zeros \\(2 such rows\\)"):
+        mine(source, target)
+    with pytest.raises(ValueError, match="target row 0 has a NaN or infinite value"):
+        mine(normalize_rows(rng.normal(size=(3, 8))), target)
+    for retrieval in ("fwd", "bwd", "intersect", "max"):
+        mined = mine(source, target, k=4, retrieval=retrieval, skip_invalid=True)
+        assert mined["invalid_source"].tolist() == [2, 7]
+        assert mined["invalid_source_reason"].tolist() == ["zero", "non_finite"]
+        assert mined["invalid_target"].tolist() == [0, 4]
+        assert mined["invalid_target_reason"].tolist() == ["non_finite", "zero"]
+        check_invariants(mined, 12, 9, 4, "ratio", retrieval)
+        keep_s = np.setdiff1d(np.arange(12), [2, 7])
+        keep_t = np.setdiff1d(np.arange(9), [0, 4])
+        expected = reference_mine(source[keep_s], target[keep_t], 4, "ratio", retrieval)
+        assert as_dict(mined) == pytest.approx(
+            {(int(keep_s[i]), int(keep_t[j])): v for (i, j), v in expected.items()}, abs=1e-5)
+    everything_bad = mine(source, np.zeros((3, 8)), skip_invalid=True)
+    assert len(everything_bad["score"]) == 0 and len(everything_bad["invalid_target"]) == 3
+
+
+@pytest.mark.parametrize("k,nlist", [(4, 800), (60, 128)])
+def test_inverted_lists_shorter_than_k_never_give_index_minus_one(k, nlist):
+    rng = np.random.default_rng(11)
+    source = normalize_rows(rng.normal(size=(3200, 16)))
+    target = normalize_rows(source + 0.2 * rng.normal(size=source.shape))
+    options = {"index_type": "ivf", "nlist": nlist, "nprobe": 1}
+    _, raw = knn(source, target, k, **options)
+    assert (raw == -1).any(), "the case must produce faiss's -1 labels"
+    for margin, retrieval in itertools.product(["ratio", "distance"], ["fwd", "bwd", "max"]):
+        mined = mine(source, target, k=k, margin=margin, retrieval=retrieval, **options)
+        check_invariants(mined, 3200, 3200, k, margin, retrieval, exact=False)
+        assert len(mined["score"]) > 2000
+    planted = mine(source, target, k=k, **options)
+    assert np.mean(planted["source"] == planted["target"]) > 0.5  # chance: 1 / 3200
+
+
+def test_knn_marks_missing_neighbours():
+    rng = np.random.default_rng(2)
+    candidates = normalize_rows(rng.normal(size=(400, 8)))
+    similarities, indices = knn(candidates[:50], candidates, 30, "ivf", nlist=40, nprobe=1)
+    missing = indices == -1
+    assert missing.any() and np.all(similarities[missing] == -np.inf)
+    assert np.all(np.abs(similarities[~missing]) <= 1)
+
+
+# === Chunked, blocked, spilled and memory-mapped work equals the plain run ===
+
+def planted_large(seed=0, n=900, d=24):
+    rng = np.random.default_rng(seed)
+    source = rng.normal(size=(n, d)).astype(np.float32)
+    target = np.vstack([source[: n // 2] + 0.3 * rng.normal(size=(n // 2, d)),
+                        rng.normal(size=(n - n // 2 + 37, d))]).astype(np.float32)
+    return source, target
+
+
+def assert_same_mining(a, b, atol=1e-5):
+    assert a["source"].tolist() == b["source"].tolist()
+    assert a["target"].tolist() == b["target"].tolist()
+    np.testing.assert_allclose(a["score"], b["score"], atol=atol)
+
+
+@pytest.mark.parametrize("index_type", ["flat", "ivf"])
+def test_blocked_and_spilled_mining_equals_the_plain_run(index_type, monkeypatch, tmp_path):
+    source, target = planted_large()
+    options = {"index_type": index_type, "nlist": 8, "nprobe": 3} if index_type == "ivf" else {
+        "index_type": "flat"}
+    plain = {r: mine(source, target, retrieval=r, **options) for r in ("max", "intersect")}
+    # A real budget: neighbour lists spilled to the work folder, chunked queries.
+    for retrieval, expected in plain.items():
+        assert_same_mining(mine(source, target, retrieval=retrieval, memory_budget_gb=0.05,
+                                work_dir=str(tmp_path), chunk_size=64, **options), expected)
+    assert list(tmp_path.iterdir()) == [], "the work folder is cleaned"
+    # Candidates in blocks of 100 (an index per block, results merged), 37-row chunks.
+    blocked = mining._Plan(query_rows=37, block_rows=100, sample_rows=None, spill=True)
+    monkeypatch.setattr(mining, "plan_mining", lambda *args, **kwargs: blocked)
+    for retrieval, expected in plain.items():
+        assert_same_mining(mine(source, target, retrieval=retrieval, **options), expected)
+
+
+def test_memory_mapped_rows_equal_arrays(tmp_path):
+    source, target = planted_large(seed=1)
+    parts = []
+    for number, (start, stop) in enumerate([(0, 100), (100, 101), (101, len(target))]):
+        path = tmp_path / f"part{number}.f32"
+        target[start:stop].astype("<f4").tofile(path)
+        parts.append((str(path), stop - start, target.shape[1]))
+    rows = Rows(parts, "target")
+    assert rows.rows == len(target) and rows.dim == target.shape[1]
+    np.testing.assert_array_equal(rows.read(95, 130), target[95:130])
+    np.testing.assert_array_equal(rows.take(np.array([0, 99, 100, 101, 500]), 64),
+                                  target[[0, 99, 100, 101, 500]])
+    expected = mine(source, target)
+    assert_same_mining(mine(source, rows), expected)
+    assert_same_mining(mine(Rows([source[:10], source[10:]], "source"), rows,
+                            memory_budget_gb=0.05, chunk_size=50), expected)
+    similarities, indices = knn(source, rows, 3, chunk_size=17, memory_budget_gb=0.05)
+    full = normalize_rows(source) @ normalize_rows(target).T
+    np.testing.assert_array_equal(indices, np.argsort(-full, axis=1)[:, :3])

@@ -2,41 +2,128 @@
 
     python beam_pipelines/mine_bitext.py --source=runs/emb_deu --target=runs/emb_eng \
         --output=runs/mined_deu_eng.tsv [--margin=ratio --retrieval=max --k=4 \
-        --threshold=1.05 --index=flat|ivf|ivfpq]
+        --threshold=1.1 --index=flat|ivf|ivfpq --nlist=N --nprobe=N \
+        --memory_budget_gb=4 --cache_dir=DIR]
 
 --source / --target are `beam_pipelines/embed_corpus.py` outputs (ids, vectors and
-sentences). Mining runs `lealla_tf.mining.mine` (faiss kNN, margin scoring k=4 both
-ways, vectorised); the output is a TSV of score<TAB>source<TAB>target (plus the ids
-with --with_ids), best first. Beam carries the IO so the same command runs on any
-runner; the kNN step holds both sides of one language pair in memory (IVF-PQ
-keeps that to ~d/8 bytes a sentence).
+sentences). Their shards are read memory-mapped: each gzip'd shard is converted
+once, streaming, into a raw copy beside it (or under --cache_dir, needed for remote
+outputs), which later runs reuse. Mining runs `lealla_tf.mining.mine` (faiss kNN,
+margin scoring with k neighbours both ways, vectorised); --memory_budget_gb bounds
+its memory whatever the corpus size: the index is trained on a sample and filled
+chunk by chunk (in blocks when a side does not fit), queries are searched in
+chunks, and neighbour lists go to disk (--cache_dir, or the system's temporary
+folder). The ratio margin is taken on the shifted cosine (1 + cos) / 2, so it
+lies in [0, k]: see `lealla_tf.mining`.
+
+Outputs, each written atomically:
+  --output                     score<TAB>source<TAB>target (plus the ids with
+                               --with_ids), best first;
+  <output>.dead_letter.jsonl   embeddings that cannot be mined (a NaN or infinite
+                               value, or all zeros): side, id and reason a line;
+  <output>.summary.json        the counts.
+Beam carries the step, so the same command runs on any runner.
 """
 
 import argparse
+import json
 import logging
 import sys
 
 import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+DEAD_LETTER_SUFFIX, SUMMARY_SUFFIX = ".dead_letter.jsonl", ".summary.json"
+WRITE_BATCH = 65_536
 
 
-def mine_directories(directories, margin, retrieval, k, threshold, index, with_ids):
-    """Reads both embedding outputs and yields TSV lines of the mined pairs."""
-    from lealla_tf.embedding_io import read_embeddings
-    from lealla_tf.mining import mine
+def _index_options(nlist, nprobe) -> dict:
+    return {name: value for name, value in (("nlist", nlist), ("nprobe", nprobe))
+            if value is not None}
 
-    source_dir, target_dir = directories
-    source_ids, source_vectors, source_texts = read_embeddings(source_dir, with_text=True)
-    target_ids, target_vectors, target_texts = read_embeddings(target_dir, with_text=True)
-    if not len(source_ids) or not len(target_ids):
-        return
-    mined = mine(source_vectors, target_vectors, k=k, margin=margin, retrieval=retrieval,
-                 threshold=threshold, index_type=index)
-    beam.metrics.Metrics.counter("mine_bitext", "pairs").inc(len(mined["score"]))
-    for score, i, j in zip(mined["score"], mined["source"], mined["target"]):
-        fields = [f"{score:.6f}", source_texts[i], target_texts[j]]
-        if with_ids:
-            fields += [source_ids[i], target_ids[j]]
-        yield "\t".join(fields)
+
+def mine_to_files(source_dir: str, target_dir: str, output: str, margin: str = "ratio",
+                  retrieval: str = "max", k: int = 4, threshold=None, index: str = "flat",
+                  with_ids: bool = False, memory_budget_gb=None, cache_dir=None, nlist=None,
+                  nprobe=None) -> dict:
+    """Mines two embed_corpus outputs into `output` (and its dead-letter and
+    summary files); returns the summary. Rows that cannot be mined are
+    dead-lettered with their reason, not mined and not fatal."""
+    from lealla_tf.embedding_io import mmap_embeddings
+    from lealla_tf.mining import Rows, mine
+    from lealla_tf.pipelines.embed_corpus import _write_atomically
+
+    sides = {"source": mmap_embeddings(source_dir, cache_dir),
+             "target": mmap_embeddings(target_dir, cache_dir)}
+    mined = mine(Rows(sides["source"].parts, "--source"), Rows(sides["target"].parts, "--target"),
+                 k=k, margin=margin, retrieval=retrieval, threshold=threshold, index_type=index,
+                 memory_budget_gb=memory_budget_gb, work_dir=cache_dir, skip_invalid=True,
+                 **_index_options(nlist, nprobe))
+
+    def write_pairs(handle):
+        for start in range(0, len(mined["score"]), WRITE_BATCH):
+            rows = slice(start, start + WRITE_BATCH)
+            columns = [[f"{score:.6f}" for score in mined["score"][rows].tolist()],
+                       sides["source"].texts(mined["source"][rows]),
+                       sides["target"].texts(mined["target"][rows])]
+            if with_ids:
+                columns += [sides["source"].ids(mined["source"][rows]),
+                            sides["target"].ids(mined["target"][rows])]
+            handle.write("".join("\t".join(fields) + "\n" for fields in zip(*columns)).encode(
+                "utf-8"))
+
+    dead = []
+    for side, directory in (("source", source_dir), ("target", target_dir)):
+        indices = mined[f"invalid_{side}"]
+        for identifier, reason in zip(sides[side].ids(indices), mined[f"invalid_{side}_reason"]):
+            dead.append(json.dumps({"side": side, "directory": directory, "id": identifier,
+                                    "reason": reason}, ensure_ascii=False))
+    _write_atomically(output, write_pairs)
+    _write_atomically(output + DEAD_LETTER_SUFFIX,
+                      lambda handle: handle.write("".join(f"{line}\n" for line in dead).encode(
+                          "utf-8")))
+    summary = {"pairs": int(len(mined["score"])), "dead_lettered": len(dead),
+               "source_rows": sides["source"].rows, "target_rows": sides["target"].rows}
+    _write_atomically(output + SUMMARY_SUFFIX,
+                      lambda handle: handle.write(json.dumps(summary, indent=2).encode("utf-8")))
+    return summary
+
+
+def check_inputs(source: str, target: str, k: int, index: str, memory_budget_gb, cache_dir,
+                 nlist, nprobe) -> None:
+    """Every mistake a user can make, found before the pipeline starts: a
+    one-line ValueError / FileNotFoundError naming the flag. Converts the
+    shards to their memory-mapped copies (reused by the mining step)."""
+    from lealla_tf.embedding_io import mmap_embeddings
+    from lealla_tf.mining import plan_mining
+
+    if k < 1:
+        raise ValueError(f"--k must be at least 1, got {k}")
+    sides = {}
+    for flag, directory in (("--source", source), ("--target", target)):
+        sides[flag] = mmap_embeddings(directory, cache_dir)
+        if sides[flag].rows == 0:
+            raise ValueError(f"{flag}={directory} has no embeddings to mine: its embed_corpus run "
+                             "embedded no line (see its dead_letter.jsonl)")
+        if sides[flag].dim is None:
+            raise ValueError(f"{flag}={directory} mixes embeddings of different dimensions")
+    if sides["--source"].dim != sides["--target"].dim:
+        raise ValueError(f"--source and --target embeddings differ in dimension "
+                         f"({sides['--source'].dim} vs {sides['--target'].dim}): embed both "
+                         "with the same model")
+    # Index settings and the memory budget (its messages name nlist, nprobe, memory_budget_gb).
+    plan_mining(sides["--source"].rows, sides["--target"].rows, sides["--source"].dim, k, index,
+                memory_budget_gb, **_index_options(nlist, nprobe))
+
+
+class MineDirectories(beam.DoFn):
+    """(source dir, target dir) -> the summary of `mine_to_files`."""
+
+    def __init__(self, output: str, options: dict):
+        self._output, self._options = output, options
+
+    def process(self, directories):
+        yield mine_to_files(*directories, self._output, **self._options)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,32 +137,44 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--threshold", type=float, default=None)
     parser.add_argument("--index", default="flat", choices=("flat", "ivf", "ivfpq"))
+    parser.add_argument("--nlist", type=int, default=None,
+                        help="ivf/ivfpq: inverted lists (default ~4 sqrt(n))")
+    parser.add_argument("--nprobe", type=int, default=None,
+                        help="ivf/ivfpq: lists searched a query (default 16)")
+    parser.add_argument("--memory_budget_gb", type=float, default=None,
+                        help="bound the mining's memory (default: hold what the inputs need)")
+    parser.add_argument("--cache_dir", default=None,
+                        help="local folder for the memory-mapped shard copies and spilled "
+                             "neighbour lists (default: beside the shards / the temp folder)")
     parser.add_argument("--with_ids", action="store_true")
     return parser
 
 
 def mine_bitext(source: str, target: str, output: str, margin: str = "ratio",
                 retrieval: str = "max", k: int = 4, threshold=None, index: str = "flat",
-                with_ids: bool = False, pipeline_args=(), test_pipeline=None) -> int:
+                with_ids: bool = False, pipeline_args=(), test_pipeline=None,
+                memory_budget_gb=None, cache_dir=None, nlist=None, nprobe=None) -> int:
     """Mines `source` against `target` (embed_corpus outputs) into the TSV `output`;
     returns the number of pairs written."""
     from lealla_tf.beam_options import pipeline_options
-    from lealla_tf.embedding_io import manifest_files
 
-    if k < 1:
-        raise ValueError(f"--k must be at least 1, got {k}")
-    for directory in (source, target):
-        manifest_files(directory)  # FileNotFoundError now, not inside a worker
+    check_inputs(source, target, k, index, memory_budget_gb, cache_dir, nlist, nprobe)
     options = pipeline_options(pipeline_args, default_runner=test_pipeline is None)
     pipeline = test_pipeline or beam.Pipeline(options=options)
     (pipeline
      | "Directories" >> beam.Create([(source, target)])
-     | "Mine" >> beam.FlatMap(mine_directories, margin, retrieval, k, threshold, index, with_ids)
-     | "Write" >> beam.io.WriteToText(output, shard_name_template="", num_shards=1))
+     | "Mine" >> beam.ParDo(MineDirectories(output, dict(
+         margin=margin, retrieval=retrieval, k=k, threshold=threshold, index=index,
+         with_ids=with_ids, memory_budget_gb=memory_budget_gb, cache_dir=cache_dir,
+         nlist=nlist, nprobe=nprobe))))
     result = pipeline.run()
-    result.wait_until_finish()
-    counters = result.metrics().query(beam.metrics.MetricsFilter().with_name("pairs"))["counters"]
-    return int(sum(c.committed for c in counters))
+    try:
+        result.wait_until_finish()
+    finally:
+        if getattr(result, "client", None) is not None:
+            result.client.close()  # the DaskRunner's client; the cluster stays up
+    with FileSystems.open(output + SUMMARY_SUFFIX) as handle:
+        return int(json.loads(handle.read().decode("utf-8"))["pairs"])
 
 
 def run(argv=None, test_pipeline=None) -> int:
@@ -83,7 +182,8 @@ def run(argv=None, test_pipeline=None) -> int:
     known, pipeline_args = build_parser().parse_known_args(argv)
     return mine_bitext(known.source, known.target, known.output, known.margin, known.retrieval,
                        known.k, known.threshold, known.index, known.with_ids, pipeline_args,
-                       test_pipeline)
+                       test_pipeline, known.memory_budget_gb, known.cache_dir, known.nlist,
+                       known.nprobe)
 
 
 def main(argv=None) -> int:
