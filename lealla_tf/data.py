@@ -258,7 +258,10 @@ def pair_dataset(config: DataConfig, global_batch_size: int, steps_done: int = 0
                               reshuffle_each_iteration=True).repeat()
         streams.append(pairs)
     weights = [probabilities[lang] for lang in languages]
-    mixed = tf.data.Dataset.sample_from_datasets(streams, weights=weights, seed=config.seed,
+    # Each input pipeline (worker) draws its own sequence of languages; with one
+    # seed, every worker's share of a global batch would repeat the same mix.
+    mixed = tf.data.Dataset.sample_from_datasets(streams, weights=weights,
+                                                 seed=config.seed + pipeline_id,
                                                  stop_on_empty_dataset=False)
     per_pipeline = global_batch_size // pipelines
     if steps_done:

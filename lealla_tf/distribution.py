@@ -9,6 +9,7 @@ hang. Nothing here opens a connection unless the user passed `--tpu`.
 import os
 import socket
 import urllib.parse
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -175,6 +176,48 @@ def multi_worker_strategy() -> tf.distribute.Strategy:
     if kind not in ("worker", "chief") or not 0 <= index < len(workers):
         raise ValueError(f"TF_CONFIG task {kind}:{index} is not one of the "
                          f"{len(workers)} workers")
+    # RING collectives run over gRPC between the workers' CPUs (and GPUs); NCCL
+    # would need a GPU on every worker.
     communication = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING)
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=communication)
+
+
+class WorkerRole(NamedTuple):
+    """This process's place in a training cluster.
+
+    chief: writes the model directory (checkpoints, logs, config); the others
+        write their checkpoints to temporary directories and only read
+        model_dir (to resume from the chief's checkpoint).
+    name: e.g. "worker1" (for temporary directories and messages).
+    workers: processes that run the training steps together.
+    """
+    chief: bool
+    name: str
+    workers: int
+
+
+def worker_role(strategy: tf.distribute.Strategy) -> WorkerRole:
+    """The `WorkerRole` of this process; one process (default, mirrored, TPU
+    strategies; a MultiWorkerMirroredStrategy without TF_CONFIG) is the chief."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if (not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            or resolver is None or not resolver.task_type):
+        return WorkerRole(chief=True, name="chief", workers=1)
+    cluster = resolver.cluster_spec().as_dict()
+    kind, index = resolver.task_type, int(resolver.task_id or 0)
+    chief = kind == "chief" or (kind == "worker" and index == 0 and "chief" not in cluster)
+    workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+    return WorkerRole(chief=chief, name=f"{kind}{index}", workers=workers)
+
+
+def any_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
+    """True when `flag` is true on at least one worker process.
+
+    Every worker must call it at the same point (it is a collective): workers
+    that decide alone to stop (a signal, a time budget) would leave the others
+    waiting forever in the next step's all-reduce.
+    """
+    votes = strategy.experimental_distribute_values_from_function(
+        lambda _: tf.constant(1.0 if flag else 0.0))
+    return float(strategy.reduce(tf.distribute.ReduceOp.SUM, votes, axis=None)) > 0

@@ -83,7 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop (with a checkpoint) after this long; 0 for no limit")
     add("--mixed_precision", action="store_true", help="bfloat16 compute")
     add("--init_from", default="", help="model_dir whose encoder initialises the student")
-    add("--strategy", default="default", choices=("default", "mirrored", "multi_worker", "tpu"))
+    add("--strategy", default="default", choices=("default", "mirrored", "multi_worker", "tpu"),
+        help="mirrored: this machine's GPUs (or CPUs); multi_worker: MultiWorkerMirroredStrategy "
+             "over the processes in TF_CONFIG (every worker runs this same command; worker 0 "
+             "writes --model_dir, which all must be able to read)")
     add("--tpu", default="", help="local, grpc://host:port or a Cloud TPU name")
     add("--no_progress", action="store_true")
     return parser

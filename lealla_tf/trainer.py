@@ -8,6 +8,11 @@ step counter and dropout's random state; the data stream is a pure function of
 the seed and skips the batches already consumed. Kill the process at any moment
 and rerun the same command: it continues from the last checkpoint, no step
 repeated or skipped.
+
+Across worker processes (MultiWorkerMirroredStrategy) every worker runs this
+same loop: the chief writes model_dir; the others restore from the chief's
+checkpoints in model_dir, write their own checkpoints and logs to a temporary
+directory (removed at the end), and all stop at the same step.
 """
 
 import json
@@ -15,12 +20,14 @@ import math
 import os
 import shutil
 import signal
+import tempfile
 import time
 from typing import Optional
 
 import keras
 import tensorflow as tf
 
+from lealla_tf.distribution import any_worker, worker_role
 from lealla_tf.evaluation import TATOEBA_PRIMARY_METRIC
 from lealla_tf.model_dir import CHECKPOINT_DIR
 
@@ -54,6 +61,8 @@ class Trainer:
     Args:
         task: a `lealla_tf.task.DistillationTask`.
         model_dir: where checkpoints and logs go (the config is already there).
+            Workers other than the chief only read it and write to `write_dir`,
+            a temporary directory.
         progress: show a progress bar.
     """
 
@@ -63,6 +72,9 @@ class Trainer:
         self.strategy = task.strategy
         self.model_dir = model_dir
         self.progress = progress
+        self.role = worker_role(self.strategy)
+        self.write_dir = model_dir if self.role.chief else tempfile.mkdtemp(
+            prefix=f"lealla_{self.role.name}_")
         optimizer = config.optimizer
         with self.strategy.scope():
             schedule = WarmupLinearDecay(optimizer.learning_rate, optimizer.warmup_steps,
@@ -75,8 +87,10 @@ class Trainer:
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="train_step")
         self.checkpoint = tf.train.Checkpoint(optimizer=self.optimizer, step=self.step,
                                               **task.checkpoint_objects())
+        # Every worker saves (saving may take part in collectives), each to its own
+        # directory; all of them restore from the chief's.
         self.manager = tf.train.CheckpointManager(
-            self.checkpoint, os.path.join(model_dir, CHECKPOINT_DIR),
+            self.checkpoint, os.path.join(self.write_dir, CHECKPOINT_DIR),
             max_to_keep=config.keep_checkpoints)
         self.initialization = {}
 
@@ -108,14 +122,16 @@ class Trainer:
     def restore_or_initialize(self) -> int:
         """Restores the latest checkpoint (returns its step) or starts at 0.
 
-        Folders a kill left half-written (`ckpt-N_temp*`) are removed first.
+        Folders a kill left half-written (`ckpt-N_temp*`) are removed first (by
+        the chief). Every worker restores the chief's latest checkpoint.
         """
         directory = os.path.join(self.model_dir, CHECKPOINT_DIR)
-        if os.path.isdir(directory):
+        if self.role.chief and os.path.isdir(directory):
             for name in os.listdir(directory):
                 if "_temp" in name and os.path.isdir(os.path.join(directory, name)):
                     shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
-        latest = self.manager.latest_checkpoint
+        latest = (self.manager.latest_checkpoint if self.role.chief
+                  else tf.train.latest_checkpoint(directory))
         if latest:
             self.checkpoint.restore(latest).assert_existing_objects_matched()
             return int(self.step.numpy())
@@ -123,8 +139,9 @@ class Trainer:
         return 0
 
     def evaluate(self) -> Optional[dict]:
-        """Tatoeba P@1 on the dev directory (None when no directory is set)."""
-        if not self.config.tatoeba_dir:
+        """Tatoeba P@1 on the dev directory (None when no directory is set, and
+        on workers other than the chief)."""
+        if not self.config.tatoeba_dir or not self.role.chief:
             return None
         embed = self.task.embed_function()
         if embed is None:
@@ -144,12 +161,12 @@ class Trainer:
         steps_done = self.restore_or_initialize()
         start_step = steps_done
         for name in ("train_log.jsonl", "eval_log.jsonl"):
-            truncate_log(os.path.join(self.model_dir, name), steps_done)
+            truncate_log(os.path.join(self.write_dir, name), steps_done)
         iterator = iter(self.task.distributed_dataset(steps_done))
         step_fn = tf.function(lambda batch: self.strategy.run(self.replica_step, args=(batch,)),
                               input_signature=[iterator.element_spec])
-        writer = tf.summary.create_file_writer(os.path.join(self.model_dir, "logs"))
-        logs = _Logs(self.model_dir, writer)
+        writer = tf.summary.create_file_writer(os.path.join(self.write_dir, "logs"))
+        logs = _Logs(self.write_dir, writer)
         stop = {"signal": None}
 
         def request_stop(signum, _frame):
@@ -169,11 +186,9 @@ class Trainer:
         window_start, window_steps = time.time(), 0
         try:
             while steps_done < config.train_steps:
-                if stop["signal"]:
-                    reason = f"stopped by {stop['signal']}"
-                    break
-                if time.time() - started > budget:
-                    reason = f"time budget of {config.time_budget_minutes:g} min reached"
+                stopping = self._stop_reason(stop["signal"], time.time() - started > budget)
+                if stopping:
+                    reason = stopping
                     break
                 step_start = time.time()
                 results = step_fn(next(iterator))
@@ -217,19 +232,36 @@ class Trainer:
                 not evaluations or evaluations[-1]["step"] != steps_done):
             logs.evaluation(steps_done, self.evaluate(), evaluations)
         logs.close()
+        checkpoint = self.manager.latest_checkpoint
+        if not self.role.chief:  # report the chief's checkpoint; drop this worker's files
+            checkpoint = os.path.join(self.model_dir, CHECKPOINT_DIR, os.path.basename(checkpoint))
+            shutil.rmtree(self.write_dir, ignore_errors=True)
         seconds = time.time() - started
         summary = {"model_dir": self.model_dir, "reason": reason, "start_step": start_step,
                    "final_step": steps_done, "seconds": seconds,
                    "pairs_per_second": (steps_done - start_step) * config.global_batch_size
                    / max(seconds, 1e-9), "train_seconds": train_seconds,
-                   "last": last, "checkpoint": self.manager.latest_checkpoint,
+                   "last": last, "checkpoint": checkpoint,
                    "evaluations": [{"step": e["step"], "p_at_1": e[TATOEBA_PRIMARY_METRIC],
                                     "train_seconds": e["train_seconds"]} for e in evaluations],
                    "weights": self.task.weights, "replicas": self.strategy.num_replicas_in_sync,
                    "data": self.task.data_info, "initialization": self.initialization}
-        with open(os.path.join(self.model_dir, "train_summary.json"), "w") as f:
-            json.dump(summary, f, indent=2, default=str)
+        if self.role.chief:
+            with open(os.path.join(self.model_dir, "train_summary.json"), "w") as f:
+                json.dump(summary, f, indent=2, default=str)
         return summary
+
+    def _stop_reason(self, signal_name: Optional[str], over_budget: bool) -> Optional[str]:
+        """Why the loop stops before the next step (None: it goes on). Workers
+        agree: when one stops, all stop at the same step."""
+        reason = None
+        if signal_name:
+            reason = f"stopped by {signal_name}"
+        elif over_budget:
+            reason = f"time budget of {self.config.time_budget_minutes:g} min reached"
+        if self.role.workers > 1 and any_worker(self.strategy, reason is not None):
+            reason = reason or "stopped with another worker (its signal or time budget)"
+        return reason
 
 
 class _Logs:

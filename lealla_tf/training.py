@@ -90,7 +90,8 @@ def build_trainer(config: TrainConfig, model_dir: str, vocab_file: Optional[str]
     """A `Trainer` ready to run `config` in `model_dir` (see `train`).
 
     `config.json` is written here, after every check passed; a model directory
-    with no checkpoint yet takes the new settings.
+    with no checkpoint yet takes the new settings. Across worker processes only
+    the chief writes it (the others read model_dir, see `Trainer`).
     """
     import keras
 
@@ -109,7 +110,7 @@ def build_trainer(config: TrainConfig, model_dir: str, vocab_file: Optional[str]
         config, model_dir, vocab_file, strategy)
     task = DistillationTask(resolved, strategy, tokenizer, teacher, files, sizes)
     trainer = Trainer(task, model_dir, progress=progress)
-    if trainer.manager.latest_checkpoint is None:
+    if trainer.role.chief and trainer.manager.latest_checkpoint is None:
         values = config_to_dict(resolved)
         write_model_config(model_dir, resolved.encoder, resolved.tokenizer,
                            source_vocab_file=vocab_file,
@@ -127,7 +128,10 @@ def train(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = None,
             `lealla_tf.configs.resolve_train_config`).
         model_dir: new, or one written by an earlier run with the same settings.
         vocab_file: the student's vocabulary (required for a new model_dir).
-        strategy: a tf.distribute strategy (default: the current one).
+        strategy: a tf.distribute strategy (default: the current one). With a
+            MultiWorkerMirroredStrategy every worker process calls this with
+            the same arguments (model_dir on a file system they share); each
+            reads its share of every global batch.
         progress: show a progress bar.
 
     Raises:
