@@ -4,8 +4,9 @@
         --output_json=benchmarks/results/student_recipe.json [--steps=300] [--only=a,b]
 
 Every configuration trains the lealla_small architecture (mean pooling) for the
-same --steps at batch 64, length 32, on the same language-balanced sample with the
-teacher's vectors of both sides, from the same seed, and differs in ONE lever:
+same --steps at batch 64, length 32 (length-bucketed batches, as the main job), on
+the same language-balanced sample with the teacher's vectors of both sides, from
+the same seed, and differs in ONE lever:
 vocabulary (own 32k WordPiece vs the teacher's pruned SentencePiece), token
 embedding initialisation (random vs teacher PCA vs teacher bottleneck), or the
 objective (AMS alone, AMS+FD+LD, FD alone, Reimers' MSE, EMS's XTR + AMS, Ding et
@@ -14,6 +15,10 @@ pairs of every language (56 languages) at the end (equal steps), and on the firs
 50 pairs along the way; the curve's training time (evaluations excluded) gives
 P@1 at equal wall time. Each configuration runs in its own process; a finished one
 is reused when the script is rerun.
+
+Pointed at a finished main job (--work_dir=runs/recipe --steps=<its steps>), it
+reuses that job's teacher, pruned vocabulary, sample and (truncated) teacher
+vectors, so its rows compare with the main job's two students.
 """
 
 import argparse
@@ -45,6 +50,11 @@ CONFIGURATIONS = {
                         "objective": "mse", "then": "mcl",
                         "overrides": {"num_unique_layers": 12}},
 }
+# The main job's own two students, when --work_dir is a finished main job.
+CONFIGURATIONS["main_job_lealla"] = {"vocabulary": "pruned", "init": "teacher_pca",
+                                     "objective": LEALLA, "main_job": "student"}
+CONFIGURATIONS["main_job_ams_only"] = {"vocabulary": "pruned", "init": "teacher_pca",
+                                       "objective": "ams", "main_job": "student_ams_only"}
 # Loss weights of the e5 recipe (lealla_tf.configs.RECIPE_LOSS_WEIGHTS); the
 # --only=weights_* runs sweep them.
 WEIGHTS = {LEALLA: dict(RECIPE_LOSS_WEIGHTS), "fd": {"fd": RECIPE_LOSS_WEIGHTS["fd"]}}
@@ -66,7 +76,7 @@ def prepare(work_dir, data_dir, sample_pairs, max_pieces):
     teacher_dir = os.path.join(work_dir, "teacher")
     teacher = stages.run("teacher", lambda: teacher_stage(recipe, teacher_dir))
     vocabularies = {
-        "pruned": stages.run("vocabulary_pruned", lambda: vocabulary_stage(
+        "pruned": stages.run("vocabulary", lambda: vocabulary_stage(
             RecipeConfig(vocabulary="teacher_pruned", vocab_size=max_pieces), data_dir,
             teacher_dir, work_dir)),
         "wordpiece": stages.run("vocabulary_wordpiece", lambda: vocabulary_stage(
@@ -76,7 +86,8 @@ def prepare(work_dir, data_dir, sample_pairs, max_pieces):
     sample = stages.run("sample", lambda: sample_stage(recipe, data_dir, sample_dir))
     vectors = stages.run("teacher_vectors", lambda: teacher_vectors_stage(
         sample_dir, choose_teacher_backend(recipe, teacher_dir, sample_dir, models),
-        os.path.join(work_dir, "pairs_teacher"), 2, False))
+        os.path.join(work_dir, "pairs_teacher"), 2, False,
+        recipe.max_seq_length if recipe.truncate_teacher else None))
     return {"teacher": teacher, "vocabularies": vocabularies, "sample": sample,
             "teacher_vectors": {k: vectors[k] for k in ("counts", "backend",
                                                         "sentences_per_second")},
@@ -86,8 +97,8 @@ def prepare(work_dir, data_dir, sample_pairs, max_pieces):
 def train_configuration(name, spec, work_dir, data_dir, steps, eval_pairs, result_file):
     """Runs in a fresh process: trains one configuration and evaluates it."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    from lealla_tf.configs import (DataConfig, LossConfig, OptimizerConfig, TokenizerConfig,
-                                   TrainConfig)
+    from lealla_tf.configs import (DataConfig, LossConfig, OptimizerConfig, RecipeConfig,
+                                   TokenizerConfig, TrainConfig)
     from lealla_tf.embedder import load_embedder
     from lealla_tf.evaluation import TATOEBA_PRIMARY_METRIC, evaluate_tatoeba
     from lealla_tf.presets import get_preset
@@ -102,13 +113,19 @@ def train_configuration(name, spec, work_dir, data_dir, steps, eval_pairs, resul
     stages = [(spec["objective"], steps)] if "then" not in spec else [
         (spec["objective"], steps // 2), (spec["then"], steps - steps // 2)]
     summaries, previous = [], ""
+    if "main_job" in spec:  # a student the main job trained in this work_dir: evaluate only
+        previous = os.path.join(work_dir, spec["main_job"])
+        with open(os.path.join(previous, "train_summary.json")) as f:
+            summaries.append(json.load(f))
+        stages = []
     for index, (objective, stage_steps) in enumerate(stages):
         model_dir = os.path.join(work_dir, "runs", name + (f"_stage{index + 1}"
                                                            if len(stages) > 1 else ""))
         config = TrainConfig(
             encoder=encoder, tokenizer=TokenizerConfig(max_seq_length=32),
             data=DataConfig(train_data=[os.path.join(work_dir, "pairs_teacher")],
-                            decontaminate=[tatoeba]),
+                            decontaminate=[tatoeba],
+                            length_buckets=RecipeConfig().length_buckets),
             loss=LossConfig(objective=objective,
                             weights=spec.get("weights", WEIGHTS.get(objective, {}))),
             optimizer=OptimizerConfig(warmup_steps=max(1, stage_steps // 10)),
@@ -156,8 +173,8 @@ def main():
     parser.add_argument("--work_dir", default="runs/ablation")
     parser.add_argument("--data_dir", default=None)
     parser.add_argument("--output_json", required=True)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--sample_pairs", type=int, default=40000)
+    parser.add_argument("--steps", type=int, default=200, help="the main job's")
+    parser.add_argument("--sample_pairs", type=int, default=14000)
     parser.add_argument("--max_pieces", type=int, default=32000,
                         help="cap of the pruned vocabulary (0: every piece that occurs)")
     parser.add_argument("--eval_pairs", type=int, default=200)
@@ -169,7 +186,7 @@ def main():
     os.makedirs(args.work_dir, exist_ok=True)
     prepared = prepare(args.work_dir, data_dir, args.sample_pairs, args.max_pieces)
     names = [n for n in args.only.split(",") if n] or [
-        n for n in CONFIGURATIONS if not n.startswith("weights_")]
+        n for n in CONFIGURATIONS if not n.startswith(("weights_", "main_job"))]
     results = {}
     context = multiprocessing.get_context("spawn")
     for name in names:

@@ -17,14 +17,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def assert_one_line_error(capsys, code, *needles):
-    captured = capsys.readouterr()
-    assert code == 2, captured.err[-2000:]
+    assert_one_line_stderr(code, capsys.readouterr().err, *needles)
+
+
+def assert_one_line_stderr(code, stderr, *needles):
+    assert code == 2, stderr[-2000:]
     # Progress bars and TensorFlow's own log lines aside, stderr is one line.
-    lines = [line for line in captured.err.replace("\r", "\n").splitlines() if line.strip()
+    lines = [line for line in stderr.replace("\r", "\n").splitlines() if line.strip()
              and not line.startswith(("WARNING", "I0000", "W0000"))
              and not re.search(r"\d+%\|", line)]
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
-    assert "Traceback" not in captured.err
+    assert "Traceback" not in stderr
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
 
@@ -119,6 +122,10 @@ def test_vocab_faults(tmp_path, capsys):
     out = str(tmp_path / "v.txt")
     assert_one_line_error(capsys, main([f"--input={tmp_path / 'd'}", "--vocab_size=100",
                                         f"--output={out}"]), "no well-formed pairs")
+    # SentencePiece used to end in its own RuntimeError here.
+    assert_one_line_error(capsys, main([f"--input={tmp_path / 'd'}", "--vocab_size=100",
+                                        "--sentencepiece", f"--output={tmp_path / 'sp.model'}"]),
+                          "no well-formed pairs", "deu-eng.tsv")
     (tmp_path / "d" / "deu-eng.tsv").unlink()
     (tmp_path / "d" / "fra-eng.tsv.gz").write_bytes(b"\x1f\x8b\x08\x00garbage" * 10)
     assert_one_line_error(capsys, main([f"--input={tmp_path / 'd'}", "--vocab_size=100",
@@ -221,6 +228,47 @@ def test_mine_bitext_faults(tmp_path, capsys):
                                         f"--output={tmp_path / 'm.tsv'}", "--k=0"]), "--k")
     assert_one_line_error(capsys, main([f"--source={tmp_path}", f"--target={tmp_path}",
                                         f"--output={tmp_path / 'm.tsv'}"]), "MANIFEST")
+
+
+def test_mine_bitext_script_with_k_zero_exits_2_without_a_traceback(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "beam_pipelines/mine_bitext.py", f"--source={tmp_path}",
+         f"--target={tmp_path}", f"--output={tmp_path / 'm.tsv'}", "--k=0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert_one_line_stderr(result.returncode, result.stderr, "--k must be at least 1, got 0")
+
+
+def test_mine_bitext_input_faults(tmp_path, capsys):
+    import numpy as np
+
+    from lealla_tf.pipelines.mine_bitext import main
+    from test_mine_bitext import write_embedding_output
+
+    rng = np.random.default_rng(0)
+    write_embedding_output(tmp_path / "d8", rng.normal(size=(30, 8)))
+    write_embedding_output(tmp_path / "d6", rng.normal(size=(30, 6)))
+    write_embedding_output(tmp_path / "empty", np.zeros((0, 8)), shards=1)
+
+    def mine_args(source="d8", target="d8", *extra):
+        return [f"--source={tmp_path / source}", f"--target={tmp_path / target}",
+                f"--output={tmp_path / 'm.tsv'}", *extra]
+
+    for args, needles in [
+            (mine_args("d8", "d6"), ["--source and --target", "differ in dimension (8 vs 6)"]),
+            (mine_args("empty", "d8"), ["--source=", "has no embeddings"]),
+            (mine_args("d8", "empty"), ["--target=", "has no embeddings"]),
+            (mine_args("d8", "d8", "--k=-3"), ["--k"]),
+            (mine_args("d8", "d8", "--memory_budget_gb=0.001"), ["memory_budget_gb=0.001"]),
+            (mine_args("d8", "d8", "--memory_budget_gb=-1"), ["memory_budget_gb"]),
+            (mine_args("d8", "d8", "--index=ivfpq"), ["ivfpq needs at least 256"]),
+            (mine_args("d8", "d8", "--index=ivf", "--nprobe=0"), ["nprobe"])]:
+        assert_one_line_error(capsys, main(args), *needles)
+    assert not (tmp_path / "m.tsv").exists()
+    shard = next((tmp_path / "d6").glob("run-*/embeddings-00000-*.tfrecord.gz"))
+    data = shard.read_bytes()
+    shard.write_bytes(data[:len(data) // 2])
+    assert_one_line_error(capsys, main(mine_args("d8", "d6")), shard.name, "unreadable")
 
 
 def test_precomputed_english_only_vectors_are_not_silently_used_both_ways(
