@@ -28,7 +28,7 @@ LABSE_VOCABULARY_SIZE = 501_153
 
 
 def labse_sized_vocabulary(data_dir, path):
-    from lealla_tf.vocab import build_vocabulary
+    from lealla_tf.vocabulary import build_vocabulary
 
     build_vocabulary([str(data_dir / "parallel")], 32000, path, progress=False)
     tokens = open(path, encoding="utf-8").read().split("\n")[:-1]

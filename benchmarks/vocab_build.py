@@ -17,7 +17,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from lealla_tf.recipe import find_data_dir  # noqa: E402
-from lealla_tf.vocab import build_vocabulary, format_report, vocabulary_report  # noqa: E402
+from lealla_tf.vocabulary import build_vocabulary, format_report, vocabulary_report  # noqa: E402
 
 
 def machine() -> dict:

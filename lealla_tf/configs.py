@@ -360,8 +360,8 @@ def resolve_train_config(config: TrainConfig, vocabulary_size: int,
 
     - the encoder's vocabulary is the tokenizer's; dimension reduction gets
       its one-layer stand-in encoder of width `encoder.hidden_dim`;
-    - the distillation-first pooler ("df") is the teacher's width, followed
-      by a dense layer back down to d;
+    - a term with `teacher_width_pooler` (distillation-first, "df") makes the
+      pooler the teacher's width, followed by a dense layer back down to d;
     - loss weights: each term's default from the objectives table (the
       paper's alpha, beta, gamma by width) unless given;
     - steps, warmup and learning rate: the paper's defaults for the width;
@@ -395,7 +395,7 @@ def resolve_train_config(config: TrainConfig, vocabulary_size: int,
             raise ValueError("--embedding_init=teacher_bottleneck needs a teacher (its width is "
                              "the bottleneck's)")
         config.encoder = config.encoder.replace(embedding_dim=teacher_dimension)
-    if "df" in terms:
+    if any(OBJECTIVES[t].teacher_width_pooler for t in terms):
         config.encoder = config.encoder.replace(pooler_dim=teacher_dimension,
                                                 output_dim=config.encoder.hidden_dim)
     unknown = sorted(set(config.loss.weights) - set(terms))
@@ -468,6 +468,15 @@ def check_resumable(stored: dict, requested: dict) -> None:
 # sides, LD over the global batch), chosen by benchmarks/student_recipe.py;
 # the paper's (`lealla_tf.objectives`) are for LaBSE at batch 8192.
 RECIPE_LOSS_WEIGHTS = {"fd": 1.0, "ld": 1e4}
+
+
+def recipe_loss_weights(objective: str) -> Dict[str, float]:
+    """The main job's weights of the terms `objective` has (the others keep the
+    objectives table's defaults)."""
+    from lealla_tf.objectives import parse_objective
+
+    terms = parse_objective(objective)
+    return {t: w for t, w in RECIPE_LOSS_WEIGHTS.items() if t in terms}
 
 
 @dataclasses.dataclass

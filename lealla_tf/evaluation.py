@@ -4,7 +4,6 @@ Evaluators return flat, name-prefixed metric dicts with a declared primary
 metric: `tatoeba/average_p_at_1` for Tatoeba.
 """
 
-import math
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np

@@ -68,6 +68,8 @@ class Objective:
         heads: heads the term needs (`PROJECTION`: trainable d -> D;
             `REDUCTION`: the fixed D -> d of a dimension-reduction run;
             `RECONSTRUCTION`: EMS's language embedding and MLP over the vocabulary).
+        teacher_width_pooler: the student's pooler is the teacher's width,
+            followed by a dense layer back down to d (distillation-first).
         description: one line for help texts.
     """
 
@@ -77,6 +79,7 @@ class Objective:
     gathers: bool
     default_weight: Callable[[int], float]
     heads: Tuple[str, ...] = ()
+    teacher_width_pooler: bool = False
     description: str = ""
 
 
@@ -167,6 +170,7 @@ OBJECTIVES: Dict[str, Objective] = {row.name: row for row in [
     Objective("ld", _ld, needs_teacher=True, gathers=True, default_weight=lambda d: 1e-2,
               description="logit distillation over the global batch (eq. 4)"),
     Objective("df", _df, needs_teacher=True, gathers=False, default_weight=paper_beta,
+              teacher_width_pooler=True,
               description="distillation-first: MSE at a teacher-sized pooler"),
     Objective("syn", _syn, needs_teacher=True, gathers=False, default_weight=paper_beta,
               heads=(REDUCTION,), description="synchronized: MSE after a fixed reduction"),

@@ -8,7 +8,6 @@ language for sampling and reports.
 """
 
 import dataclasses
-import glob
 import gzip
 import io
 import os

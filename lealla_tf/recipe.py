@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Callable, Dict, Optional, Tuple
 
-from lealla_tf.configs import RecipeConfig
+from lealla_tf.configs import RecipeConfig, recipe_loss_weights
 
 DEFAULT_DATA_DIRS = (
     pathlib.Path(__file__).resolve().parents[2] / "shared" / "data",
@@ -59,15 +59,6 @@ def find_data_dir(data_dir=None) -> pathlib.Path:
 
 
 # === The stage runner ===
-
-@dataclasses.dataclass
-class Stage:
-    """A named step: `run()` returns a JSON-ready dict, kept at `marker`."""
-
-    name: str
-    run: Callable[[], dict]
-    marker: str
-
 
 class Stages:
     """Runs stages in order: reuses a finished stage's marker, times the others,
@@ -163,12 +154,12 @@ def vocabulary_stage(config: RecipeConfig, data_dir, teacher_dir: str, work: str
               f"({summary['characters_added']:,} characters added), covering "
               f"{100 * summary['weighted_token_coverage']:.2f}% of the corpus' tokens")
     else:
-        from lealla_tf.vocab import build_vocabulary
+        from lealla_tf.vocabulary import build_vocabulary
 
         summary = build_vocabulary(parallel, config.vocab_size,
                                    os.path.join(work, "vocab.txt"))
         summary["pieces"] = summary["vocab_size"]
-    from lealla_tf.vocab import vocabulary_report
+    from lealla_tf.vocabulary import vocabulary_report
 
     report = vocabulary_report(summary["output"], str(data_dir / "tatoeba_dev"))
     summary["tatoeba_dev_unk_rate"] = report["average"]["unk_rate"]
@@ -461,7 +452,7 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
         config.max_seq_length if config.truncate_teacher else None))
     strategy = make_strategy(config.strategy, config.tpu or None)
     weights = (config.loss_weights if config.loss_weights is not None
-               else default_loss_weights(config.objective))
+               else recipe_loss_weights(config.objective))
     runs = {STUDENT: (config.objective, weights)}
     if config.comparison_objective:
         runs[COMPARISON] = (config.comparison_objective, {})
@@ -572,16 +563,6 @@ def build_parser():
     add("--mixed_precision", action="store_true")
     add("--seed", type=int, default=defaults.seed)
     return parser
-
-
-def default_loss_weights(objective: str) -> dict:
-    """The recipe's weights of the terms `objective` has (others: the table's)."""
-    from lealla_tf.objectives import parse_objective
-
-    from lealla_tf.configs import RECIPE_LOSS_WEIGHTS
-
-    terms = parse_objective(objective)
-    return {t: w for t, w in RECIPE_LOSS_WEIGHTS.items() if t in terms}
 
 
 def main(argv=None) -> int:

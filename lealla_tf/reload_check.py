@@ -51,9 +51,6 @@ def reload_in_fresh_process(path: str, sentences, loader: str = "hub_keras_layer
                                f"{result.stderr[-4000:]}")
         return dict(np.load(output))
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
-
 
 def main():
     parser = argparse.ArgumentParser()

@@ -141,7 +141,7 @@ def main(argv=None) -> int:
             check_tpu_flag(args.tpu)
         config = config_from_flags(args)
         from lealla_tf.distribution import make_strategy
-        from lealla_tf.trainer import format_summary
+        from lealla_tf.run_logs import format_summary
         from lealla_tf.training import train
 
         strategy = make_strategy(args.strategy, args.tpu or None)

@@ -69,7 +69,7 @@ def prune_teacher_vocabulary(teacher_model: str, inputs: Sequence[str], output: 
     import sentencepiece
 
     from lealla_tf.parallel_corpus import find_parallel_files
-    from lealla_tf.vocab import language_weights, read_sentences
+    from lealla_tf.vocabulary import language_weights, read_sentences
 
     if not output.endswith(".model"):
         raise ValueError(f"--output must end in .model (a SentencePiece model), got {output}")

@@ -121,7 +121,7 @@ def multilingual_sentences(per_language=4):
 def sentence_vocab_file(tmp_path_factory):
     """A real WordPiece vocabulary learned (by lealla_tf.vocab) from the same
     sentences the export tests embed, so tokenization is realistic."""
-    from lealla_tf.vocab import build_vocabulary
+    from lealla_tf.vocabulary import build_vocabulary
 
     root = tmp_path_factory.mktemp("sentence_vocab")
     sentences = [s.decode("utf-8") for s in multilingual_sentences(per_language=200)]

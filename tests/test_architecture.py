@@ -15,15 +15,16 @@ LAYERS = [
     {"losses", "mining", "tokenizer", "parallel_corpus", "embedding_io", "sentencepiece_model",
      "e5_checkpoint", "distribution", "beam_options", "reload_check", "layers",
      "layers.l2_normalization", "layers.masked_mean_pooling", "pipelines", "json_files"},
-    {"objectives", "configs", "presets", "lealla_encoder", "vocab", "flags"},
+    {"objectives", "configs", "presets", "lealla_encoder", "vocabulary", "flags", "schedules"},
     {"model_dir", "data", "checkpoint_conversion", "vocab_pruning"},
     {"export_lib", "embedder", "teachers", "students", "heads"},
     {"teacher_conversion", "evaluation", "embedding_init", "plots"},
+    {"run_logs"},
     {"task", "trainer", "pipelines.embed_corpus", "pipelines.mine_bitext"},
     {"training"},
-    {"train", "evaluate", "recipe"},
+    {"train", "evaluate", "vocab", "recipe"},
 ]
-COMMAND_LINES = {"train", "evaluate", "recipe"}
+COMMAND_LINES = {"train", "evaluate", "vocab", "recipe"}
 
 
 def import_graph():

