@@ -22,3 +22,14 @@ def pipeline_options(pipeline_args, save_main_session: bool = False,
     options = PipelineOptions(pipeline_args)
     options.view_as(SetupOptions).save_main_session = save_main_session
     return options
+
+
+def run_pipeline(pipeline) -> None:
+    """Runs `pipeline` to the end. The DaskRunner's result holds a client of the
+    user's cluster: it is closed here (the cluster stays up), also on failure."""
+    result = pipeline.run()
+    try:
+        result.wait_until_finish()
+    finally:
+        if getattr(result, "client", None) is not None:
+            result.client.close()

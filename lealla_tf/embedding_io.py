@@ -30,6 +30,11 @@ import numpy as np
 
 from lealla_tf.json_files import read_json_or_none
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: no flock, so stale-lock takeovers go unguarded
+    fcntl = None
+
 MANIFEST = "MANIFEST.json"
 
 # The pair-record schema (training pairs with precomputed teacher vectors).
@@ -85,6 +90,25 @@ def write_tfrecord(handle, record: bytes) -> None:
     handle.write(struct.pack("<I", _masked_crc32c(length)))
     handle.write(record)
     handle.write(struct.pack("<I", _masked_crc32c(record)))
+
+
+def write_atomically(path: str, write) -> None:
+    """Writes the file `path` through `write(handle)` under a temporary name in
+    the same folder, then renames it into place.
+
+    Any Beam filesystem (local, gs://, ...). A reader never sees a partial file,
+    and a task that is retried (a worker killed mid-write) replaces the file,
+    never adds a second or a partial one; a failed write leaves the previous
+    file, if any, untouched (its temporary file may stay behind).
+    """
+    import uuid
+
+    from apache_beam.io.filesystems import FileSystems
+
+    temporary = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    with FileSystems.create(temporary) as handle:
+        write(handle)
+    FileSystems.rename([temporary], [path])
 
 
 def embedding_example(identifier: str, vector: np.ndarray, text: Optional[str] = None) -> bytes:
@@ -176,45 +200,142 @@ class OutputLockedError(RuntimeError):
     """Another live run is writing into the same output directory."""
 
 
+LOCK_FILE = ".lock"
+# A lock file with no readable pid belongs to a writer caught between creating
+# it and writing the pid (only on filesystems without hard links, or by older
+# versions of this module): held while younger than this, stale after.
+UNREADABLE_LOCK_SECONDS = 30.0
+GUARD_TIMEOUT_SECONDS = 10.0
+# Tokens of the locks this process holds or is taking, so that its own threads
+# (one pid) exclude each other as processes do.
+_HELD_TOKENS = set()
+
+
 @contextlib.contextmanager
 def output_lock(output_dir: str):
     """Holds `output_dir/.lock` while a run writes there.
 
     Two runs into one output would each delete the other's run folder when
-    they commit; the second is refused instead, with the holder's pid. A lock
-    left by a killed run (its pid is gone) is taken over. Local paths only:
-    remote filesystems (gs://) have no atomic create, and are not locked.
+    they commit; the second is refused instead (OutputLockedError, naming the
+    holder's pid). The lock is complete the moment it exists: "<pid> <token>"
+    is written to a temporary file in the same folder, which is then
+    hard-linked to `.lock`; the link fails if `.lock` exists, so exactly one
+    run wins and no reader ever sees a lock without its holder. A lock whose
+    pid is gone (a killed run) is taken over: the check and the removal happen
+    under an exclusive `flock` of the folder (released by the kernel if the
+    taker dies), so two runs that find the same stale lock cannot both take
+    it, and a live holder's lock is never removed. A lock with no readable
+    pid is held for `UNREADABLE_LOCK_SECONDS`, then stale. Threads of one
+    process exclude each other too.
+
+    Local paths only: remote outputs (gs://, any `scheme://`) have no atomic
+    create and are NOT locked, so two runs must not share a remote --output.
     """
     if "://" in output_dir:
         yield
         return
-    path = os.path.join(output_dir, ".lock")
-    for _ in range(2):
-        try:
-            descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            break
-        except FileExistsError:
-            try:
-                with open(path) as f:
-                    holder = int(f.read().strip() or 0)
-            except (OSError, ValueError):
-                holder = 0
-            if holder and holder != os.getpid() and _alive(holder):
-                raise OutputLockedError(
-                    f"{output_dir} is being written by another run (pid {holder}); wait for "
-                    "it to finish or pass another --output") from None
-            os.unlink(path)  # stale: its run was killed
-    else:
-        raise OutputLockedError(f"could not lock {output_dir}")
+    import uuid
+
+    path = os.path.join(output_dir, LOCK_FILE)
+    token = uuid.uuid4().hex
+    temporary = os.path.join(output_dir, f"{LOCK_FILE}.{os.getpid()}-{token[:12]}.tmp")
+    content = f"{os.getpid()} {token}\n".encode()
+    _HELD_TOKENS.add(token)  # before the lock exists: a sibling thread reads it as held
     try:
-        os.write(descriptor, str(os.getpid()).encode())
-        os.close(descriptor)
+        with open(temporary, "wb") as f:
+            f.write(content)
+        try:
+            _take_lock(output_dir, path, temporary, content)
+        finally:
+            try:
+                os.unlink(temporary)
+            except FileNotFoundError:
+                pass
+    except BaseException:
+        _HELD_TOKENS.discard(token)
+        raise
+    try:
         yield
     finally:
         try:
-            os.unlink(path)
-        except FileNotFoundError:
+            if _read_lock(path)[1] == token:  # still ours (a live lock is never taken)
+                os.unlink(path)
+        except (OSError, ValueError):
             pass
+        _HELD_TOKENS.discard(token)
+
+
+def _take_lock(output_dir: str, path: str, temporary: str, content: bytes) -> None:
+    """Places the lock, taking over a stale one; OutputLockedError if it is held."""
+    for _ in range(5):
+        if _create_lock(temporary, path, content):
+            return
+        with _folder_guard(output_dir):
+            # Under the guard no other taker acts, and nobody can create `.lock`
+            # while it exists, so the lock read here is the lock removed here.
+            holder, held = _lock_holder(path)
+            if held:
+                raise OutputLockedError(
+                    f"{output_dir} is being written by another run "
+                    f"({f'pid {holder}' if holder else f'its {LOCK_FILE} has no pid yet'}); "
+                    "wait for it to finish or pass another --output")
+            try:
+                os.unlink(path)  # stale: its run was killed
+            except FileNotFoundError:
+                pass
+            if _create_lock(temporary, path, content):
+                return
+    raise OutputLockedError(f"could not lock {output_dir}: its {LOCK_FILE} keeps changing; "
+                            "is another run starting there?")
+
+
+def _create_lock(temporary: str, path: str, content: bytes) -> bool:
+    """Places the complete lock file at `path` atomically; False if one exists."""
+    try:
+        os.link(temporary, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:  # a filesystem without hard links: exclusive create, then write
+        try:
+            descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            os.write(descriptor, content)
+        finally:
+            os.close(descriptor)
+        return True
+
+
+def _read_lock(path: str) -> Tuple[int, Optional[str]]:
+    """(pid, token or None) of a lock file; ValueError when it holds no pid."""
+    with open(path, "rb") as f:
+        fields = f.read(256).decode("ascii", "replace").split()
+    if not fields:
+        raise ValueError(f"{path} is empty")
+    return int(fields[0]), (fields[1] if len(fields) > 1 else None)
+
+
+def _lock_holder(path: str) -> Tuple[int, bool]:
+    """(the holder's pid or 0, whether the lock at `path` is held by a live run)."""
+    import time
+
+    try:
+        pid, token = _read_lock(path)
+    except FileNotFoundError:
+        return 0, False
+    except (OSError, ValueError):
+        try:
+            age = time.time() - os.stat(path).st_mtime
+        except FileNotFoundError:
+            return 0, False
+        return 0, age < UNREADABLE_LOCK_SECONDS
+    if pid <= 0:
+        return 0, False
+    if pid == os.getpid():  # this process: held while one of its locks has the token
+        return pid, token in _HELD_TOKENS
+    return pid, _alive(pid)
 
 
 def _alive(pid: int) -> bool:
@@ -225,6 +346,53 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _try_flock(descriptor: int) -> str:
+    """"locked", "busy" or "unsupported" (the filesystem cannot flock it)."""
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return "locked"
+    except BlockingIOError:
+        return "busy"
+    except OSError:
+        return "unsupported"
+
+
+@contextlib.contextmanager
+def _folder_guard(output_dir: str):
+    """An exclusive `flock` of `output_dir` (of `.lock.guard` in it where the
+    filesystem cannot lock a folder, e.g. NFS) that serialises takeovers of a
+    stale lock. The kernel drops it when its holder dies, so it is never stale."""
+    import time
+
+    if fcntl is None:  # no flock on this platform: unguarded
+        yield
+        return
+    openers = (lambda: os.open(output_dir, os.O_RDONLY),
+               lambda: os.open(os.path.join(output_dir, f"{LOCK_FILE}.guard"),
+                               os.O_RDWR | os.O_CREAT, 0o644))
+    descriptor, state = None, "unsupported"
+    for opener in openers:
+        descriptor = opener()
+        state = _try_flock(descriptor)
+        if state != "unsupported":
+            break
+        os.close(descriptor)
+        descriptor = None
+    try:
+        deadline = time.monotonic() + GUARD_TIMEOUT_SECONDS
+        while state == "busy":
+            if time.monotonic() > deadline:
+                raise OutputLockedError(
+                    f"could not lock {output_dir}: another run has been taking over its "
+                    f"{LOCK_FILE} for {GUARD_TIMEOUT_SECONDS:g} s")
+            time.sleep(0.01)
+            state = _try_flock(descriptor)
+        yield  # "locked", or "unsupported" everywhere: unguarded
+    finally:
+        if descriptor is not None:
+            os.close(descriptor)  # releases the flock
 
 
 # === Memory-mappable copies of embedding shards (mining beyond memory) ===

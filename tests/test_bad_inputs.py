@@ -10,6 +10,8 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -90,7 +92,8 @@ def test_a_failed_first_run_does_not_block_the_corrected_rerun(train_args, tmp_p
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "fra-eng.tsv").write_text("")
-    assert_one_line_error(capsys, main(train_args(data=str(empty))), "no well-formed pairs")
+    assert_one_line_error(capsys, main(train_args(data=str(empty))), "no well-formed pairs",
+                          "fra-eng.tsv")
     assert not (tmp_path / "m" / "config.json").exists()
     assert main(train_args("--margin=0.2")) == 0
 
@@ -180,9 +183,9 @@ def test_export_with_a_missing_checkpoint(exported, tmp_path):
         [sys.executable, "export/export_tfhub.py", f"--model_dir={exported['model_dir']}",
          f"--export_path={tmp_path / 'x'}", "--checkpoint=/nonexistent/ckpt-7"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "checkpoint /nonexistent/ckpt-7 not found" in result.stderr
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore"))
+    assert_one_line_stderr(result.returncode, result.stderr,
+                           "checkpoint /nonexistent/ckpt-7 not found")
 
 
 def test_embed_corpus_faults(exported, tmp_path, capsys):
@@ -190,8 +193,10 @@ def test_embed_corpus_faults(exported, tmp_path, capsys):
 
     (tmp_path / "ids.tsv").write_text("a\tThe dog.\nb\tThe cat.\na\tA house.\n")
     base = [f"--model={exported['export']}", f"--output={tmp_path / 'out'}"]
+    # The message names the duplicated id and where it occurs.
     assert_one_line_error(capsys, main([f"--input={tmp_path / 'ids.tsv'}", "--format=tsv",
-                                        *base]), "ids occur more than once")
+                                        *base]), "1 id occurs more than once",
+                          "'a' (2x: ids.tsv:1, ids.tsv:3)")
     assert not (tmp_path / "out" / "MANIFEST.json").exists()  # nothing committed
     assert_one_line_error(capsys, main([f"--input={tmp_path / 'ids.tsv'}",
                                         "--model_batch_size=0", *base]), "--model_batch_size")
@@ -207,6 +212,137 @@ def test_embed_corpus_faults(exported, tmp_path, capsys):
     # The holder is gone: its stale lock is taken over.
     assert main([f"--input={tmp_path / 'ids.tsv'}", *base]) == 0
     assert not (tmp_path / "out" / ".lock").exists()
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    process = subprocess.Popen([sys.executable, "-c", ""])
+    process.wait()
+    return process.pid
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["free", "stale_lock"])
+def test_output_lock_has_one_winner_among_racing_threads(tmp_path, stale):
+    """Threads (one pid) race for one output, free or holding a killed run's lock:
+    exactly one wins each round, every other one gets OutputLockedError."""
+    from lealla_tf.embedding_io import OutputLockedError, output_lock
+
+    contenders, dead = 8, dead_pid()
+    for round_number in range(25):
+        folder = tmp_path / f"round{round_number}"
+        folder.mkdir()
+        if stale:
+            (folder / ".lock").write_text(str(dead))
+        start, outcomes = threading.Barrier(contenders), []
+
+        def contend(folder=str(folder), start=start, outcomes=outcomes):
+            start.wait()
+            try:
+                with output_lock(folder):
+                    outcomes.append("won")
+                    deadline = time.time() + 20  # hold until every other one has tried
+                    while len(outcomes) < contenders and time.time() < deadline:
+                        time.sleep(0.001)
+            except OutputLockedError as error:
+                outcomes.append(str(error))
+
+        threads = [threading.Thread(target=contend) for _ in range(contenders)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(outcomes) == contenders and outcomes.count("won") == 1, outcomes
+        assert all("being written by another run" in outcome
+                   for outcome in outcomes if outcome != "won"), outcomes
+        # Released, and no temporary lock file left behind.
+        assert [name for name in os.listdir(folder) if name != ".lock.guard"] == []
+
+
+LOCK_CONTENDER = """
+import os, sys, time
+from lealla_tf.embedding_io import OutputLockedError, output_lock
+folder, signals, contenders = sys.argv[1], sys.argv[2], int(sys.argv[3])
+open(os.path.join(signals, f"ready-{os.getpid()}"), "w").close()
+while not os.path.exists(os.path.join(signals, "go")):
+    time.sleep(0.001)
+def report(outcome):
+    with open(os.path.join(signals, f"result-{os.getpid()}"), "w") as f:
+        f.write(outcome)
+try:
+    with output_lock(folder):
+        report("won")
+        deadline = time.time() + 60  # hold until every other one has tried
+        while (sum(n.startswith("result-") for n in os.listdir(signals)) < contenders
+               and time.time() < deadline):
+            time.sleep(0.01)
+except OutputLockedError as error:
+    report(str(error))
+"""
+
+
+def test_output_lock_has_one_winner_among_racing_processes(tmp_path):
+    """Processes race for an output that holds a killed run's lock: exactly one
+    takes it over, the others are refused naming the winner's pid."""
+    folder, signals, contenders = tmp_path / "out", tmp_path / "signals", 4
+    folder.mkdir()
+    signals.mkdir()
+    (folder / ".lock").write_text(str(dead_pid()))
+    processes = [subprocess.Popen([sys.executable, "-c", LOCK_CONTENDER, str(folder),
+                                   str(signals), str(contenders)], cwd=ROOT)
+                 for _ in range(contenders)]
+    try:
+        deadline = time.time() + 120
+        while (sum(name.startswith("ready-") for name in os.listdir(signals)) < contenders
+               and time.time() < deadline):
+            time.sleep(0.01)
+        (signals / "go").touch()
+        for process in processes:
+            assert process.wait(timeout=120) == 0
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    outcomes = {int(path.name.split("-")[1]): path.read_text()
+                for path in signals.glob("result-*")}
+    winners = [pid for pid, outcome in outcomes.items() if outcome == "won"]
+    assert len(outcomes) == contenders and len(winners) == 1, outcomes
+    for pid, outcome in outcomes.items():
+        if pid != winners[0]:
+            assert "another run" in outcome and f"pid {winners[0]}" in outcome, outcome
+    assert [name for name in os.listdir(folder) if name != ".lock.guard"] == []
+
+
+def test_output_lock_takes_over_only_a_stale_lock(tmp_path):
+    from lealla_tf.embedding_io import UNREADABLE_LOCK_SECONDS, OutputLockedError, output_lock
+
+    lock = tmp_path / ".lock"
+    # A killed run's lock (its pid is gone) is taken over; the new lock names its pid.
+    lock.write_text(str(dead_pid()))
+    with output_lock(str(tmp_path)):
+        assert lock.read_text().split()[0] == str(os.getpid())
+    assert not lock.exists()
+    # A lock with no pid yet is a run starting: held while young, stale once old.
+    lock.write_text("")
+    with pytest.raises(OutputLockedError, match="another run"):
+        with output_lock(str(tmp_path)):
+            pass
+    assert lock.exists()
+    old = time.time() - UNREADABLE_LOCK_SECONDS - 5
+    os.utime(lock, (old, old))
+    with output_lock(str(tmp_path)):
+        pass
+    assert not lock.exists()
+    # The same process again (another thread, or nested): refused, the lock kept.
+    with output_lock(str(tmp_path)):
+        with pytest.raises(OutputLockedError, match=f"pid {os.getpid()}"):
+            with output_lock(str(tmp_path)):
+                pass
+        assert lock.exists()
+    assert not lock.exists()
+    # Remote outputs are not locked (documented): nothing is written.
+    with output_lock("gs://no-bucket/out"):
+        pass
 
 
 def test_same_file_name_in_two_folders_gives_two_ids(exported, tmp_path):

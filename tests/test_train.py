@@ -140,6 +140,48 @@ def test_tpu_flag_refuses_a_silent_listener_in_seconds():
         assert time.time() - started < 10
 
 
+def test_train_cli_refuses_a_silent_listener_in_seconds(tmp_path, capsys):
+    """`train --tpu=grpc://...` at a loopback listener that accepts connections but
+    never answers (not a TPU worker): one line and exit 2 within seconds, no hang."""
+    import threading
+
+    from test_bad_inputs import assert_one_line_stderr
+
+    server, accepted, stop = socket.socket(), [], threading.Event()
+
+    def accept_and_stay_silent():
+        while not stop.is_set():
+            try:
+                connection, _ = server.accept()
+            except OSError:  # the poll's timeout, or the socket closed
+                continue
+            accepted.append(connection)
+
+    listener = threading.Thread(target=accept_and_stay_silent, daemon=True)
+    try:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        server.settimeout(0.1)
+        listener.start()
+        port = server.getsockname()[1]
+        started = time.time()
+        code = main([f"--tpu=grpc://127.0.0.1:{port}", f"--model_dir={tmp_path / 'm'}",
+                     "--train_data=x"])
+        elapsed = time.time() - started
+        assert_one_line_stderr(code, capsys.readouterr().err, f"127.0.0.1:{port}",
+                               "does not answer as a gRPC (TPU) worker", "--tpu")
+        assert elapsed < 15, elapsed
+        assert accepted, "the probe never reached the listener"
+        assert not os.path.exists(tmp_path / "m"), "nothing is written before the probe"
+    finally:
+        stop.set()
+        if listener.is_alive():
+            listener.join(5)
+        server.close()
+        for connection in accepted:
+            connection.close()
+
+
 def test_cli_errors_are_messages_not_tracebacks(tiny_parallel_dir, sentence_vocab_file,
                                                 tmp_path, capsys):
     base = [f"--model_dir={tmp_path / 'm'}", f"--train_data={tiny_parallel_dir}"]

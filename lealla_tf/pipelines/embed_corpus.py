@@ -38,12 +38,13 @@ import json
 import logging
 import os
 import sys
-import uuid
 import zlib
 from typing import Any, Dict, Optional, Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+
+from lealla_tf.embedding_io import write_atomically
 
 NAMESPACE = "embed_corpus"
 COUNTERS = ("lines_read", "embedded", "dead_lettered")
@@ -102,7 +103,8 @@ class ReadLines(beam.DoFn):
 
 class ParseLine(beam.DoFn):
     """Decodes and validates a line: (VALID, record), or (DEAD, a JSON line with the
-    reason) for the dead letters."""
+    reason) for the dead letters. A sentence's record is (id, text, "file:line"),
+    a pair's a dict."""
 
     def __init__(self, input_format: str):
         self._format = input_format
@@ -119,7 +121,7 @@ class ParseLine(beam.DoFn):
                 if not text.strip():
                     reason = "empty"
                 else:
-                    yield VALID, (f"{path}:{number}", text)
+                    yield VALID, (f"{path}:{number}", text, f"{path}:{number}")
                     return
             else:
                 left, tab, right = text.partition("\t")
@@ -128,7 +130,7 @@ class ParseLine(beam.DoFn):
                 elif not left.strip() or not right.strip():
                     reason = "empty_field"
                 elif self._format == "tsv":
-                    yield VALID, (left, right)
+                    yield VALID, (left, right, f"{path}:{number}")
                     return
                 else:
                     yield VALID, {"file": path, "line": number, "source": left,
@@ -154,21 +156,45 @@ def _shard(identifier: str, num_shards: int) -> int:
     return zlib.crc32(identifier.encode("utf-8")) % num_shards
 
 
+DUPLICATE_EXAMPLES = 5  # duplicated ids the run summary (and the error) names
+DUPLICATE_PLACES = 3  # places ("file:line") named for each
+
+
+class CountPlaces(beam.CombineFn):
+    """An id's occurrences: (count, its first `DUPLICATE_PLACES` "file:line"
+    places). A combiner, so that ids are counted before the shuffle."""
+
+    def create_accumulator(self):
+        return 0, []
+
+    def add_input(self, accumulator, place):
+        count, places = accumulator
+        return count + 1, sorted(places + [place])[:DUPLICATE_PLACES]
+
+    def merge_accumulators(self, accumulators):
+        accumulators = list(accumulators)
+        return (sum(count for count, _ in accumulators),
+                sorted(p for _, places in accumulators for p in places)[:DUPLICATE_PLACES])
+
+    def extract_output(self, accumulator):
+        return accumulator
+
+
 def _duplicates(element):
-    identifier, count = element
+    """(id, (count, places)) -> ("duplicate_ids", 1) and ("duplicate_example",
+    (id, count, places)) for an id that occurs more than once."""
+    identifier, (count, places) = element
     if count > 1:
         beam.metrics.Metrics.counter(NAMESPACE, "duplicate_ids").inc()
         yield "duplicate_ids", 1
+        yield "duplicate_example", (identifier, count, places)
 
 
-def _write_atomically(path: str, write) -> None:
-    """Writes a file under a temporary name and renames it into place, so a task
-    that is retried (a worker killed mid-run) replaces its shard, never adds a
-    second or a partial one."""
-    temporary = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    with FileSystems.create(temporary) as handle:
-        write(handle)
-    FileSystems.rename([temporary], [path])
+def describe_duplicates(examples) -> str:
+    """"'a' (2x: ids.tsv:1, ids.tsv:3), ..." for the run summary's duplicate examples."""
+    return ", ".join(
+        f"{identifier!r} ({count}x: {', '.join(places)}{', ...' if count > len(places) else ''})"
+        for identifier, count, places in examples)
 
 
 def _write_tfrecords(handle, records) -> None:
@@ -212,8 +238,8 @@ class EmbedShard(beam.DoFn):
             records = [embedding_example(key, vectors[i], text=text)
                        for i, (key, text) in enumerate(items)]
         name = f"{prefix}-{shard:05d}-of-{self._num_shards:05d}.tfrecord.gz"
-        _write_atomically(FileSystems.join(self._run_dir, name),
-                          lambda handle: _write_tfrecords(handle, records))
+        write_atomically(FileSystems.join(self._run_dir, name),
+                         lambda handle: _write_tfrecords(handle, records))
         beam.metrics.Metrics.counter(NAMESPACE, "embedded").inc(len(records))
         yield "file", name
         yield "embedded", len(records)
@@ -229,8 +255,8 @@ class WriteDeadLetters(beam.DoFn):
         _, lines = element
         lines = sorted(lines)
         data = "".join(line + "\n" for line in lines).encode("utf-8")
-        _write_atomically(FileSystems.join(self._run_dir, DEAD_LETTER_FILE),
-                          lambda handle: handle.write(data))
+        write_atomically(FileSystems.join(self._run_dir, DEAD_LETTER_FILE),
+                         lambda handle: handle.write(data))
         yield "file", DEAD_LETTER_FILE
 
 
@@ -249,16 +275,19 @@ class WriteRunSummary(beam.DoFn):
     def process(self, element):
         _, items = element
         counts = {name: 0 for name in COUNTERS + ("duplicate_ids",)}
-        files = []
+        files, duplicates = [], []
         for kind, value in items:
             if kind == "file":
                 files.append(value)
+            elif kind == "duplicate_example":
+                duplicates.append([value[0], int(value[1]), list(value[2])])
             else:
                 counts[kind] += value
-        summary = {"counts": counts, "files": sorted(set(files))}
+        summary = {"counts": counts, "files": sorted(set(files)),
+                   "duplicate_examples": sorted(duplicates)[:DUPLICATE_EXAMPLES]}
         data = json.dumps(summary, indent=2).encode("utf-8")
-        _write_atomically(FileSystems.join(self._run_dir, RUN_SUMMARY),
-                          lambda handle: handle.write(data))
+        write_atomically(FileSystems.join(self._run_dir, RUN_SUMMARY),
+                         lambda handle: handle.write(data))
         yield summary
 
 
@@ -298,11 +327,12 @@ def build_pipeline(pipeline, files: Sequence[str], model: str, run_dir: str,
             (f"{pair['line']:012d}", pair)))
     else:
         events.append(valid
-                      | "Ids" >> beam.Map(lambda element: (element[0], 1))
-                      | "CountIds" >> beam.CombinePerKey(sum)
+                      | "Ids" >> beam.Map(lambda element: (element[0], element[2]))
+                      | "CountIds" >> beam.CombinePerKey(CountPlaces())
                       | "Duplicates" >> beam.FlatMap(_duplicates))
         keyed = valid | "ShardSentences" >> beam.Map(
-            lambda element: (("embeddings", _shard(element[0], num_shards)), element))
+            lambda element: (("embeddings", _shard(element[0], num_shards)),
+                             (element[0], element[1])))
     events.append(keyed
                   | "GatherShards" >> beam.GroupByKey()
                   | "EmbedShards" >> beam.ParDo(EmbedShard(
@@ -335,9 +365,11 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
     `pipeline_args` are Beam's own flags (--runner=..., --direct_num_workers=...).
     `max_seq_length` truncates what the model embeds (see `load_embedder`).
     Raises FileNotFoundError / ValueError for bad arguments, RuntimeError when
-    lines went missing or ids collide (the previous output is then untouched).
+    lines went missing or ids collide (naming a few duplicated ids and the
+    "file:line" of each) or when another run holds a local `output` (the
+    previous output is then untouched; remote outputs are not locked).
     """
-    from lealla_tf.beam_options import pipeline_options
+    from lealla_tf.beam_options import pipeline_options, run_pipeline
     from lealla_tf.embedding_io import commit_run, new_run_directory, output_lock
 
     if num_shards < 1 or model_batch_size < 1:
@@ -353,12 +385,7 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
         pipeline = test_pipeline or beam.Pipeline(options=options)
         build_pipeline(pipeline, files, model, run_dir, input_format, pairs, english_only,
                        num_shards, model_batch_size, max_seq_length)
-        result = pipeline.run()
-        try:
-            result.wait_until_finish()
-        finally:
-            if getattr(result, "client", None) is not None:
-                result.client.close()  # the DaskRunner's client; the cluster stays up
+        run_pipeline(pipeline)
         summary_path = os.path.join(run_dir, RUN_SUMMARY)
         if not os.path.exists(summary_path):
             raise RuntimeError(f"the pipeline finished without writing {summary_path}")
@@ -370,9 +397,13 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
             raise RuntimeError(f"{lost} lines unaccounted for: {counts}")
         duplicates = int(summary["counts"]["duplicate_ids"])
         if duplicates:
-            raise RuntimeError(f"{duplicates} ids occur more than once in the inputs; ids must "
-                               "be unique within a run (--format=tsv takes them from the "
-                               "first column). Nothing was committed.")
+            examples = summary.get("duplicate_examples", [])[:3]
+            raise RuntimeError(
+                f"{duplicates} id{'s' if duplicates > 1 else ''} "
+                f"occur{'' if duplicates > 1 else 's'} more than once in the inputs"
+                + (f", e.g. {describe_duplicates(examples)}" if examples else "")
+                + "; ids must be unique within a run (--format=tsv takes them from the first "
+                "column). Nothing was committed.")
         import shutil
 
         for name in os.listdir(run_dir):

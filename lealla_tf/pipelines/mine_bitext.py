@@ -49,9 +49,8 @@ def mine_to_files(source_dir: str, target_dir: str, output: str, margin: str = "
     """Mines two embed_corpus outputs into `output` (and its dead-letter and
     summary files); returns the summary. Rows that cannot be mined are
     dead-lettered with their reason, not mined and not fatal."""
-    from lealla_tf.embedding_io import mmap_embeddings
+    from lealla_tf.embedding_io import mmap_embeddings, write_atomically
     from lealla_tf.mining import Rows, mine
-    from lealla_tf.pipelines.embed_corpus import _write_atomically
 
     sides = {"source": mmap_embeddings(source_dir, cache_dir),
              "target": mmap_embeddings(target_dir, cache_dir)}
@@ -78,14 +77,14 @@ def mine_to_files(source_dir: str, target_dir: str, output: str, margin: str = "
         for identifier, reason in zip(sides[side].ids(indices), mined[f"invalid_{side}_reason"]):
             dead.append(json.dumps({"side": side, "directory": directory, "id": identifier,
                                     "reason": reason}, ensure_ascii=False))
-    _write_atomically(output, write_pairs)
-    _write_atomically(output + DEAD_LETTER_SUFFIX,
-                      lambda handle: handle.write("".join(f"{line}\n" for line in dead).encode(
-                          "utf-8")))
+    write_atomically(output, write_pairs)
+    write_atomically(output + DEAD_LETTER_SUFFIX,
+                     lambda handle: handle.write("".join(f"{line}\n" for line in dead).encode(
+                         "utf-8")))
     summary = {"pairs": int(len(mined["score"])), "dead_lettered": len(dead),
                "source_rows": sides["source"].rows, "target_rows": sides["target"].rows}
-    _write_atomically(output + SUMMARY_SUFFIX,
-                      lambda handle: handle.write(json.dumps(summary, indent=2).encode("utf-8")))
+    write_atomically(output + SUMMARY_SUFFIX,
+                     lambda handle: handle.write(json.dumps(summary, indent=2).encode("utf-8")))
     return summary
 
 
@@ -156,7 +155,7 @@ def mine_bitext(source: str, target: str, output: str, margin: str = "ratio",
                 memory_budget_gb=None, cache_dir=None, nlist=None, nprobe=None) -> int:
     """Mines `source` against `target` (embed_corpus outputs) into the TSV `output`;
     returns the number of pairs written."""
-    from lealla_tf.beam_options import pipeline_options
+    from lealla_tf.beam_options import pipeline_options, run_pipeline
 
     check_inputs(source, target, k, index, memory_budget_gb, cache_dir, nlist, nprobe)
     options = pipeline_options(pipeline_args, default_runner=test_pipeline is None)
@@ -167,12 +166,7 @@ def mine_bitext(source: str, target: str, output: str, margin: str = "ratio",
          margin=margin, retrieval=retrieval, k=k, threshold=threshold, index=index,
          with_ids=with_ids, memory_budget_gb=memory_budget_gb, cache_dir=cache_dir,
          nlist=nlist, nprobe=nprobe))))
-    result = pipeline.run()
-    try:
-        result.wait_until_finish()
-    finally:
-        if getattr(result, "client", None) is not None:
-            result.client.close()  # the DaskRunner's client; the cluster stays up
+    run_pipeline(pipeline)
     with FileSystems.open(output + SUMMARY_SUFFIX) as handle:
         return int(json.loads(handle.read().decode("utf-8"))["pairs"])
 
