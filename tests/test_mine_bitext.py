@@ -13,7 +13,7 @@ from lealla_tf.mining import Rows, mine
 from lealla_tf.pipelines import embed_corpus  # noqa: E402
 from lealla_tf.pipelines import mine_bitext  # noqa: E402
 
-from test_embed_corpus import SENTENCES, model  # noqa: E402,F401  (fixture)
+from test_embed_corpus import SENTENCES, dask_cluster, model  # noqa: E402,F401  (fixtures)
 
 
 def write_embedding_output(directory, vectors, shards=3, prefix="s"):
@@ -134,3 +134,27 @@ def test_nan_and_zero_embeddings_are_dead_lettered(tmp_path):
     assert json.load(open(f"{output}.summary.json"))["dead_lettered"] == 3
     scores = [float(p[0]) for p in pairs]
     assert all(0 <= s <= 39 for s in scores)  # ratio margin in [0, k]: k capped at 39 targets
+
+
+@pytest.mark.slow
+def test_dask_runner_mines_what_the_fn_api_runner_mines(dask_cluster, tmp_path):  # noqa: F811
+    """The same command on a dask.distributed cluster (2 worker processes on
+    127.0.0.1): the same pairs, dead letters and counts as on the FnApiRunner."""
+    source, target = planted(n=200)
+    source[7], target[11] = np.nan, 0.0
+    write_embedding_output(tmp_path / "src", source, prefix="s")
+    write_embedding_output(tmp_path / "tgt", target, shards=2, prefix="t")
+    counts = {}
+    for runner, flags in (("fnapi", []), ("dask", [
+            "--runner=DaskRunner", f"--dask_client_address={dask_cluster.scheduler_address}"])):
+        counts[runner] = mine_bitext.run([
+            f"--source={tmp_path / 'src'}", f"--target={tmp_path / 'tgt'}", "--with_ids",
+            f"--output={tmp_path / runner}.tsv", f"--cache_dir={tmp_path / runner}_cache"]
+            + flags)
+    assert counts["fnapi"] == counts["dask"] > 150
+    assert (tmp_path / "fnapi.tsv").read_text() == (tmp_path / "dask.tsv").read_text()
+    for suffix in (".dead_letter.jsonl", ".summary.json"):
+        assert (open(f"{tmp_path / 'fnapi.tsv'}{suffix}").read()
+                == open(f"{tmp_path / 'dask.tsv'}{suffix}").read())
+    dead = [json.loads(line) for line in open(f"{tmp_path / 'dask.tsv'}.dead_letter.jsonl")]
+    assert sorted((d["side"], d["id"]) for d in dead) == [("source", "s:7"), ("target", "t:11")]
