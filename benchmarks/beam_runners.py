@@ -13,7 +13,6 @@ The two outputs are compared: same ids, vectors within 1e-6, same counts.
 """
 
 import argparse
-import json
 import os
 import pathlib
 import shutil
@@ -25,7 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.export_size_speed import tatoeba_sentences  # noqa: E402
-from benchmarks.vocab_build import machine  # noqa: E402
+from benchmarks.vocab_build import machine, write_result  # noqa: E402
 
 
 def main():
@@ -80,10 +79,7 @@ def main():
               "sentences": len(sentences), "num_shards": args.num_shards, "runners": results,
               "dask_over_fn_api": results["dask"]["sentences_per_second"]
               / results["fn_api"]["sentences_per_second"], "outputs_equal": equal}
-    print(json.dumps({k: v for k, v in result.items() if k != "runners"}, indent=2))
-    os.makedirs(os.path.dirname(os.path.abspath(args.output_json)), exist_ok=True)
-    with open(args.output_json, "w") as f:
-        json.dump(result, f, indent=2)
+    write_result(args.output_json, result, leave_out="runners")
 
 
 if __name__ == "__main__":

