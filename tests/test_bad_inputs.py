@@ -212,6 +212,23 @@ def test_embed_corpus_faults(exported, tmp_path, capsys):
     # The holder is gone: its stale lock is taken over.
     assert main([f"--input={tmp_path / 'ids.tsv'}", *base]) == 0
     assert not (tmp_path / "out" / ".lock").exists()
+    # A --model that is no model is refused before any worker starts.
+    assert_one_line_error(capsys, main([f"--input={tmp_path / 'ids.tsv'}",
+                                        f"--model={tmp_path / 'no_model'}",
+                                        f"--output={tmp_path / 'out2'}"]), "no_model")
+    assert not (tmp_path / "out2").exists()
+
+
+def test_model_and_export_paths_that_cannot_be_written(train_args, tmp_path, capsys):
+    from lealla_tf.export_lib import export_model_dir
+    from lealla_tf.train import main
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    assert_one_line_error(capsys, main(train_args(model_dir=str(a_file / "sub"))),
+                          "--model_dir", "is a file")
+    with pytest.raises(ValueError, match="--export_path=.* is a file"):
+        export_model_dir(str(tmp_path / "any"), str(a_file))
 
 
 def dead_pid() -> int:
@@ -364,6 +381,9 @@ def test_mine_bitext_faults(tmp_path, capsys):
                                         f"--output={tmp_path / 'm.tsv'}", "--k=0"]), "--k")
     assert_one_line_error(capsys, main([f"--source={tmp_path}", f"--target={tmp_path}",
                                         f"--output={tmp_path / 'm.tsv'}"]), "MANIFEST")
+    assert_one_line_error(capsys, main([f"--source={tmp_path}", f"--target={tmp_path}",
+                                        f"--output={tmp_path / 'm.tsv'}", "--threshold=nan"]),
+                          "--threshold")
 
 
 def test_mine_bitext_script_with_k_zero_exits_2_without_a_traceback(tmp_path):

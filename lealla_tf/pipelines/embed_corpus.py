@@ -370,6 +370,7 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
     previous output is then untouched; remote outputs are not locked).
     """
     from lealla_tf.beam_options import pipeline_options, run_pipeline
+    from lealla_tf.embedder import model_kind
     from lealla_tf.embedding_io import commit_run, new_run_directory, output_lock
 
     if num_shards < 1 or model_batch_size < 1:
@@ -378,6 +379,7 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
     if english_only and not pairs:
         raise ValueError("--english_only applies to --pairs")
     options = pipeline_options(pipeline_args, default_runner=test_pipeline is None)
+    model_kind(model)  # a wrong --model is refused here, not inside a worker
     files = expand_inputs(inputs)
     FileSystems.mkdirs(output) if not FileSystems.exists(output) else None
     with output_lock(output):

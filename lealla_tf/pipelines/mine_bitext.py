@@ -28,6 +28,7 @@ Beam carries the step, so the same command runs on any runner.
 import argparse
 import json
 import logging
+import math
 import sys
 
 import apache_beam as beam
@@ -89,7 +90,7 @@ def mine_to_files(source_dir: str, target_dir: str, output: str, margin: str = "
 
 
 def check_inputs(source: str, target: str, k: int, index: str, memory_budget_gb, cache_dir,
-                 nlist, nprobe) -> None:
+                 nlist, nprobe, threshold=None) -> None:
     """Every mistake a user can make, found before the pipeline starts: a
     one-line ValueError / FileNotFoundError naming the flag. Converts the
     shards to their memory-mapped copies (reused by the mining step)."""
@@ -98,6 +99,8 @@ def check_inputs(source: str, target: str, k: int, index: str, memory_budget_gb,
 
     if k < 1:
         raise ValueError(f"--k must be at least 1, got {k}")
+    if threshold is not None and not math.isfinite(threshold):
+        raise ValueError(f"--threshold must be a finite number, got {threshold}")
     sides = {}
     for flag, directory in (("--source", source), ("--target", target)):
         sides[flag] = mmap_embeddings(directory, cache_dir)
@@ -157,7 +160,7 @@ def mine_bitext(source: str, target: str, output: str, margin: str = "ratio",
     returns the number of pairs written."""
     from lealla_tf.beam_options import pipeline_options, run_pipeline
 
-    check_inputs(source, target, k, index, memory_budget_gb, cache_dir, nlist, nprobe)
+    check_inputs(source, target, k, index, memory_budget_gb, cache_dir, nlist, nprobe, threshold)
     options = pipeline_options(pipeline_args, default_runner=test_pipeline is None)
     pipeline = test_pipeline or beam.Pipeline(options=options)
     (pipeline
