@@ -14,6 +14,17 @@ them); fp32 and, with --mixed_precision, bfloat16 compute.
 measures instead the whole training loop (tf.data, tokenization, the step) of
 lealla_small on real pairs with teacher vectors, with and without length
 buckets (`--length_buckets`), and the padding of the batches each produces.
+
+    python benchmarks/train_throughput.py --speedups \
+        --train_data=runs/recipe/pairs_teacher --vocab=runs/recipe/vocab.model \
+        --output_json=benchmarks/results/train_speedups.json
+
+measures, each in a fresh process and all in one run, what each speed-up is
+worth: the step at 64 x 32 with the main job's vocabulary size and LaBSE's,
+oneDNN kernels off and on; the same step compiled with XLA (`jit_compile`);
+and the whole loop on real pairs before (oneDNN off,
+tf.data autotuned on the step's cores) and after (oneDNN on, the input pipeline
+on one thread of its own).
 """
 
 import argparse
@@ -26,20 +37,21 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks.vocab_build import machine  # noqa: E402
+from benchmarks.vocab_build import machine, write_result  # noqa: E402
 
 VOCABULARY_SIZE = 501_153
 
 
-def synthetic_vocabulary(path):
+def synthetic_vocabulary(path, size=VOCABULARY_SIZE):
     tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tokens += [f"t{i}" for i in range(VOCABULARY_SIZE - len(tokens))]
+    tokens += [f"t{i}" for i in range(size - len(tokens))]
     with open(path, "w") as f:
         f.write("\n".join(tokens) + "\n")
     return path
 
 
-def measure(preset, vocab, batch_size, length, warmup, steps, mixed_precision):
+def measure(preset, vocab, batch_size, length, warmup, steps, mixed_precision,
+            vocabulary_size=VOCABULARY_SIZE, jit_compile=False):
     import keras
     import numpy as np
     import tensorflow as tf
@@ -58,7 +70,7 @@ def measure(preset, vocab, batch_size, length, warmup, steps, mixed_precision):
         preset=preset, encoder=get_preset(preset).encoder,
         tokenizer=TokenizerConfig(max_seq_length=length), loss=LossConfig(objective="lealla"),
         optimizer=OptimizerConfig(), global_batch_size=batch_size, train_steps=10_000,
-        mixed_precision=mixed_precision), VOCABULARY_SIZE, 768)
+        mixed_precision=mixed_precision), vocabulary_size, 768)
     with tempfile.TemporaryDirectory() as model_dir:
         strategy = make_strategy("default")
         task = DistillationTask(config, strategy, Tokenizer(vocab, length),
@@ -67,7 +79,7 @@ def measure(preset, vocab, batch_size, length, warmup, steps, mixed_precision):
         rng = np.random.default_rng(0)
 
         def side():
-            ids = rng.integers(5, VOCABULARY_SIZE, size=(batch_size, length)).astype("int32")
+            ids = rng.integers(5, vocabulary_size, size=(batch_size, length)).astype("int32")
             ids[:, 0], ids[:, -1] = 2, 3
             return {"input_word_ids": tf.constant(ids),
                     "input_mask": tf.ones((batch_size, length), tf.int32),
@@ -76,7 +88,8 @@ def measure(preset, vocab, batch_size, length, warmup, steps, mixed_precision):
         batch = {"source": side(), "target": side(),
                  "teacher_source": tf.constant(rng.normal(size=(batch_size, 768)), tf.float32),
                  "teacher_target": tf.constant(rng.normal(size=(batch_size, 768)), tf.float32)}
-        step = tf.function(lambda b: trainer.strategy.run(trainer.replica_step, args=(b,)))
+        step = tf.function(lambda b: trainer.strategy.run(trainer.replica_step, args=(b,)),
+                           jit_compile=jit_compile)
         for _ in range(warmup):
             float(step(batch)["total"])
         start = time.perf_counter()
@@ -114,7 +127,7 @@ def measure_real_data(train_data, vocab, buckets, steps, batch_size, length):
         data=DataConfig(train_data=[train_data], length_buckets=buckets),
         loss=LossConfig(objective="lealla", weights={"fd": 1.0, "ld": 1e4}),
         global_batch_size=batch_size, train_steps=steps, checkpoint_every=steps,
-        log_every=steps)
+        log_every=1)
     model_dir = tempfile.mkdtemp()
     try:
         trainer = build_trainer(config, model_dir, vocab, progress=False)
@@ -124,9 +137,67 @@ def measure_real_data(train_data, vocab, buckets, steps, batch_size, length):
     finally:
         shutil.rmtree(model_dir, ignore_errors=True)
     seconds = summary.get("train_seconds", summary["seconds"])
+    # The first step traces the graph (about a minute): timed apart.
+    first = rows[0]["train_seconds"]
     return {"length_buckets": buckets, "steps": steps, "train_seconds": seconds,
-            "pairs_per_second": steps * batch_size / seconds, "padding_waste": waste,
+            "first_step_seconds": first,
+            "pairs_per_second": (steps - 1) * batch_size / max(seconds - first, 1e-9),
+            "pairs_per_second_with_first_step": steps * batch_size / seconds,
+            "padding_waste": waste,
             "final_loss": rows[-1].get("total") if rows else None}
+
+
+def child(spec: dict) -> dict:
+    """One measurement of `--speedups`, in this (fresh) process."""
+    if not spec["lean_input"]:
+        import lealla_tf.data
+
+        lealla_tf.data.FEW_CORES = 0  # tf.data's defaults: autotuned, on the shared pool
+    if spec["kind"] == "step":
+        with tempfile.TemporaryDirectory() as tmp:
+            vocab = synthetic_vocabulary(os.path.join(tmp, "vocab.txt"), spec["vocabulary_size"])
+            return measure("lealla_small", vocab, spec["batch_size"], spec["length"],
+                           spec["warmup"], spec["steps"], False, spec["vocabulary_size"],
+                           spec.get("jit_compile", False))
+    return measure_real_data(spec["train_data"], spec["vocab"], 4, spec["steps"],
+                             spec["batch_size"], spec["length"])
+
+
+def speedups(args) -> dict:
+    """Every speed-up of the training loop, each measured in a fresh process."""
+    import subprocess
+
+    def run(spec, onednn):
+        environment = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "1" if onednn else "0"}
+        done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec),
+                               "--output_json", "-"], env=environment, check=True,
+                              capture_output=True, text=True)
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        result.update(spec, onednn=onednn)
+        print(json.dumps({k: result[k] for k in ("kind", "onednn", "lean_input", "jit_compile",
+                                                  "pairs_per_second")
+                          if k in result}), flush=True)
+        return result
+
+    base = {"batch_size": args.batch_size, "length": args.length}
+    step = {**base, "kind": "step", "lean_input": True, "warmup": args.warmup,
+            "steps": args.steps}
+    groups = args.speedup_groups.split(",")
+    rows = []
+    if "step" in groups:
+        for size in (38_401, VOCABULARY_SIZE):
+            for onednn in (False, True):
+                rows.append(run({**step, "vocabulary_size": size}, onednn))
+    if "xla" in groups:  # the step compiled with XLA (jit_compile), oneDNN on for the rest
+        rows.append(run({**step, "vocabulary_size": 38_401, "jit_compile": True}, True))
+    if args.train_data and "real_data" in groups:
+        real = {**base, "kind": "real_data", "train_data": args.train_data,
+                "vocab": args.vocab, "steps": args.real_steps}
+        rows.append(run({**real, "lean_input": False}, False))
+        rows.append(run({**real, "lean_input": False}, True))
+        rows.append(run({**real, "lean_input": True}, True))
+    return {"benchmark": "train_speedups", "machine": machine(), "objective": "ams+fd+ld",
+            "preset": "lealla_small", "results": rows}
 
 
 def main():
@@ -143,7 +214,20 @@ def main():
                         help="real pairs with teacher vectors: measure the whole loop instead")
     parser.add_argument("--vocab", default="", help="the student's vocabulary (--train_data)")
     parser.add_argument("--buckets", default="0,4", help="--length_buckets values to compare")
+    parser.add_argument("--speedups", action="store_true",
+                        help="measure each speed-up of the loop, each in a fresh process")
+    parser.add_argument("--real_steps", type=int, default=40,
+                        help="--speedups: steps of the whole loop on real pairs")
+    parser.add_argument("--speedup_groups", default="step,xla,real_data",
+                        help="--speedups: which of step,xla,real_data to measure")
+    parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return
+    if args.speedups:
+        write_result(args.output_json, speedups(args))
+        return
     if args.train_data:
         results = []
         for buckets in [int(b) for b in args.buckets.split(",")]:

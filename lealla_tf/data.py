@@ -306,9 +306,31 @@ def tokenize_batches(pairs, batch_size: int, tokenizer, teacher=None, length_buc
 
     batches = (batch_by_length(pairs, batch_size, length_buckets) if length_buckets
                else pairs.batch(batch_size, drop_remainder=True))
-    return batches.map(
+    batches = batches.map(
         tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(
         tf.data.AUTOTUNE)
+    return batches.with_options(input_pipeline_options())
+
+
+# Up to this many cores, the input pipeline gets one thread and no autotuning.
+FEW_CORES = 4
+
+
+def input_pipeline_options(cpu_count: Optional[int] = None) -> tf.data.Options:
+    """tf.data options for a training input pipeline on this host.
+
+    On a host with few cores, tf.data's own thread pool and its autotuner
+    compete with the training step for the same cores (on 2 cores they slowed
+    the step by about a third: benchmarks/train_throughput.py); there the
+    pipeline runs on one private thread, without autotuning. Larger hosts keep
+    TensorFlow's defaults.
+    """
+    options = tf.data.Options()
+    if (cpu_count or os.cpu_count() or 1) <= FEW_CORES:
+        options.autotune.enabled = False
+        options.threading.private_threadpool_size = 1
+        options.threading.max_intra_op_parallelism = 1
+    return options
 
 
 def trim_to_longest(inputs):

@@ -131,3 +131,24 @@ def test_negative_length_buckets_are_refused(tmp_path):
     config = TrainConfig(data=DataConfig(train_data=[str(tmp_path)], length_buckets=-1))
     with pytest.raises(ValueError, match="--length_buckets"):
         validate_train_config(config)
+
+
+def test_input_pipeline_stays_off_the_steps_cores_on_a_small_host(tmp_path, tiny_vocab_file):
+    from lealla_tf.data import input_pipeline_options
+
+    small, large = input_pipeline_options(2), input_pipeline_options(64)
+    assert small.autotune.enabled is False
+    assert small.threading.private_threadpool_size == 1
+    assert small.threading.max_intra_op_parallelism == 1
+    assert large.autotune.enabled is not False
+    assert large.threading.private_threadpool_size in (None, 0)
+    # The training pipeline carries the options of this host, and still yields batches.
+    pairs = tf.data.Dataset.from_tensor_slices(
+        {"src_raw": ["un chien", "le chat"] * 4, "tgt_raw": ["a dog", "the cat"] * 4,
+         "language": [0] * 8})
+    batches = tokenize_batches(pairs, 4, Tokenizer(tiny_vocab_file))
+    expected = input_pipeline_options()
+    assert (batches.options().threading.private_threadpool_size
+            == expected.threading.private_threadpool_size)
+    first = next(iter(batches))
+    assert first["source"]["input_word_ids"].shape[0] == 4
