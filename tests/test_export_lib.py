@@ -164,6 +164,28 @@ def test_encoder_only_converts_to_tflite(model, sentences, exported):
     assert "FastBert" not in ops and "Sentencepiece" not in ops
 
 
+def test_int8_tflite_export_embeds_text_close_to_float(model, sentences, tmp_path):
+    from lealla_tf.embedder import load_embedder, model_kind
+
+    encoder, tokenizer = model
+    path = export_lib.export_int8_tflite(encoder, tokenizer, str(tmp_path / "int8"))
+    assert model_kind(path) == "tflite"
+    embedder = load_embedder(path)
+    # Any batch size and length: the interpreter is resized to each batch.
+    got = embedder.encode(sentences, batch_size=5)
+    want = expected_outputs(model, sentences)["sentence_embedding"].numpy()
+    assert got.shape == want.shape and np.isfinite(got).all()
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-4)
+    cosine = np.sum(got * want, axis=1)
+    assert cosine.min() > 0.98, cosine.min()
+    # Weights stored as int8: well under the float32 weights' bytes.
+    float_bytes = 4 * encoder.count_params()
+    assert os.path.getsize(os.path.join(path, export_lib.TFLITE_FILE)) < 0.5 * float_bytes
+    assert embedder.last_stats["tokens"] > 0
+    with pytest.raises(ValueError, match="truncates"):
+        load_embedder(path, max_seq_length=8)
+
+
 def test_export_cli_reads_everything_from_model_dir(model, sentence_vocab_file, tmp_path):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "export"))
     import export_tfhub
@@ -173,7 +195,7 @@ def test_export_cli_reads_everything_from_model_dir(model, sentence_vocab_file, 
     write_model_config(model_dir, encoder.encoder_config, TokenizerConfig(max_seq_length=32),
                        source_vocab_file=sentence_vocab_file)
     save_encoder_checkpoint(model_dir, encoder)
-    for export_format in ("lealla", "labse", "encoder_only"):
+    for export_format in ("lealla", "labse", "encoder_only", "int8_tflite"):
         assert export_tfhub.main([f"--model_dir={model_dir}", f"--format={export_format}",
                                   f"--export_path={tmp_path / export_format}"]) == 0
     loaded = tf.saved_model.load(str(tmp_path / "lealla"))
