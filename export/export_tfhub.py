@@ -26,13 +26,19 @@ def main(argv=None) -> int:
     parser.add_argument("--seq_length", type=int, default=None,
                         help="labse format: the preprocessor's fixed output length "
                              "(default: the model's max_seq_length)")
+    parser.add_argument("--jit_compile", action="store_true",
+                        help="lealla format: run the encoder XLA-compiled (1.34x faster on "
+                             "the main job's student, benchmarks/results/compiled_encoder.json)")
     args = parser.parse_args(argv)
+    if args.jit_compile and args.format != "lealla":
+        parser.error("--jit_compile applies to --format=lealla")
 
     from lealla_tf.export_lib import export_model_dir
 
     try:
         summary = export_model_dir(args.model_dir, args.export_path, args.format,
-                                   checkpoint=args.checkpoint, seq_length=args.seq_length)
+                                   checkpoint=args.checkpoint, seq_length=args.seq_length,
+                                   jit_compile=args.jit_compile)
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -76,15 +76,40 @@ def _ids_spec():
     return {name: tf.TensorSpec([None, None], tf.int32, name=name) for name in INPUT_NAMES}
 
 
-def export_lealla_model(encoder, tokenizer, export_path: str) -> str:
-    """Exports raw strings -> L2-normalised embeddings (see the module contract)."""
+# A compiled encoder sees ids padded to a multiple of this: XLA compiles one
+# program per shape, so a few lengths cover every batch.
+JIT_LENGTH_MULTIPLE = 8
+
+
+def pad_to_multiple(inputs, multiple: int, pad_id: int):
+    """Pads BERT inputs on the right to a length that is a multiple of `multiple`
+    (masked positions: the embeddings do not change)."""
+    length = tf.shape(inputs["input_word_ids"])[1]
+    extra = (multiple - length % multiple) % multiple
+    return {name: tf.pad(value, [[0, 0], [0, extra]],
+                         constant_values=pad_id if name == "input_word_ids" else 0)
+            for name, value in inputs.items()}
+
+
+def export_lealla_model(encoder, tokenizer, export_path: str, jit_compile: bool = False) -> str:
+    """Exports raw strings -> L2-normalised embeddings (see the module contract).
+
+    `jit_compile`: inference (`training=False`) runs the encoder, after the
+    in-graph tokenizer, as an XLA-compiled function on ids padded to a multiple
+    of `JIT_LENGTH_MULTIPLE` (same outputs; benchmarks/compiled_encoder.py).
+    """
     root = _new_root()
     root.tokenizer = tokenizer
     root.vocab_file = tokenizer.vocab_file
     _attach_variables(root, encoder)
+    compiled = tf.function(
+        lambda inputs: encoder(inputs, training=False)["sentence_embedding"], jit_compile=True)
 
     def embed(strings, training=False):
-        return encoder(tokenizer(strings), training=training)["sentence_embedding"]
+        inputs = tokenizer(strings)
+        if jit_compile and not training:
+            return compiled(pad_to_multiple(inputs, JIT_LENGTH_MULTIPLE, tokenizer.pad_id))
+        return encoder(inputs, training=training)["sentence_embedding"]
 
     root.__call__ = tf.function(embed)
     strings = tf.TensorSpec([None], tf.string, name="inputs")
@@ -228,12 +253,13 @@ FORMATS = ("lealla", "labse", "encoder_only", "int8_tflite")
 
 def export_model_dir(model_dir: str, export_path: str, export_format: str = "lealla",
                      checkpoint: str = None, seq_length: int = None, encoder=None,
-                     tokenizer=None) -> dict:
+                     tokenizer=None, jit_compile: bool = False) -> dict:
     """Exports a trained model directory in one of `FORMATS`.
 
     Everything (architecture, vocabulary, casing, max length) is read from
     `model_dir`; a caller that already holds the restored `encoder` and
-    `tokenizer` passes them, and they are not built a second time. Returns a
+    `tokenizer` passes them, and they are not built a second time.
+    `jit_compile` (lealla format): the encoder runs XLA-compiled. Returns a
     summary: paths, embedding size, parameters, bytes on disk.
     """
     from lealla_tf.model_dir import load_encoder, load_tokenizer
@@ -253,7 +279,8 @@ def export_model_dir(model_dir: str, export_path: str, export_format: str = "lea
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
         summary["max_seq_length"] = tokenizer.max_seq_length
         if export_format == "lealla":
-            paths = {"model": export_lealla_model(encoder, tokenizer, export_path)}
+            paths = {"model": export_lealla_model(encoder, tokenizer, export_path,
+                                                  jit_compile=jit_compile)}
         elif export_format == "int8_tflite":
             paths = {"model": export_int8_tflite(encoder, tokenizer, export_path)}
         else:

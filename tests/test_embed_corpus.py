@@ -70,6 +70,22 @@ def test_embeds_every_valid_line_and_dead_letters_the_rest(model, corpus):
         ("a.txt", 4), ("a.txt", 6), ("b.txt.gz", 1)}
 
 
+def test_an_int8_tflite_export_embeds_a_corpus(model, corpus, sentence_vocab_file, tmp_path):
+    from lealla_tf.export_lib import export_int8_tflite
+
+    tokenizer = Tokenizer(sentence_vocab_file)
+    encoder = build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
+                                          num_heads=2, hidden_dim=16, intermediate_dim=16,
+                                          pooling="mean"))
+    path = export_int8_tflite(encoder, tokenizer, str(tmp_path / "int8"))
+    manifest = embed_corpus.run([f"--input={corpus / 'in' / 'a.txt'}", f"--model={path}",
+                                 f"--output={tmp_path / 'out'}"])
+    assert manifest["counts"] == {"lines_read": 9, "embedded": 7, "dead_lettered": 2}
+    ids, vectors, texts = read_embeddings(str(tmp_path / "out"), with_text=True)
+    want = encoder(tokenizer(tf.constant(texts)))["sentence_embedding"].numpy()
+    assert np.sum(vectors * want, axis=1).min() > 0.98
+
+
 def test_rerun_into_the_same_output_is_safe(model, corpus):
     path, _ = model
     output = str(corpus / "out")

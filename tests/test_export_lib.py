@@ -91,6 +91,19 @@ def test_lealla_format_with_hub_keras_layer(model, sentences, exported, tmp_path
     assert_weights_equal(results, model[0].trainable_variables)
 
 
+def test_compiled_lealla_format_equals_the_model_in_a_fresh_process(model, sentences, tmp_path):
+    encoder, tokenizer = model
+    path = export_lib.export_lealla_model(encoder, tokenizer, str(tmp_path / "jit"),
+                                          jit_compile=True)
+    graph = str(tf.saved_model.load(path).signatures["serving_default"].graph.as_graph_def())
+    assert "XlaMustCompile" in graph or "_XlaMustCompile" in graph
+    results = probe("hub_keras_layer", "lealla", path, sentences, tmp_path)
+    expected = expected_outputs(model, sentences)["sentence_embedding"].numpy()
+    np.testing.assert_allclose(results["batch"], expected, atol=TOLERANCE)
+    np.testing.assert_allclose(results["training_false"], expected, atol=TOLERANCE)
+    assert_dropout_only_in_training(results, expected)
+
+
 def test_lealla_format_with_keras3_tfsm_layer(model, sentences, exported, tmp_path):
     results = probe("tfsm_layer", "lealla", exported["lealla"], sentences, tmp_path)
     expected = expected_outputs(model, sentences)["sentence_embedding"].numpy()
