@@ -316,6 +316,14 @@ def tokenize_batches(pairs, batch_size: int, tokenizer, teacher=None, length_buc
 FEW_CORES = 4
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (a container's CPU set, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def input_pipeline_options(cpu_count: Optional[int] = None) -> tf.data.Options:
     """tf.data options for a training input pipeline on this host.
 
@@ -326,7 +334,7 @@ def input_pipeline_options(cpu_count: Optional[int] = None) -> tf.data.Options:
     TensorFlow's defaults.
     """
     options = tf.data.Options()
-    if (cpu_count or os.cpu_count() or 1) <= FEW_CORES:
+    if (cpu_count or usable_cores()) <= FEW_CORES:
         options.autotune.enabled = False
         options.threading.private_threadpool_size = 1
         options.threading.max_intra_op_parallelism = 1

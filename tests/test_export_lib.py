@@ -197,6 +197,9 @@ def test_int8_tflite_export_embeds_text_close_to_float(model, sentences, tmp_pat
     assert embedder.last_stats["tokens"] > 0
     with pytest.raises(ValueError, match="truncates"):
         load_embedder(path, max_seq_length=8)
+    os.remove(os.path.join(path, export_lib.TFLITE_FILE))
+    with pytest.raises(FileNotFoundError, match="model.tflite"):
+        model_kind(path)
 
 
 def test_export_cli_reads_everything_from_model_dir(model, sentence_vocab_file, tmp_path):
