@@ -220,9 +220,8 @@ def model_kind(model: str) -> str:
             os.path.join(model, "checkpoints")):
         return "model_dir"
     if os.path.exists(os.path.join(model, "tflite_model.json")):
-        missing = [n for n in ("model.tflite",) if not os.path.exists(os.path.join(model, n))]
-        if missing:
-            raise FileNotFoundError(f"{model}: an int8 TFLite export without {missing[0]}")
+        if not os.path.exists(os.path.join(model, "model.tflite")):
+            raise FileNotFoundError(f"{model}: an int8 TFLite export without model.tflite")
         return "tflite"
     if os.path.exists(os.path.join(model, "saved_model.pb")) or "://" in model:
         return "saved_model"
