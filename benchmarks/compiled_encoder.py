@@ -21,7 +21,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from benchmarks.vocab_build import machine, write_result  # noqa: E402
 import lealla_tf  # noqa: E402,F401  (oneDNN default before TensorFlow loads)
 
-MULTIPLE = 8
 
 
 def main():
@@ -39,6 +38,8 @@ def main():
     import tensorflow as tf
 
     from benchmarks.export_size_speed import tatoeba_sentences
+    from lealla_tf.data import trim_to_longest
+    from lealla_tf.export_lib import JIT_LENGTH_MULTIPLE, pad_to_multiple
     from lealla_tf.model_dir import load_encoder, load_tokenizer
     from lealla_tf.recipe import find_data_dir
 
@@ -50,10 +51,9 @@ def main():
     order = np.argsort(lengths, kind="stable")
     for start in range(0, len(order), args.batch_size):
         rows = order[start:start + args.batch_size]
-        width = int(-(-lengths[rows].max() // MULTIPLE) * MULTIPLE)
-        batches.append({k: tf.constant(v.numpy()[rows][:, :width] if v.shape[1] >= width else
-                                       np.pad(v.numpy()[rows], [[0, 0], [0, width - v.shape[1]]]))
-                        for k, v in inputs.items()})
+        batch = trim_to_longest({k: tf.gather(v, rows) for k, v in inputs.items()})
+        batches.append(pad_to_multiple(batch, JIT_LENGTH_MULTIPLE, tokenizer.pad_id,
+                                       limit=encoder.max_sequence_length))
 
     def embed(batch):
         return encoder(batch, training=False)["sentence_embedding"]

@@ -18,6 +18,7 @@ import zlib
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
+from google.protobuf.message import DecodeError
 
 from lealla_tf.configs import DataConfig
 from lealla_tf.embedding_io import (PAIR_SOURCE, PAIR_TARGET, PAIR_TEACHER_SOURCE,
@@ -76,6 +77,7 @@ def count_pairs(path: str) -> int:
     """
     if path.endswith(TFRECORD_SUFFIXES):
         compression = "GZIP" if path.endswith(".gz") else ""
+        first_record_features(path)  # a foreign schema fails here, naming the file
         try:
             return int(tf.data.TFRecordDataset(path, compression_type=compression).reduce(
                 tf.constant(0, tf.int64), lambda n, _: n + 1))
@@ -181,25 +183,64 @@ def _record_pairs(paths: List[str], teacher_dim: Optional[int], has_source: bool
                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
+def first_record_features(path: str) -> Optional[Dict[str, tf.train.Feature]]:
+    """The features of the first record of TFRecord file `path` (None: no record).
+
+    Raises ValueError naming the file when it is corrupt, or when its records
+    are not training pairs (`src_raw`, `tgt_raw`): an embeddings output of
+    beam_pipelines/embed_corpus.py, say, which holds `id` and `embedding`.
+    """
+    compression = "GZIP" if path.endswith(".gz") else ""
+    try:
+        for record in tf.data.TFRecordDataset(path, compression_type=compression).take(1):
+            features = dict(tf.train.Example.FromString(record.numpy()).features.feature)
+            break
+        else:
+            return None
+    except tf.errors.DataLossError as error:
+        raise ValueError(f"{path}: corrupt or truncated TFRecord file "
+                         f"({error.message.splitlines()[0]})") from None
+    except DecodeError:
+        raise ValueError(f"{path}: its records are not tf.train.Example protos") from None
+    missing = [key for key in (PAIR_SOURCE, PAIR_TARGET) if key not in features]
+    if missing:
+        raise ValueError(
+            f"{path}: not a training-pair TFRecord (its records hold "
+            f"{', '.join(sorted(features)) or 'no features'}; pairs need {PAIR_SOURCE} and "
+            f"{PAIR_TARGET}). Train on TSV pairs or on the output of "
+            "beam_pipelines/embed_corpus.py --pairs, not on an embeddings output")
+    return features
+
+
 def precomputed_teacher_layout(files: List[ParallelFile]) -> Optional[Tuple[int, bool]]:
-    """(dimension, has source side) of the teacher vectors in TFRecord inputs, or None."""
+    """(dimension, has source side) of the teacher vectors in TFRecord inputs, or None.
+
+    Every TFRecord file must hold the same layout: records without teacher
+    vectors, or of another width, cannot be batched with the others.
+    """
+    layouts = {}
     for parallel_file in files:
         if not parallel_file.path.endswith(TFRECORD_SUFFIXES):
             continue
-        compression = "GZIP" if parallel_file.path.endswith(".gz") else ""
-        try:
-            for record in tf.data.TFRecordDataset(parallel_file.path,
-                                                  compression_type=compression).take(1):
-                example = tf.train.Example.FromString(record.numpy())
-                target = example.features.feature.get(PAIR_TEACHER_TARGET)
-                if target is None:
-                    return None
-                return (len(target.float_list.value),
-                        PAIR_TEACHER_SOURCE in example.features.feature)
-        except tf.errors.DataLossError as error:
-            raise ValueError(f"{parallel_file.path}: corrupt or truncated TFRecord file "
-                             f"({error.message.splitlines()[0]})") from None
-    return None
+        features = first_record_features(parallel_file.path)
+        if features is None:
+            continue
+        target = features.get(PAIR_TEACHER_TARGET)
+        layouts[parallel_file.path] = None if target is None else (
+            len(target.float_list.value), PAIR_TEACHER_SOURCE in features)
+    distinct = set(layouts.values())
+    if len(distinct) > 1:
+        def describe(layout):
+            if layout is None:
+                return "no teacher vectors"
+            return f"{layout[0]}-d, " + ("both sides" if layout[1] else "English side only")
+
+        examples = {layout: path for path, layout in layouts.items()}
+        raise ValueError("the training TFRecords disagree on their teacher vectors: "
+                         + "; ".join(f"{path}: {describe(layout)}"
+                                     for layout, path in examples.items())
+                         + ". Write them with one teacher, or train on them separately")
+    return distinct.pop() if distinct else None
 
 
 def teacher_dimension_of(files: List[ParallelFile]) -> Optional[int]:

@@ -19,6 +19,7 @@ input order, so each batch is padded only to its own longest sentence.
 `Embedder.last_stats` then reports sentences/s and the padding waste.
 """
 
+import dataclasses
 import os
 import time
 from typing import Callable, Optional, Sequence
@@ -168,20 +169,19 @@ def _load_tflite(model: str) -> Embedder:
     import tensorflow as tf
     import tensorflow_text  # noqa: F401
 
+    from lealla_tf.configs import TokenizerConfig
     from lealla_tf.export_lib import TFLITE_FILE, TFLITE_INFO
-    from lealla_tf.tokenizer import Tokenizer
+    from lealla_tf.model_dir import build_tokenizer
 
     with open(os.path.join(model, TFLITE_INFO)) as f:
         info = json.load(f)
-    missing = [k for k in ("vocab_file", "max_seq_length", "lower_case", "special_tokens",
-                           "prefix", "unknown_per_character", "embedding_dim") if k not in info]
+    settings = [field.name for field in dataclasses.fields(TokenizerConfig)]
+    missing = [k for k in settings + ["embedding_dim"] if k not in info]
     if missing:
         raise ValueError(f"{os.path.join(model, TFLITE_INFO)} lacks {missing}; re-export with "
                          "export/export_tfhub.py --format=int8_tflite")
-    tokenizer = Tokenizer(os.path.join(model, info["vocab_file"]), info["max_seq_length"],
-                          lower_case=info["lower_case"], special_tokens=info["special_tokens"],
-                          prefix=info["prefix"],
-                          unknown_per_character=info["unknown_per_character"])
+    tokenizer = build_tokenizer(TokenizerConfig(**{k: info[k] for k in settings}),
+                                os.path.join(model, info["vocab_file"]))
     import threading
 
     from lealla_tf.data import usable_cores

@@ -72,17 +72,23 @@ def tokenizer_config_of(model_dir: str) -> TokenizerConfig:
     return config_from_dict(TokenizerConfig, read_model_config(model_dir)["tokenizer"])
 
 
-def load_tokenizer(model_dir: str):
-    """The model's `Tokenizer`, built from the vocabulary inside `model_dir`."""
+def build_tokenizer(config: TokenizerConfig, vocab_file: Optional[str] = None):
+    """The `Tokenizer` a `TokenizerConfig` describes, on `vocab_file` (default
+    `config.vocab_file`): the one place that maps settings to the constructor."""
     from lealla_tf.tokenizer import Tokenizer
 
+    return Tokenizer(vocab_file or config.vocab_file, max_seq_length=config.max_seq_length,
+                     lower_case=config.lower_case, special_tokens=config.special_tokens,
+                     prefix=config.prefix, unknown_per_character=config.unknown_per_character)
+
+
+def load_tokenizer(model_dir: str):
+    """The model's `Tokenizer`, built from the vocabulary inside `model_dir`."""
     config = tokenizer_config_of(model_dir)
     vocab_file = config.vocab_file
     if not os.path.isabs(vocab_file) and "://" not in vocab_file:
         vocab_file = os.path.join(model_dir, vocab_file)
-    return Tokenizer(vocab_file, max_seq_length=config.max_seq_length,
-                     lower_case=config.lower_case, special_tokens=config.special_tokens,
-                     prefix=config.prefix, unknown_per_character=config.unknown_per_character)
+    return build_tokenizer(config, vocab_file)
 
 
 def latest_checkpoint(model_dir: str) -> Optional[str]:

@@ -60,9 +60,8 @@ def prepare(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = Non
     import tensorflow as tf
 
     from lealla_tf.data import find_training_files, language_sizes
-    from lealla_tf.model_dir import latest_checkpoint, read_model_config
+    from lealla_tf.model_dir import build_tokenizer, latest_checkpoint, read_model_config
     from lealla_tf.teachers import build_teacher
-    from lealla_tf.tokenizer import Tokenizer
 
     check_model_dir(model_dir)
     validate_train_config(config)
@@ -78,11 +77,7 @@ def prepare(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = Non
                          f"{strategy.num_replicas_in_sync} replicas")
     files = find_training_files(config.data.train_data)
     sizes = language_sizes(files)
-    tokenizer = Tokenizer(vocab_file, max_seq_length=config.tokenizer.max_seq_length,
-                          lower_case=config.tokenizer.lower_case,
-                          special_tokens=config.tokenizer.special_tokens,
-                          prefix=config.tokenizer.prefix,
-                          unknown_per_character=config.tokenizer.unknown_per_character)
+    tokenizer = build_tokenizer(config.tokenizer, vocab_file)
     with strategy.scope():
         teacher = build_teacher(config.teacher, files)
     resolved = resolve_train_config(config, tokenizer.vocab_size,

@@ -81,6 +81,18 @@ def test_malformed_tsv_lines_are_dropped(tmp_path):
     assert {p["src_raw"] for p in take(pairs, 20)} == {b"ok", b"also"}
 
 
+def test_tfrecords_of_two_teacher_layouts_are_refused(tmp_path):
+    vectors = np.ones((1, 4), np.float32)
+    write_pairs_tfrecord(str(tmp_path / "deu-eng-00000-of-00001.tfrecord.gz"), [("a", "b")],
+                         vectors, vectors)
+    write_pairs_tfrecord(str(tmp_path / "fra-eng-00000-of-00001.tfrecord.gz"), [("c", "d")],
+                         None, np.ones((1, 8), np.float32))
+    with pytest.raises(ValueError, match="disagree on their teacher vectors") as error:
+        teacher_dimension_of(find_training_files([str(tmp_path)]))
+    assert "4-d, both sides" in str(error.value)
+    assert "8-d, English side only" in str(error.value)
+
+
 def test_tfrecords_with_teacher_vectors(tmp_path, tiny_vocab_file):
     vectors = np.arange(12, dtype=np.float32).reshape(3, 4)
     path = str(tmp_path / "deu-eng-00000-of-00001.tfrecord.gz")

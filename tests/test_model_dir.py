@@ -37,3 +37,15 @@ def test_missing_directory_and_unknown_fields(tmp_path):
         read_model_config(str(tmp_path))
     with pytest.raises(ValueError, match="unknown EncoderConfig fields"):
         config_from_dict(EncoderConfig, {"hidden_dim": 8, "hiden_dim": 8})
+
+
+def test_build_tokenizer_takes_every_setting_of_the_config(tiny_vocab_file, tmp_path):
+    from lealla_tf.model_dir import build_tokenizer
+
+    config = TokenizerConfig(vocab_file="elsewhere.txt", max_seq_length=7, lower_case=True,
+                             prefix="query: ")
+    tokenizer = build_tokenizer(config, tiny_vocab_file)
+    assert (tokenizer.max_seq_length, tokenizer.lower_case, tokenizer.prefix) == (
+        7, True, "query: ")
+    with pytest.raises(FileNotFoundError, match="elsewhere.txt"):
+        build_tokenizer(config)  # the config's own file, absent here

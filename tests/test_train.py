@@ -194,6 +194,20 @@ def test_cli_errors_are_messages_not_tracebacks(tiny_parallel_dir, sentence_voca
     assert "not in the objective" in capsys.readouterr().err
     assert main(base + [f"--vocab_file={sentence_vocab_file}", "--preset=nope"]) == 2
     assert "unknown preset" in capsys.readouterr().err
+    # An embeddings output (id, embedding) is not a pair file: said, not a traceback.
+    import numpy as np
+
+    from lealla_tf.embedding_io import embedding_example, write_tfrecord
+
+    embeddings = tmp_path / "embeddings" / "deu-eng-00000-of-00001.tfrecord"
+    embeddings.parent.mkdir()
+    with open(embeddings, "wb") as handle:
+        write_tfrecord(handle, embedding_example("1", np.ones(4, np.float32), "Hallo"))
+    assert main([f"--model_dir={tmp_path / 'e'}", f"--train_data={embeddings.parent}",
+                 f"--vocab_file={sentence_vocab_file}", "--objective=ams"]) == 2
+    error = capsys.readouterr().err
+    assert "not a training-pair TFRecord" in error and "embedding" in error
+    assert "Traceback" not in error
 
 
 def test_resume_with_other_flags_is_refused(tiny_parallel_dir, sentence_vocab_file, tmp_path,
