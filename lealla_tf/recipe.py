@@ -260,10 +260,22 @@ def train_config(config: RecipeConfig, data_dir, vocabulary: dict, teacher: dict
         eval_max_pairs=config.eval_max_pairs, mixed_precision=config.mixed_precision)
 
 
+class StageInterrupted(Exception):
+    """A stage stopped by a signal before it finished: no marker is written, so
+    the same command resumes it."""
+
+
 def train_stage(train: "TrainConfig", model_dir: str, vocab_file: str, strategy) -> dict:
+    """Trains; a run stopped by a signal (Ctrl-C, SIGTERM) raises `StageInterrupted`
+    instead of passing a half-trained student on to export and evaluation."""
     from lealla_tf.training import train as run_training
 
-    return run_training(train, model_dir, vocab_file, strategy)
+    result = run_training(train, model_dir, vocab_file, strategy)
+    if result["reason"].startswith("stopped by"):
+        raise StageInterrupted(
+            f"training {model_dir} {result['reason']} at step {result['final_step']} of "
+            f"{train.train_steps}; its checkpoint is saved: rerun the same command to resume")
+    return result
 
 
 def export_stage(model_dir: str, export_path: str, sentences, models: Models) -> dict:
@@ -593,6 +605,9 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except StageInterrupted as stopped:
+        print(f"stopped: {stopped}", file=sys.stderr)
+        return 130
     print(format_summary(report))
     return 0
 

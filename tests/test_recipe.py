@@ -102,3 +102,27 @@ def test_stage_runner_reuses_finished_stages_only(tmp_path):
     assert calls == [1] and again.reused == ["one"]
     summary = again.summary()
     assert set(summary["stage_seconds"]) == {"one", "two"} and summary["total_seconds"] >= 0
+
+
+def test_a_training_stopped_by_a_signal_is_not_a_finished_stage(tmp_path, monkeypatch, capsys):
+    import types
+
+    import lealla_tf.recipe as recipe
+    import lealla_tf.training
+
+    def stopped(config, model_dir, vocab_file, strategy):
+        return {"reason": "stopped by SIGINT", "final_step": 3}
+
+    monkeypatch.setattr(lealla_tf.training, "train", stopped)
+    stages = recipe.Stages(str(tmp_path), log=lambda _: None)
+    config = types.SimpleNamespace(train_steps=200)
+    with pytest.raises(recipe.StageInterrupted, match="step 3 of 200.*rerun the same command"):
+        stages.run("train_student", lambda: recipe.train_stage(config, "m", "v", None))
+    assert not (tmp_path / "stages" / "train_student.json").exists()  # the rerun resumes
+
+    def interrupted(config, fresh=False):
+        raise recipe.StageInterrupted("training m stopped by SIGTERM at step 3 of 200")
+
+    monkeypatch.setattr(recipe, "run_recipe", interrupted)
+    assert main([f"--work_dir={tmp_path}"]) == 130
+    assert "stopped: training m stopped by SIGTERM" in capsys.readouterr().err
