@@ -121,6 +121,10 @@ def train_configuration(name, spec, work_dir, data_dir, steps, eval_pairs, resul
     for index, (objective, stage_steps) in enumerate(stages):
         model_dir = os.path.join(work_dir, "runs", name + (f"_stage{index + 1}"
                                                            if len(stages) > 1 else ""))
+        if index > 0:  # a later stage continues the previous stage's architecture
+            from lealla_tf.model_dir import encoder_config_of
+
+            encoder = encoder_config_of(previous)
         config = TrainConfig(
             encoder=encoder, tokenizer=TokenizerConfig(max_seq_length=32),
             data=DataConfig(train_data=[os.path.join(work_dir, "pairs_teacher")],

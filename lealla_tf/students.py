@@ -19,7 +19,7 @@ import keras
 import tensorflow as tf
 
 from lealla_tf.configs import TrainConfig, read_json
-from lealla_tf.model_dir import CONFIG_FILE, latest_checkpoint
+from lealla_tf.model_dir import CONFIG_FILE, encoder_config_of, latest_checkpoint
 
 
 @dataclasses.dataclass
@@ -40,6 +40,7 @@ class EncoderStudent:
     def __init__(self, config: TrainConfig):
         from lealla_tf.lealla_encoder import build_encoder
 
+        self.config = config.encoder
         self.encoder = build_encoder(
             config.encoder, dtype="mixed_bfloat16" if config.mixed_precision else None)
         self.embedding_size = config.encoder.embedding_size
@@ -62,11 +63,25 @@ class EncoderStudent:
                                   if "seed_generator" in v.path]}
 
     def initialize_from(self, model_dir: str) -> None:
-        """Starts from the encoder weights of another model directory."""
+        """Starts from the encoder weights of another model directory, which must have
+        this student's architecture: every encoder weight is restored, or none is."""
         source = latest_checkpoint(model_dir)
         if source is None:
             raise FileNotFoundError(f"--init_from={model_dir} has no checkpoint")
-        tf.train.Checkpoint(encoder=self.encoder).restore(source).expect_partial()
+        differences = architecture_differences(encoder_config_of(model_dir), self.config)
+        if differences:
+            raise ValueError(
+                f"--init_from={model_dir} is a different architecture: "
+                + ", ".join(f"{name} {theirs} there, {ours} here"
+                            for name, theirs, ours in differences)
+                + "; start from it with the same vocabulary and encoder settings "
+                "(--preset, --encoder_overrides=name=value,...)")
+        status = tf.train.Checkpoint(encoder=self.encoder).restore(source).expect_partial()
+        try:
+            status.assert_existing_objects_matched()
+        except AssertionError as error:
+            raise ValueError(f"--init_from={model_dir}: its checkpoint {source} lacks weights "
+                             f"of this encoder ({error})") from None
 
     def embed_function(self, tokenizer, teacher=None):
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
@@ -74,6 +89,17 @@ class EncoderStudent:
             return self.encoder(tokenizer(strings), training=False)["sentence_embedding"]
 
         return embed
+
+
+# EncoderConfig fields that do not change the weights: may differ under --init_from.
+NON_ARCHITECTURE_FIELDS = ("dropout",)
+
+
+def architecture_differences(theirs, ours) -> list:
+    """(field, theirs, ours) for every weight-shaping EncoderConfig field that differs."""
+    return [(field.name, getattr(theirs, field.name), getattr(ours, field.name))
+            for field in dataclasses.fields(ours) if field.name not in NON_ARCHITECTURE_FIELDS
+            and getattr(theirs, field.name) != getattr(ours, field.name)]
 
 
 class ReductionStudent:

@@ -1,0 +1,48 @@
+"""Students: starting one from another model directory (--init_from)."""
+
+import numpy as np
+import pytest
+
+from lealla_tf.distribution import make_strategy
+from lealla_tf.model_dir import load_encoder
+from test_trainer import Trainer, teacher_records, tiny_config, vocab_size  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def bottleneck_run(teacher_records, sentence_vocab_file, tmp_path_factory):  # noqa: F811
+    """A 2-step run with an embedding bottleneck and parameter recurrence (Ding's stage 1)."""
+    model_dir = str(tmp_path_factory.mktemp("stage1") / "m")
+    config = tiny_config(vocab_size(sentence_vocab_file), teacher_records, "mse", train_steps=2)
+    config.encoder = config.encoder.replace(embedding_dim=6, num_unique_layers=1)
+    Trainer(config, model_dir, make_strategy("default"), sentence_vocab_file,
+            progress=False).train()
+    return model_dir
+
+
+def test_init_from_restores_every_encoder_weight(bottleneck_run, teacher_records,  # noqa: F811
+                                                 sentence_vocab_file, tmp_path):
+    config = tiny_config(vocab_size(sentence_vocab_file), teacher_records, "mcl",
+                         init_from=bottleneck_run)
+    config.encoder = config.encoder.replace(embedding_dim=6, num_unique_layers=1, dropout=0.1)
+    task = Trainer(config, str(tmp_path / "stage2"), make_strategy("default"),
+                   sentence_vocab_file, progress=False).task
+    assert task.initialize_weights() == {"init_from": bottleneck_run}
+    source = load_encoder(bottleneck_run)
+    assert len(source.weights) == len(task.student.encoder.weights)
+    for theirs, ours in zip(source.weights, task.student.encoder.weights):
+        np.testing.assert_array_equal(np.asarray(theirs), np.asarray(ours))
+
+
+def test_init_from_another_architecture_is_a_clear_error(bottleneck_run,
+                                                         teacher_records,  # noqa: F811
+                                                         sentence_vocab_file, tmp_path):
+    # Was: the embedding table's shape clash surfaced as a TensorFlow traceback;
+    # a deeper student would have kept its extra layers random without a word.
+    config = tiny_config(vocab_size(sentence_vocab_file), teacher_records, "mcl",
+                         init_from=bottleneck_run)
+    config.encoder = config.encoder.replace(num_layers=4, num_unique_layers=1)
+    task = Trainer(config, str(tmp_path / "stage2"), make_strategy("default"),
+                   sentence_vocab_file, progress=False).task
+    with pytest.raises(ValueError, match="different architecture: num_layers 2 there, 4 here, "
+                                         "embedding_dim 6 there, None here"):
+        task.initialize_weights()
