@@ -139,6 +139,8 @@ def train_configuration(name, spec, work_dir, data_dir, steps, eval_pairs, resul
             checkpoint_every=stage_steps, eval_every=max(1, steps // 6), tatoeba_dir=tatoeba,
             eval_max_pairs=50)
         summaries.append(train(config, model_dir, vocab, progress=False))
+        if summaries[-1]["final_step"] < stage_steps:  # stopped by a signal: no result
+            sys.exit(130)
         previous = model_dir
     embedder = load_embedder(previous)
     final = evaluate_tatoeba(embedder, tatoeba, max_pairs=eval_pairs)
@@ -201,6 +203,8 @@ def main():
                 args.eval_pairs, result_file))
             process.start()
             process.join()
+            if process.exitcode == 130:
+                sys.exit(f"{name}: stopped before its last step; rerun to train it again")
             if process.exitcode != 0:
                 print(f"{name}: failed (exit {process.exitcode})", flush=True)
                 continue

@@ -197,7 +197,7 @@ def first_record_features(path: str) -> Optional[Dict[str, tf.train.Feature]]:
             break
         else:
             return None
-    except tf.errors.DataLossError as error:
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
         raise ValueError(f"{path}: corrupt or truncated TFRecord file "
                          f"({error.message.splitlines()[0]})") from None
     except DecodeError:

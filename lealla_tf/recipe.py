@@ -87,7 +87,11 @@ class Stages:
             self.log(f"reusing {name} (finished earlier in {stored['seconds']:.0f} s)")
             return self.results[name]
         start = time.time()
-        result = function()
+        try:
+            result = function()
+        except KeyboardInterrupt:
+            raise StageInterrupted(f"{name} interrupted (Ctrl-C) before it finished; rerun "
+                                   "the same command: finished stages are reused") from None
         seconds = time.time() - start
         temporary = marker + ".tmp"
         with open(temporary, "w") as f:
@@ -271,7 +275,7 @@ def train_stage(train: "TrainConfig", model_dir: str, vocab_file: str, strategy)
     from lealla_tf.training import train as run_training
 
     result = run_training(train, model_dir, vocab_file, strategy)
-    if result["reason"].startswith("stopped by"):
+    if result["final_step"] < train.train_steps:  # the recipe sets no time budget
         raise StageInterrupted(
             f"training {model_dir} {result['reason']} at step {result['final_step']} of "
             f"{train.train_steps}; its checkpoint is saved: rerun the same command to resume")

@@ -91,14 +91,16 @@ class EncoderStudent:
         return embed
 
 
-# EncoderConfig fields that do not change the weights: may differ under --init_from.
-NON_ARCHITECTURE_FIELDS = ("dropout",)
-
-
 def architecture_differences(theirs, ours) -> list:
-    """(field, theirs, ours) for every weight-shaping EncoderConfig field that differs."""
+    """(field, theirs, ours) for every EncoderConfig field that differs between a
+    model `theirs` and a student `ours` starting from it, and that shapes the
+    weights or what the encoder computes with them. Dropout may differ; a
+    mean-pooled student may start from a [CLS]-pooled model (its pooler unused)."""
+    free = {"dropout"}
+    if ours.pooling == "mean" and theirs.pooling == "cls" and ours.output_dim is None:
+        free |= {"pooling", "pooler_dim", "output_dim"}
     return [(field.name, getattr(theirs, field.name), getattr(ours, field.name))
-            for field in dataclasses.fields(ours) if field.name not in NON_ARCHITECTURE_FIELDS
+            for field in dataclasses.fields(ours) if field.name not in free
             and getattr(theirs, field.name) != getattr(ours, field.name)]
 
 

@@ -104,14 +104,17 @@ def test_stage_runner_reuses_finished_stages_only(tmp_path):
     assert set(summary["stage_seconds"]) == {"one", "two"} and summary["total_seconds"] >= 0
 
 
-def test_a_training_stopped_by_a_signal_is_not_a_finished_stage(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("reason", ["stopped by SIGINT",
+                                    "stopped with another worker (its signal or time budget)"])
+def test_a_training_stopped_by_a_signal_is_not_a_finished_stage(tmp_path, monkeypatch, capsys,
+                                                                reason):
     import types
 
     import lealla_tf.recipe as recipe
     import lealla_tf.training
 
     def stopped(config, model_dir, vocab_file, strategy):
-        return {"reason": "stopped by SIGINT", "final_step": 3}
+        return {"reason": reason, "final_step": 3}
 
     monkeypatch.setattr(lealla_tf.training, "train", stopped)
     stages = recipe.Stages(str(tmp_path), log=lambda _: None)
@@ -119,6 +122,13 @@ def test_a_training_stopped_by_a_signal_is_not_a_finished_stage(tmp_path, monkey
     with pytest.raises(recipe.StageInterrupted, match="step 3 of 200.*rerun the same command"):
         stages.run("train_student", lambda: recipe.train_stage(config, "m", "v", None))
     assert not (tmp_path / "stages" / "train_student.json").exists()  # the rerun resumes
+
+    def ctrl_c():
+        raise KeyboardInterrupt  # e.g. in the Beam teacher-vector stage
+
+    with pytest.raises(recipe.StageInterrupted, match="teacher_vectors interrupted"):
+        stages.run("teacher_vectors", ctrl_c)
+    assert not (tmp_path / "stages" / "teacher_vectors.json").exists()
 
     def interrupted(config, fresh=False):
         raise recipe.StageInterrupted("training m stopped by SIGTERM at step 3 of 200")

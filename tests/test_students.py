@@ -46,3 +46,21 @@ def test_init_from_another_architecture_is_a_clear_error(bottleneck_run,
     with pytest.raises(ValueError, match="different architecture: num_layers 2 there, 4 here, "
                                          "embedding_dim 6 there, None here"):
         task.initialize_weights()
+
+
+def test_a_mean_pooled_student_starts_from_a_cls_pooled_model(bottleneck_run,
+                                                              teacher_records,  # noqa: F811
+                                                              sentence_vocab_file, tmp_path):
+    # An imported LaBSE/LEALLA checkpoint pools [CLS]; the recipe's students pool the mean.
+    config = tiny_config(vocab_size(sentence_vocab_file), teacher_records, "mcl",
+                         init_from=bottleneck_run)
+    config.encoder = config.encoder.replace(embedding_dim=6, num_unique_layers=1,
+                                            pooling="mean")
+    task = Trainer(config, str(tmp_path / "stage2"), make_strategy("default"),
+                   sentence_vocab_file, progress=False).task
+    assert task.initialize_weights() == {"init_from": bottleneck_run}
+    source = {w.path: np.asarray(w) for w in load_encoder(bottleneck_run).weights}
+    ours = {w.path: np.asarray(w) for w in task.student.encoder.weights}
+    assert set(ours) < set(source)  # all but the pooler
+    for path, value in ours.items():
+        np.testing.assert_array_equal(source[path], value)
