@@ -26,14 +26,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.vocab_build import machine, write_result  # noqa: E402
+from lealla_tf.evaluation import (TATOEBA_MARGIN_METRIC,  # noqa: E402
+                                  TATOEBA_PRIMARY_METRIC, best_and_worst, per_language)
+from lealla_tf.plots import read_jsonl  # noqa: E402
 from lealla_tf.recipe import find_data_dir  # noqa: E402
-
-PRIMARY = "tatoeba/average_p_at_1"
-
-
-def read_jsonl(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def run(command):
@@ -82,13 +78,12 @@ def main():
     with open(full_json) as f:
         full = json.load(f)["metrics"]
     curve = [{"step": row["step"], "train_seconds": row["train_seconds"],
-              "p_at_1_first_50": row[PRIMARY]}
+              "p_at_1_first_50": row[TATOEBA_PRIMARY_METRIC]}
              for row in read_jsonl(os.path.join(args.work_dir, "eval_log.jsonl"))]
     train_log = read_jsonl(os.path.join(args.work_dir, "train_log.jsonl"))
     last = train_log[-1] if train_log else {}
-    per_language = {key.split("/")[1]: value for key, value in full.items()
-                    if key.startswith("tatoeba/") and key.endswith("/p_at_1")}
-    ranked = sorted(per_language.items(), key=lambda kv: -kv[1])
+    languages = per_language(full)
+    best, worst = best_and_worst(languages)
     result = {
         "benchmark": "corpus_long_run", "machine": machine(),
         "train_flags": train_flags,
@@ -96,10 +91,11 @@ def main():
         "last_step": {k: last.get(k) for k in ("step", "ams", "total", "learning_rate",
                                                 "pairs_per_second", "train_seconds")},
         "curve": curve,
-        "tatoeba_dev_all": {"p_at_1": full.get(PRIMARY),
-                            "margin_p_at_1": full.get("tatoeba_margin/average_p_at_1"),
-                            "languages": len(per_language),
-                            "best_10": dict(ranked[:10]), "worst_10": dict(ranked[-10:])},
+        "tatoeba_dev_all": {"p_at_1": full.get(TATOEBA_PRIMARY_METRIC),
+                            "margin_p_at_1": full.get(TATOEBA_MARGIN_METRIC),
+                            "languages": len(languages),
+                            "best_10": {l: languages[l] for l in best},
+                            "worst_10": {l: languages[l] for l in worst}},
     }
     write_result(args.output_json, result)
 
