@@ -72,6 +72,31 @@ def get_preset(name: str) -> Preset:
             f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}") from None
 
 
+DIMENSION_REDUCTION = "dimension_reduction"
+
+
+def student_preset(name: str, overrides: Optional[dict] = None, reduction_dim: int = 128,
+                   objective: str = "lealla"):
+    """What a trainer's --preset means: (student kind, EncoderConfig, objective).
+
+    `name` is an encoder preset (changed by `overrides`, EncoderConfig fields)
+    or "dimension_reduction" (Section 3.2: the frozen teacher plus a dense layer
+    to `reduction_dim`, trained with AMS; the default objective "lealla" then
+    means "ams"). Its stand-in encoder has no fields to override, so
+    `overrides` with it are a ValueError rather than silently ignored.
+    """
+    if name == DIMENSION_REDUCTION:
+        if overrides:
+            raise ValueError("--encoder_overrides do not apply to dimension_reduction (its "
+                             "only size is --reduction_dim)")
+        if reduction_dim <= 0:
+            raise ValueError(f"--reduction_dim must be positive, got {reduction_dim}")
+        encoder = EncoderConfig(num_layers=1, num_heads=1, hidden_dim=reduction_dim,
+                                intermediate_dim=1)
+        return "dimension_reduction", encoder, "ams" if objective == "lealla" else objective
+    return "encoder", get_preset(name).encoder.replace(**(overrides or {})), objective
+
+
 def count_parameters(config: EncoderConfig) -> int:
     """Exact number of weights of `build_encoder(config)`, without building it.
 

@@ -94,21 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_flags(args):
     """The (unresolved) `TrainConfig` the flags describe."""
-    from lealla_tf.configs import (DataConfig, EncoderConfig, LossConfig, OptimizerConfig,
-                                   TeacherConfig, TokenizerConfig, TrainConfig)
-    from lealla_tf.presets import get_preset
+    from lealla_tf.configs import (DataConfig, LossConfig, OptimizerConfig, TeacherConfig,
+                                   TokenizerConfig, TrainConfig)
+    from lealla_tf.presets import student_preset
 
-    reduction = args.preset == "dimension_reduction"
-    if reduction:
-        encoder = EncoderConfig(num_layers=1, num_heads=1, hidden_dim=args.reduction_dim,
-                                intermediate_dim=1)
-        objective = "ams" if args.objective == "lealla" else args.objective
-    else:
-        encoder = get_preset(args.preset).encoder.replace(**parse_overrides(args.encoder_overrides))
-        objective = args.objective
+    student, encoder, objective = student_preset(
+        args.preset, parse_overrides(args.encoder_overrides), args.reduction_dim, args.objective)
     return TrainConfig(
-        preset=args.preset, student="dimension_reduction" if reduction else "encoder",
-        encoder=encoder,
+        preset=args.preset, student=student, encoder=encoder,
         tokenizer=TokenizerConfig(max_seq_length=args.max_seq_length, lower_case=args.lower_case),
         data=DataConfig(train_data=list(args.train_data), language_alpha=args.language_alpha,
                         decontaminate=list(args.decontaminate),

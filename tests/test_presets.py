@@ -6,7 +6,7 @@ import pytest
 
 from lealla_tf.lealla_encoder import build_encoder
 from lealla_tf.presets import (LABSE_VOCABULARY_SIZE, PRESETS, count_encoder_parameters,
-                               count_parameters, get_preset, main)
+                               count_parameters, get_preset, main, student_preset)
 
 RELEASED = {
     "lealla_small": 68_988_672,
@@ -80,3 +80,18 @@ def test_cli_prints_every_preset_with_exact_counts(capsys):
     assert main(["--vocabulary_size", "64000"]) == 0
     out = capsys.readouterr().out
     assert f"{count_parameters(PRESETS['lealla_small'].encoder.replace(vocabulary_size=64000)):,}" in out
+
+
+def test_student_preset_maps_encoder_presets_and_dimension_reduction():
+    student, encoder, objective = student_preset("lealla_small", {"pooling": "mean"})
+    assert (student, objective) == ("encoder", "lealla")
+    assert encoder == PRESETS["lealla_small"].encoder.replace(pooling="mean")
+    student, encoder, objective = student_preset("dimension_reduction", reduction_dim=96)
+    assert (student, objective) == ("dimension_reduction", "ams")
+    assert (encoder.hidden_dim, encoder.num_layers) == (96, 1)
+    with pytest.raises(ValueError, match="do not apply to dimension_reduction"):
+        student_preset("dimension_reduction", {"num_layers": 2})
+    with pytest.raises(ValueError, match="reduction_dim must be positive"):
+        student_preset("dimension_reduction", reduction_dim=0)
+    with pytest.raises(ValueError, match="unknown preset"):
+        student_preset("lealla_tiny")

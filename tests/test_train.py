@@ -194,6 +194,9 @@ def test_cli_errors_are_messages_not_tracebacks(tiny_parallel_dir, sentence_voca
     assert "not in the objective" in capsys.readouterr().err
     assert main(base + [f"--vocab_file={sentence_vocab_file}", "--preset=nope"]) == 2
     assert "unknown preset" in capsys.readouterr().err
+    assert main(base + [f"--vocab_file={sentence_vocab_file}", "--preset=dimension_reduction",
+                        "--encoder_overrides=num_layers=2"]) == 2
+    assert "do not apply to dimension_reduction" in capsys.readouterr().err
     # An embeddings output (id, embedding) is not a pair file: said, not a traceback.
     import numpy as np
 
