@@ -11,7 +11,11 @@ languages, with tatoeba_dev removed) and is evaluated on the first 50 pairs a
 language every --eval_every steps, then on all of tatoeba_dev. The question it
 answers: is the main job's plateau (31-32 % on the subset after 250 steps on
 13,984 pairs) the sample's size? Rerunning resumes the training from its
-checkpoint (a finished run is only evaluated again).
+checkpoint (a finished run is only evaluated again). A finished run can be
+extended: rerun with a larger --train_steps and --warmup_steps set to the
+first run's (1 % of its steps); the data goes on with pairs not yet seen and
+the linear decay restarts from where the longer schedule stands (a warm
+restart, e.g. half the peak rate when doubling the steps).
 """
 
 import argparse
@@ -47,6 +51,8 @@ def main():
     parser.add_argument("--objective", default="ams")
     parser.add_argument("--train_steps", type=int, default=1500)
     parser.add_argument("--eval_every", type=int, default=250)
+    parser.add_argument("--warmup_steps", type=int, default=None,
+                        help="default: 1%% of train_steps; to extend a finished run, its value")
     parser.add_argument("--output_json", required=True)
     args = parser.parse_args()
 
@@ -66,6 +72,8 @@ def main():
         f"--embedding_init_source={recipe / 'teacher'}", f"--train_steps={args.train_steps}",
         f"--tatoeba_dir={tatoeba}", f"--eval_every={args.eval_every}", "--eval_max_pairs=50",
         f"--checkpoint_every={args.eval_every}", "--no_progress"]
+    if args.warmup_steps is not None:
+        train_flags.append(f"--warmup_steps={args.warmup_steps}")
     start = time.perf_counter()
     run([sys.executable, "-m", "lealla_tf.train", *train_flags])
     train_wall = time.perf_counter() - start
