@@ -63,6 +63,11 @@ for _beta in (1.0, 10.0, 100.0):
         CONFIGURATIONS[f"weights_fd{_beta:g}_ld{_gamma:g}"] = {
             "vocabulary": "pruned", "init": "teacher_pca", "objective": LEALLA,
             "weights": {"fd": _beta, "ld": _gamma}}
+# The main job's student at other peak learning rates (default: 5e-4, the
+# paper's for d < 384 at batch 8192); the --only=lr_* runs sweep it.
+for _rate in (2.5e-4, 1e-3, 2e-3):
+    CONFIGURATIONS[f"lr_{_rate:g}"] = {"vocabulary": "pruned", "init": "teacher_pca",
+                                       "objective": LEALLA, "learning_rate": _rate}
 
 
 def prepare(work_dir, data_dir, sample_pairs, max_pieces):
@@ -132,7 +137,8 @@ def train_configuration(name, spec, work_dir, data_dir, steps, eval_pairs, resul
                             length_buckets=RecipeConfig().length_buckets),
             loss=LossConfig(objective=objective,
                             weights=spec.get("weights", WEIGHTS.get(objective, {}))),
-            optimizer=OptimizerConfig(warmup_steps=max(1, stage_steps // 10)),
+            optimizer=OptimizerConfig(learning_rate=spec.get("learning_rate"),
+                                      warmup_steps=max(1, stage_steps // 10)),
             embedding_init=spec["init"] if index == 0 else "random",
             embedding_init_source=teacher_dir if spec["init"] != "random" and index == 0
             else "", init_from=previous, global_batch_size=64, train_steps=stage_steps,
@@ -192,7 +198,7 @@ def main():
     os.makedirs(args.work_dir, exist_ok=True)
     prepared = prepare(args.work_dir, data_dir, args.sample_pairs, args.max_pieces)
     names = [n for n in args.only.split(",") if n] or [
-        n for n in CONFIGURATIONS if not n.startswith(("weights_", "main_job"))]
+        n for n in CONFIGURATIONS if not n.startswith(("weights_", "main_job", "lr_"))]
     results = {}
     context = multiprocessing.get_context("spawn")
     for name in names:
