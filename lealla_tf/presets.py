@@ -89,11 +89,12 @@ def student_preset(name: str, overrides: Optional[dict] = None, reduction_dim: i
         if overrides:
             raise ValueError("--encoder_overrides do not apply to dimension_reduction (its "
                              "only size is --reduction_dim)")
+        # EncoderConfig refuses it too, but as "EncoderConfig.hidden_dim"; the user typed a flag.
         if reduction_dim <= 0:
             raise ValueError(f"--reduction_dim must be positive, got {reduction_dim}")
         encoder = EncoderConfig(num_layers=1, num_heads=1, hidden_dim=reduction_dim,
                                 intermediate_dim=1)
-        return "dimension_reduction", encoder, "ams" if objective == "lealla" else objective
+        return DIMENSION_REDUCTION, encoder, "ams" if objective == "lealla" else objective
     return "encoder", get_preset(name).encoder.replace(**(overrides or {})), objective
 
 
