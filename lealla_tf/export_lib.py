@@ -15,6 +15,11 @@ beforehand and no network, and a TFLite one:
     `vocab_file` is an asset; dropout only with `training=True`.
   - inputs longer than `max_seq_length` (default 128) tokens are truncated;
     empty strings and invalid UTF-8 give finite embeddings.
+  - also, outside the signatures, the two halves apart: `preprocess(strings)`
+    -> `{input_word_ids, input_mask, input_type_ids}` int32 `[batch, longest]`
+    and `embed_inputs(that dict)` -> the same embeddings, so a caller can
+    tokenize a corpus once and batch it by token length
+    (`lealla_tf.embedder.load_embedder` does).
 
 `export_labse_pair` -> the LaBSE/2 interface, two SavedModels:
   - `<path>/preprocessor`: strings -> `{input_word_ids, input_mask,
@@ -110,15 +115,20 @@ def export_lealla_model(encoder, tokenizer, export_path: str, jit_compile: bool 
     compiled = tf.function(
         lambda inputs: encoder(inputs, training=False)["sentence_embedding"], jit_compile=True)
 
-    def embed(strings, training=False):
-        inputs = tokenizer(strings)
+    def embed_inputs(inputs, training=False):
         if jit_compile and not training:
             return compiled(pad_to_multiple(inputs, JIT_LENGTH_MULTIPLE, tokenizer.pad_id,
                                             encoder.encoder_config.max_sequence_length))
         return encoder(inputs, training=training)["sentence_embedding"]
 
+    def embed(strings, training=False):
+        return embed_inputs(tokenizer(strings), training=training)
+
     root.__call__ = tf.function(embed)
     strings = tf.TensorSpec([None], tf.string, name="inputs")
+    root.preprocess = tf.function(lambda inputs: tokenizer(inputs), input_signature=[strings])
+    root.embed_inputs = tf.function(lambda inputs: embed_inputs(inputs),
+                                    input_signature=[_ids_spec()])
     root.__call__.get_concrete_function(strings, training=False)
     root.__call__.get_concrete_function(strings, training=True)
     serve = tf.function(lambda inputs: {"default": embed(inputs)}, input_signature=[strings])

@@ -1,0 +1,112 @@
+"""The Embedder: length-aware batching, and tokenizing each sentence once."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lealla_tf import embedder as embedder_lib
+from lealla_tf.configs import EncoderConfig
+from lealla_tf.embedder import Embedder, TokenPath, load_embedder, pack_rows, tokenize_once
+from lealla_tf.export_lib import export_lealla_model
+from lealla_tf.lealla_encoder import build_encoder
+from lealla_tf.tokenizer import Tokenizer
+from conftest import multilingual_sentences
+
+
+@pytest.fixture(scope="module")
+def tokenizer(sentence_vocab_file):
+    return Tokenizer(sentence_vocab_file, max_seq_length=16)
+
+
+@pytest.fixture(scope="module")
+def encoder(tokenizer):
+    return build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
+                                       num_heads=2, hidden_dim=8, intermediate_dim=16))
+
+
+def numpy_tokenize(tokenizer):
+    return lambda strings: {k: v.numpy() for k, v in tokenizer(tf.constant(strings)).items()}
+
+
+def test_pack_rows_rebuilds_the_tokenizers_own_batches(tokenizer):
+    sentences = multilingual_sentences()
+    tokenize = numpy_tokenize(tokenizer)
+    # Chunks smaller than the input: the flat ids must join up across chunks.
+    flat, lengths = tokenize_once(tokenize, sentences, chunk=7)
+    assert flat.dtype == np.int32 and len(lengths) == len(sentences)
+    assert flat.size == lengths.sum()
+    assert [a.size for a in tokenize_once(tokenize, [])] == [0, 0]
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        rows = rng.choice(len(sentences), size=9, replace=False)
+        want = tokenize([sentences[i] for i in rows])
+        got = pack_rows(flat, lengths, rows, tokenizer.pad_id)
+        for name in ("input_word_ids", "input_mask", "input_type_ids"):
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_encode_tokenizes_once_and_restores_input_order(tokenizer, encoder, monkeypatch):
+    monkeypatch.setattr(embedder_lib, "TOKENIZE_CHUNK", 10)
+    sentences = multilingual_sentences()
+    calls = {"tokenize": 0, "embed": 0, "widths": []}
+    tokenize = numpy_tokenize(tokenizer)
+
+    def counted_tokenize(strings):
+        calls["tokenize"] += 1
+        return tokenize(strings)
+
+    def embed_inputs(inputs):
+        calls["embed"] += 1
+        calls["widths"].append(inputs["input_word_ids"].shape[1])
+        return encoder(inputs, training=False)["sentence_embedding"].numpy()
+
+    model = Embedder(None, 8, "test", tokens=TokenPath(counted_tokenize, embed_inputs,
+                                                      tokenizer.pad_id))
+    got = model.encode(sentences, batch_size=4)
+    # One tokenizer call per chunk, none per batch.
+    assert calls["tokenize"] == -(-len(sentences) // 10)
+    assert calls["embed"] == -(-len(sentences) // 4)
+    # Batches come shortest first, each padded to its own longest.
+    assert calls["widths"] == sorted(calls["widths"])
+    assert model.last_stats["padding_waste"] < 0.5
+    want = np.concatenate([embed_inputs(tokenize([s])) for s in sentences])
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    np.testing.assert_array_equal(model.token_lengths(sentences[:3]),
+                                  tokenize(sentences[:3])["input_mask"].sum(axis=1))
+    np.testing.assert_allclose(model(sentences[:3]), want[:3], atol=1e-5)
+    assert model([]).shape == (0, 8)
+    with pytest.raises(ValueError, match="no sentences"):
+        model.encode([])
+    with pytest.raises(ValueError, match="embed_fn or tokens"):
+        Embedder(None, 8, "neither")
+
+
+def test_lealla_export_carries_its_tokenizer_and_encoder_apart(tokenizer, encoder, tmp_path):
+    path = export_lealla_model(encoder, tokenizer, str(tmp_path / "lealla"))
+    loaded = tf.saved_model.load(path)
+    sentences = multilingual_sentences()
+    strings = tf.constant(sentences)
+    want = loaded.signatures["serving_default"](inputs=strings)["default"].numpy()
+    halves = loaded.embed_inputs(loaded.preprocess(strings)).numpy()
+    np.testing.assert_allclose(halves, want, atol=1e-5)
+    model = load_embedder(path)
+    assert model._tokens is not None
+    np.testing.assert_allclose(model.encode(sentences, batch_size=3), want, atol=1e-5)
+    assert model.last_stats["tokens"] == int(loaded.preprocess(strings)["input_mask"].numpy().sum())
+
+
+def test_a_savedmodel_without_the_halves_is_embedded_whole(tokenizer, encoder, tmp_path):
+    """A SavedModel that only maps strings to vectors (a released LEALLA model's
+    interface) still embeds, sorted by character length."""
+    root = tf.Module()
+    root.encoder, root.tokenizer = encoder, tokenizer
+    root.__call__ = tf.function(
+        lambda strings: encoder(tokenizer(strings), training=False)["sentence_embedding"],
+        input_signature=[tf.TensorSpec([None], tf.string)])
+    tf.saved_model.save(root, str(tmp_path / "plain"))
+    model = load_embedder(str(tmp_path / "plain"))
+    assert model._tokens is None and model.token_lengths(["x"]) is None
+    sentences = multilingual_sentences()
+    want = encoder(tokenizer(tf.constant(sentences)), training=False)["sentence_embedding"]
+    np.testing.assert_allclose(model.encode(sentences, batch_size=5), want.numpy(), atol=1e-5)
+    assert "padding_waste" not in model.last_stats
