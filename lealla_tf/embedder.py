@@ -16,7 +16,8 @@ number of sentences the way sentence-transformers' `encode` does, with
 length-aware batching: sentences are sorted by token length (character length
 where the model hides its tokenizer), cut into batches, embedded, and put back in
 input order, so each batch is padded only to its own longest sentence.
-`Embedder.last_stats` then reports sentences/s and the padding waste.
+`Embedder.last_stats` then reports sentences/s and the padding waste (of the
+last call, from whichever thread made it).
 
 Where the tokenizer and the encoder can be called apart (TFLite, model
 directories, LaBSE/2 pairs, our own LEALLA exports), `encode` tokenizes every
@@ -122,11 +123,14 @@ def tokenize_once(tokenize: Callable, sentences: Sequence,
     return np.concatenate(flat), np.concatenate(lengths).astype(np.int64)
 
 
-def pack_rows(flat: np.ndarray, lengths: np.ndarray, rows, pad_id: int = 0) -> dict:
+def pack_rows(flat: np.ndarray, lengths: np.ndarray, rows, pad_id: int = 0,
+              starts: Optional[np.ndarray] = None) -> dict:
     """BERT inputs of sentences `rows` of a `tokenize_once` result, padded to
-    their longest."""
+    their longest. `starts` (`cumsum(lengths) - lengths`): pass it when packing
+    many batches of one result, so each batch costs its own rows, not all of them."""
     rows = np.asarray(rows, dtype=np.int64)
-    starts = np.cumsum(lengths) - lengths
+    if starts is None:
+        starts = np.cumsum(lengths) - lengths
     counts = lengths[rows]
     width = max(int(counts.max()), 1)
     mask = np.arange(width)[None, :] < counts[:, None]
@@ -161,7 +165,10 @@ class Embedder:
                                                      tokens.pad_id))
         if tokens is not None and token_lengths is None:
             def token_lengths(strings):
-                return tokenize_once(tokens.tokenize, strings)[1]
+                chunk = TOKENIZE_CHUNK
+                return np.concatenate([np.zeros(0, np.int64)] + [
+                    np.asarray(tokens.tokenize(strings[i:i + chunk])["input_mask"]).sum(axis=1)
+                    for i in range(0, len(strings), chunk)])
         if embed_fn is None:
             raise ValueError("an Embedder needs embed_fn or tokens")
         self._embed = embed_fn
@@ -189,10 +196,18 @@ class Embedder:
         sentences = list(sentences)
         if self._tokens is not None and sentences:
             path = self._tokens
+            start_time = time.time()
             flat, lengths = tokenize_once(path.tokenize, sentences)
-            embeddings, self.last_stats = encode_in_length_order(
-                lambda rows: path.embed_inputs(pack_rows(flat, lengths, rows, path.pad_id)),
+            starts = np.cumsum(lengths) - lengths
+            tokenize_seconds = time.time() - start_time
+            embeddings, stats = encode_in_length_order(
+                lambda rows: path.embed_inputs(pack_rows(flat, lengths, rows, path.pad_id,
+                                                         starts)),
                 range(len(sentences)), batch_size, lengths, show_progress_bar, description)
+            stats["tokenize_seconds"] = tokenize_seconds
+            stats["seconds"] += tokenize_seconds
+            stats["sentences_per_second"] = len(sentences) / max(stats["seconds"], 1e-9)
+            self.last_stats = stats
             return embeddings
         lengths = self.token_lengths(sentences) if sentences else None
         embeddings, self.last_stats = encode_in_length_order(

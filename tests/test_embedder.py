@@ -41,8 +41,11 @@ def test_pack_rows_rebuilds_the_tokenizers_own_batches(tokenizer):
         rows = rng.choice(len(sentences), size=9, replace=False)
         want = tokenize([sentences[i] for i in rows])
         got = pack_rows(flat, lengths, rows, tokenizer.pad_id)
+        given_starts = pack_rows(flat, lengths, rows, tokenizer.pad_id,
+                                 starts=np.cumsum(lengths) - lengths)
         for name in ("input_word_ids", "input_mask", "input_type_ids"):
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+            np.testing.assert_array_equal(given_starts[name], want[name], err_msg=name)
 
 
 def test_encode_tokenizes_once_and_restores_input_order(tokenizer, encoder, monkeypatch):
@@ -69,6 +72,9 @@ def test_encode_tokenizes_once_and_restores_input_order(tokenizer, encoder, monk
     # Batches come shortest first, each padded to its own longest.
     assert calls["widths"] == sorted(calls["widths"])
     assert model.last_stats["padding_waste"] < 0.5
+    stats = model.last_stats
+    assert 0 <= stats["tokenize_seconds"] <= stats["seconds"]
+    assert stats["sentences_per_second"] == pytest.approx(len(sentences) / stats["seconds"])
     want = np.concatenate([embed_inputs(tokenize([s])) for s in sentences])
     np.testing.assert_allclose(got, want, atol=1e-5)
     np.testing.assert_array_equal(model.token_lengths(sentences[:3]),
