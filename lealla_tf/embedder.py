@@ -165,10 +165,7 @@ class Embedder:
                                                      tokens.pad_id))
         if tokens is not None and token_lengths is None:
             def token_lengths(strings):
-                chunk = TOKENIZE_CHUNK
-                return np.concatenate([np.zeros(0, np.int64)] + [
-                    np.asarray(tokens.tokenize(strings[i:i + chunk])["input_mask"]).sum(axis=1)
-                    for i in range(0, len(strings), chunk)])
+                return tokenize_once(tokens.tokenize, strings)[1]
         if embed_fn is None:
             raise ValueError("an Embedder needs embed_fn or tokens")
         self._embed = embed_fn
