@@ -63,6 +63,14 @@ for _beta in (1.0, 10.0, 100.0):
         CONFIGURATIONS[f"weights_fd{_beta:g}_ld{_gamma:g}"] = {
             "vocabulary": "pruned", "init": "teacher_pca", "objective": LEALLA,
             "weights": {"fd": _beta, "ld": _gamma}}
+# Distillation from centred teacher vectors (lealla_tf.teachers.CenteredTeacher).
+CONFIGURATIONS["centered_lealla"] = {"vocabulary": "pruned", "init": "teacher_pca",
+                                     "objective": LEALLA, "center": True}
+CONFIGURATIONS["centered_fd_only"] = {"vocabulary": "pruned", "init": "teacher_pca",
+                                      "objective": "fd", "center": True}
+CONFIGURATIONS["centered_ams_ld1e5"] = {"vocabulary": "pruned", "init": "teacher_pca",
+                                        "objective": "ams+ld", "center": True,
+                                        "weights": {"ld": 1e5}}
 # The main job's student at other peak learning rates (default: 5e-4, the
 # paper's for d < 384 at batch 8192); the --only=lr_* runs sweep it.
 for _rate in (2.5e-4, 1e-3, 2e-3):
@@ -103,7 +111,7 @@ def train_configuration(name, spec, work_dir, data_dir, steps, eval_pairs, resul
     """Runs in a fresh process: trains one configuration and evaluates it."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     from lealla_tf.configs import (DataConfig, LossConfig, OptimizerConfig, RecipeConfig,
-                                   TokenizerConfig, TrainConfig)
+                                   TeacherConfig, TokenizerConfig, TrainConfig)
     from lealla_tf.embedder import load_embedder
     from lealla_tf.evaluation import TATOEBA_PRIMARY_METRIC, evaluate_tatoeba
     from lealla_tf.presets import get_preset
@@ -135,6 +143,7 @@ def train_configuration(name, spec, work_dir, data_dir, steps, eval_pairs, resul
             data=DataConfig(train_data=[os.path.join(work_dir, "pairs_teacher")],
                             decontaminate=[tatoeba],
                             length_buckets=RecipeConfig().length_buckets),
+            teacher=TeacherConfig(center=spec.get("center", False)),
             loss=LossConfig(objective=objective,
                             weights=spec.get("weights", WEIGHTS.get(objective, {}))),
             optimizer=OptimizerConfig(learning_rate=spec.get("learning_rate"),
@@ -191,6 +200,9 @@ def main():
                         help="cap of the pruned vocabulary (0: every piece that occurs)")
     parser.add_argument("--eval_pairs", type=int, default=200)
     parser.add_argument("--only", default="", help="comma-separated configuration names")
+    parser.add_argument("--equal_time_seconds", type=float, default=None,
+                        help="training time at which rows are compared (default: the "
+                             "shortest of this run's rows); pass the earlier run's to add rows")
     args = parser.parse_args()
     from lealla_tf.recipe import find_data_dir
 
@@ -218,7 +230,7 @@ def main():
         print(f"{name}: P@1 {100 * results[name]['p_at_1']:.2f} (first {args.eval_pairs} pairs)"
               f", {results[name]['pairs_per_second']:.0f} pairs/s", flush=True)
     if results:
-        budget = min(r["train_seconds"] for r in results.values())
+        budget = args.equal_time_seconds or min(r["train_seconds"] for r in results.values())
         for result in results.values():
             result["p_at_1_first_50_at_equal_time"] = at_time(result["curve"], budget)
         table = {"equal_time_seconds": budget}

@@ -186,6 +186,10 @@ class TeacherConfig:
             y^t = T(y) (LEALLA eq. 3-4).
         reduction_dir: model directory of a `dimension_reduction` run, whose
             fixed dense layer reduces the teacher for the "syn" objective.
+        center: distil from centred teacher vectors, (v - mu) / ||v - mu||,
+            mu the mean over the first `center_pairs` training pairs
+            (`lealla_tf.teachers.CenteredTeacher`).
+        center_pairs: how many pairs estimate mu.
     """
 
     path: str = ""
@@ -193,6 +197,8 @@ class TeacherConfig:
     preprocessor: str = ""
     english_only: bool = False
     reduction_dir: str = ""
+    center: bool = False
+    center_pairs: int = 2048
 
     @property
     def hub(self) -> bool:
@@ -329,6 +335,7 @@ def validate_train_config(config: TrainConfig) -> None:
     _positive("--eval_max_pairs", config.eval_max_pairs, allow_zero=True)
     _positive("--time_budget_minutes", config.time_budget_minutes, allow_zero=True)
     _positive("--shuffle_buffer", config.data.shuffle_buffer)
+    _positive("--teacher_center_pairs", config.teacher.center_pairs)
     if config.data.length_buckets < 0:
         raise ValueError(f"--length_buckets must be 0 (off) or positive, got "
                          f"{config.data.length_buckets}")
@@ -439,6 +446,12 @@ def config_from_dict(cls, values: dict):
 
 
 
+# Settings added after model directories were first written, with the value
+# such a directory ran with: a stored config without them resumes when the new
+# run keeps that value.
+ADDED_SETTINGS = {"teacher.center": False, "teacher.center_pairs": 2048}
+
+
 def check_resumable(stored: dict, requested: dict) -> None:
     """Raises ValueError listing settings that differ from the stored run's.
 
@@ -455,6 +468,7 @@ def check_resumable(stored: dict, requested: dict) -> None:
         return flat
 
     old, new = flatten(stored), flatten(requested)
+    old = {**{k: v for k, v in ADDED_SETTINGS.items() if k in new}, **old}
     differences = [f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
                    for key in sorted(set(old) | set(new))
                    if key not in RESUMABLE_CHANGES and key != "tokenizer.vocab_file"
@@ -500,6 +514,7 @@ class RecipeConfig:
             the same data and steps (the distillation ablation); "" for none.
         loss_weights: per-term weights; None: `RECIPE_LOSS_WEIGHTS` for the
             terms the objective has.
+        teacher_center: distil from centred teacher vectors (`TeacherConfig.center`).
         length_buckets: see `DataConfig.length_buckets` (measured by
             benchmarks/train_throughput.py --train_data).
         teacher_eval_pairs: the teacher is evaluated on the first this many
@@ -534,6 +549,7 @@ class RecipeConfig:
     teacher_eval_pairs: int = 300
     learning_rate: Optional[float] = None
     warmup_steps: Optional[int] = None
+    teacher_center: bool = False
     eval_every: int = 100
     eval_max_pairs: int = 50
     bucc_languages: List[str] = dataclasses.field(

@@ -250,7 +250,8 @@ def train_config(config: RecipeConfig, data_dir, vocabulary: dict, teacher: dict
         tokenizer=TokenizerConfig(max_seq_length=config.max_seq_length),
         data=DataConfig(train_data=[data], decontaminate=[str(data_dir / "tatoeba_dev")],
                         length_buckets=config.length_buckets, seed=config.seed),
-        teacher=TeacherConfig(english_only=not teacher["multilingual"]),
+        teacher=TeacherConfig(english_only=not teacher["multilingual"],
+                              center=config.teacher_center),
         loss=LossConfig(objective=objective, weights=dict(loss_weights)),
         optimizer=OptimizerConfig(
             learning_rate=config.learning_rate,
@@ -555,6 +556,8 @@ def build_parser():
     add("--comparison_objective", default=defaults.comparison_objective,
         help="the ablation's objective on the same data and steps ('' for none)")
     add("--skip_comparison", action="store_true", help="no comparison run")
+    add("--teacher_center", action="store_true",
+        help="distil from centred teacher vectors (see python -m lealla_tf.train --help)")
     add("--train_steps", type=int, default=defaults.train_steps)
     add("--global_batch_size", type=int, default=defaults.global_batch_size)
     add("--max_seq_length", type=int, default=defaults.max_seq_length)
@@ -594,6 +597,7 @@ def main(argv=None) -> int:
             embedding_init=args.embedding_init, objective=args.objective,
             loss_weights=parse_weights(args.loss_weights) if args.loss_weights else None,
             comparison_objective="" if args.skip_comparison else args.comparison_objective,
+            teacher_center=args.teacher_center,
             train_steps=args.train_steps, global_batch_size=args.global_batch_size,
             max_seq_length=args.max_seq_length, length_buckets=args.length_buckets,
             truncate_teacher=not args.no_truncate_teacher,

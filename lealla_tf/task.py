@@ -25,7 +25,7 @@ from lealla_tf.data import pair_dataset, tokenize_batches
 from lealla_tf.heads import DistillationHeads
 from lealla_tf.objectives import OBJECTIVES, TermInputs, compute_terms, parse_objective
 from lealla_tf.students import build_student
-from lealla_tf.teachers import EnglishOnlyTeacher, PrecomputedTeacher
+from lealla_tf.teachers import CenteredTeacher, PrecomputedTeacher
 
 
 class DistillationTask:
@@ -54,6 +54,8 @@ class DistillationTask:
             OBJECTIVES[t].needs_teacher for t in self.terms)
         self.data_info = {}
         with strategy.scope():
+            if teacher is not None and config.teacher.center and self.uses_teacher:
+                self.teacher = CenteredTeacher(teacher)
             self.student = build_student(config)
             self.heads = DistillationHeads(
                 self.terms, self.student.embedding_size, config.teacher_dimension,
@@ -75,18 +77,23 @@ class DistillationTask:
             done["embedding_init"] = initialize_token_embeddings(
                 self.student.encoder, self.tokenizer, self.config.embedding_init_source,
                 self.config.embedding_init)
+        if isinstance(self.teacher, CenteredTeacher):
+            batches = -(-self.config.teacher.center_pairs // self.config.global_batch_size)
+            done["teacher_center"] = self.teacher.estimate_mean(
+                self.dataset().take(batches))
         return done
 
     def checkpoint_objects(self) -> dict:
         """What a checkpoint must hold besides the optimizer and step."""
-        return {"heads": self.heads, **self.student.checkpoint_objects()}
+        extra = ({"teacher_mean": self.teacher.mean}
+                 if isinstance(self.teacher, CenteredTeacher) else {})
+        return {"heads": self.heads, **self.student.checkpoint_objects(), **extra}
 
     # === Data ===
 
     def _precomputed(self) -> Optional[PrecomputedTeacher]:
-        inner = self.teacher.inner if isinstance(self.teacher, EnglishOnlyTeacher) else (
-            self.teacher)
-        return inner if isinstance(inner, PrecomputedTeacher) else None
+        base = self.teacher.base if self.teacher is not None else None
+        return base if isinstance(base, PrecomputedTeacher) else None
 
     def dataset(self, input_context: Optional[tf.distribute.InputContext] = None,
                 steps_done: int = 0):

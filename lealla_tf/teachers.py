@@ -12,6 +12,9 @@
 - `EnglishOnlyTeacher`: wraps either for a monolingual teacher that sees only the
   English side: x^t = y^t = T(en) (Reimers & Gurevych 2020; Ding et al. 2022).
   A multilingual teacher embeds both sides: x^t = T(x), y^t = T(y) (LEALLA eq. 3-4).
+- `CenteredTeacher`: wraps any of them and removes the teacher's mean vector,
+  u = (v - mu) / ||v - mu||, with mu estimated once from the training data and
+  kept in the checkpoint (`--teacher_center`).
 """
 
 import os
@@ -41,6 +44,12 @@ class Teacher:
 
     def vectors(self, features: dict):
         raise NotImplementedError
+
+    @property
+    def base(self) -> "Teacher":
+        """Where the vectors come from, under any wrappers."""
+        inner = getattr(self, "inner", None)
+        return self if inner is None else inner.base
 
 
 class HubTeacher(Teacher):
@@ -123,6 +132,55 @@ class EnglishOnlyTeacher(Teacher):
 
     def embed_strings(self, strings):
         return self.inner.embed_strings(strings)
+
+
+class CenteredTeacher(Teacher):
+    """Another teacher's vectors, centred: u = (v - mu) / ||v - mu||.
+
+    Sentence encoders trained contrastively are anisotropic. multilingual-e5's
+    unit vectors of the main job's sample have a mean of norm 0.88, so two
+    unrelated sentences have cosine 0.77 and translations 0.87. Feature
+    distillation's squared distance and logit distillation's cosine matrix
+    then measure mostly that shared direction; centring keeps what tells
+    sentences apart (translations at cosine 0.40, unrelated pairs at -0.04).
+
+    `mean` is a non-trainable variable (created in the strategy's scope, saved
+    with the checkpoint): `estimate_mean` sets it once on a fresh run from the
+    first training batches, so a resumed run and every worker use the same mu.
+    """
+
+    def __init__(self, inner: Teacher):
+        self.inner = inner
+        self.dimension = inner.dimension
+        self.english_only = inner.english_only
+        self.description = f"{inner.description}, centred"
+        self.mean = tf.Variable(tf.zeros([inner.dimension]), trainable=False,
+                                name="teacher_mean")
+        if hasattr(inner, "embed_strings"):
+            self.embed_strings = lambda strings: self.center(inner.embed_strings(strings))
+
+    def center(self, vectors):
+        return tf.math.l2_normalize(vectors - self.mean, axis=-1)
+
+    def batch_features(self, batch):
+        return self.inner.batch_features(batch)
+
+    def vectors(self, features):
+        source, target = self.inner.vectors(features)
+        return self.center(source), self.center(target)
+
+    def estimate_mean(self, batches) -> dict:
+        """Sets `mean` to the average of both sides' unit vectors over `batches`
+        (the task's batch dicts); returns {"pairs": n, "mean_norm": ||mu||}."""
+        total, count = tf.zeros([self.dimension]), 0
+        for batch in batches:
+            source, target = self.inner.vectors(batch)
+            total += tf.reduce_sum(source, axis=0) + tf.reduce_sum(target, axis=0)
+            count += int(source.shape[0])
+        if count == 0:
+            raise ValueError("no training pairs to estimate the teacher's mean from")
+        self.mean.assign(total / (2 * count))
+        return {"pairs": count, "mean_norm": float(tf.norm(self.mean))}
 
 
 def build_teacher(config: TeacherConfig, files: List) -> Optional[Teacher]:

@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--teacher_preprocessor", default="")
     add("--teacher_english_only", action="store_true",
         help="the teacher sees only the English side (monolingual teacher)")
+    add("--teacher_center", action="store_true",
+        help="distil from centred teacher vectors (v - mean) / |v - mean|, the mean "
+             "estimated on the first --teacher_center_pairs training pairs")
+    add("--teacher_center_pairs", type=int, default=2048)
     add("--reduction_dir", default="", help="dimension_reduction run for the syn objective")
     add("--reduction_dim", type=int, default=128, help="dimension_reduction: output size")
     add("--objective", default="lealla", help=objective_help())
@@ -110,7 +114,8 @@ def config_from_flags(args):
         teacher=TeacherConfig(path=args.teacher, encoder=args.teacher_encoder,
                               preprocessor=args.teacher_preprocessor,
                               english_only=args.teacher_english_only,
-                              reduction_dir=args.reduction_dir),
+                              reduction_dir=args.reduction_dir, center=args.teacher_center,
+                              center_pairs=args.teacher_center_pairs),
         loss=LossConfig(objective=objective, scale=args.scale, margin=args.margin,
                         temperature=args.temperature, weights=parse_weights(args.loss_weights)),
         optimizer=OptimizerConfig(learning_rate=args.learning_rate,

@@ -1,0 +1,103 @@
+"""Teachers: centred vectors (`CenteredTeacher`) and how a run keeps their mean."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lealla_tf.configs import TeacherConfig, check_resumable, validate_train_config
+from lealla_tf.distribution import make_strategy
+from lealla_tf.teachers import CenteredTeacher, EnglishOnlyTeacher, PrecomputedTeacher
+from test_trainer import Trainer, teacher_records, tiny_config, vocab_size  # noqa: F401
+
+
+def unit(x):
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def batch(rng, rows, shift):
+    return {"teacher_source": (rng.normal(size=(rows, 5)) + shift).astype("float32"),
+            "teacher_target": (rng.normal(size=(rows, 5)) + shift).astype("float32")}
+
+
+def test_centred_vectors_remove_the_mean_of_both_sides():
+    rng = np.random.default_rng(0)
+    shift = np.array([3.0, 0, 0, 0, 1.0])  # an anisotropic teacher: one shared direction
+    batches = [batch(rng, 4, shift), batch(rng, 3, shift)]
+    teacher = CenteredTeacher(PrecomputedTeacher(5, has_source=True))
+    assert teacher.base is teacher.inner and teacher.dimension == 5
+    info = teacher.estimate_mean(batches)
+    rows = np.concatenate([unit(b[k]) for b in batches for k in ("teacher_source",
+                                                                  "teacher_target")])
+    mean = rows.mean(axis=0)
+    assert info["pairs"] == 7 and info["mean_norm"] == pytest.approx(np.linalg.norm(mean), 1e-5)
+    np.testing.assert_allclose(teacher.mean.numpy(), mean, atol=1e-6)
+    source, target = teacher.vectors(batches[0])
+    np.testing.assert_allclose(source, unit(unit(batches[0]["teacher_source"]) - mean), atol=1e-6)
+    np.testing.assert_allclose(target, unit(unit(batches[0]["teacher_target"]) - mean), atol=1e-6)
+    # The shared direction is gone: the centred rows of every batch average to about 0.
+    centred = np.concatenate([np.concatenate(teacher.vectors(b)) for b in batches])
+    assert np.linalg.norm(centred.mean(axis=0)) < 0.2 < np.linalg.norm(mean)
+
+
+def test_no_pairs_to_estimate_from_is_a_clear_error():
+    teacher = CenteredTeacher(PrecomputedTeacher(5, has_source=True))
+    with pytest.raises(ValueError, match="no training pairs"):
+        teacher.estimate_mean([])
+
+
+def test_wrappers_reach_the_base_teacher():
+    precomputed = PrecomputedTeacher(5, has_source=False)
+    wrapped = CenteredTeacher(EnglishOnlyTeacher(precomputed))
+    assert wrapped.base is precomputed and wrapped.english_only
+    assert not hasattr(wrapped, "embed_strings")  # precomputed vectors embed nothing new
+
+
+def test_a_centred_run_estimates_once_and_resumes_with_the_same_mean(
+        teacher_records, sentence_vocab_file, tmp_path):  # noqa: F811
+    config = tiny_config(vocab_size(sentence_vocab_file), teacher_records, train_steps=2,
+                         teacher=TeacherConfig(center=True, center_pairs=16))
+    model_dir = str(tmp_path / "m")
+    trainer = Trainer(config, model_dir, make_strategy("default"), sentence_vocab_file,
+                      progress=False)
+    summary = trainer.train()
+    assert summary["initialization"]["teacher_center"]["pairs"] == 16
+    mean = trainer.task.teacher.mean.numpy()
+    assert np.linalg.norm(mean) > 0
+    # The terms see centred vectors.
+    features = next(iter(trainer.task.dataset()))
+    raw = trainer.task.teacher.inner.vectors(features)[0]
+    np.testing.assert_allclose(trainer.task.teacher.vectors(features)[0],
+                               tf.math.l2_normalize(raw - mean, axis=-1), atol=1e-6)
+    config.train_steps = 3
+    resumed = Trainer(config, model_dir, make_strategy("default"), sentence_vocab_file,
+                      progress=False)
+    assert resumed.task.teacher.mean.numpy().sum() == 0  # not yet restored
+    summary = resumed.train()
+    assert summary["final_step"] == 3 and "teacher_center" not in summary["initialization"]
+    np.testing.assert_array_equal(resumed.task.teacher.mean.numpy(), mean)
+
+
+def test_an_objective_without_teacher_terms_has_nothing_to_centre(
+        teacher_records, sentence_vocab_file, tmp_path):  # noqa: F811
+    config = tiny_config(vocab_size(sentence_vocab_file), teacher_records, "ams", train_steps=1,
+                         teacher=TeacherConfig(center=True))
+    trainer = Trainer(config, str(tmp_path / "m"), make_strategy("default"),
+                      sentence_vocab_file, progress=False)
+    assert "teacher_center" not in trainer.train()["initialization"]
+
+
+def test_center_pairs_must_be_positive(teacher_records, sentence_vocab_file):  # noqa: F811
+    config = tiny_config(vocab_size(sentence_vocab_file), teacher_records,
+                         teacher=TeacherConfig(center=True, center_pairs=0))
+    with pytest.raises(ValueError, match="--teacher_center_pairs must be positive"):
+        validate_train_config(config)
+
+
+def test_a_run_written_before_centring_existed_resumes_uncentred():
+    stored = {"teacher": {"path": "", "english_only": False}, "train_steps": 5}
+    requested = {"teacher": {"path": "", "english_only": False, "center": False,
+                             "center_pairs": 2048}, "train_steps": 9}
+    check_resumable(stored, requested)
+    requested["teacher"]["center"] = True
+    with pytest.raises(ValueError, match="teacher.center: False -> True"):
+        check_resumable(stored, requested)
