@@ -49,7 +49,8 @@ def test_wrappers_reach_the_base_teacher():
     precomputed = PrecomputedTeacher(5, has_source=False)
     wrapped = CenteredTeacher(EnglishOnlyTeacher(precomputed))
     assert wrapped.base is precomputed and wrapped.english_only
-    assert not hasattr(wrapped, "embed_strings")  # precomputed vectors embed nothing new
+    # precomputed vectors embed nothing new
+    assert not hasattr(CenteredTeacher(precomputed), "embed_strings")
 
 
 def test_a_centred_run_estimates_once_and_resumes_with_the_same_mean(
