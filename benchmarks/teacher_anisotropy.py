@@ -24,10 +24,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from benchmarks.vocab_build import machine, write_result  # noqa: E402
 
 
-def unit(x):
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
-
-
 def statistics(source, target, permutation, retrieval_pairs) -> dict:
     n = min(retrieval_pairs, len(source))
     scores = source[:n] @ target[:n].T
@@ -43,33 +39,31 @@ def main():
     parser.add_argument("--output_json", required=True)
     parser.add_argument("--retrieval_pairs", type=int, default=2000)
     args = parser.parse_args()
-    import tensorflow as tf
+    from lealla_tf.data import (TFRECORD_SUFFIXES, _record_pairs, find_training_files,
+                                precomputed_teacher_layout)
+    from lealla_tf.teachers import CenteredTeacher, PrecomputedTeacher
 
-    from lealla_tf.data import find_training_files
-    from lealla_tf.embedding_io import PAIR_TEACHER_SOURCE, PAIR_TEACHER_TARGET
-
-    files = [f.path for f in find_training_files([args.train_data])]
-    if not files:
-        sys.exit(f"no training files under {args.train_data}")
-    source, target = [], []
-    records = [tf.data.TFRecordDataset(path, "GZIP" if path.endswith(".gz") else "")
-               for path in files]
-    for record in (r for dataset in records for r in dataset):
-        feature = tf.train.Example.FromString(record.numpy()).features.feature
-        if PAIR_TEACHER_SOURCE not in feature:
-            sys.exit(f"{args.train_data}: no teacher vectors of the source side "
-                     f"({PAIR_TEACHER_SOURCE})")
-        source.append(feature[PAIR_TEACHER_SOURCE].float_list.value)
-        target.append(feature[PAIR_TEACHER_TARGET].float_list.value)
-    source, target = unit(np.array(source)), unit(np.array(target))
-    permutation = np.random.default_rng(0).permutation(len(source))
-    mean = np.concatenate([source, target]).mean(axis=0)
+    files = find_training_files([args.train_data])
+    layout = precomputed_teacher_layout(files)
+    if layout is None or not layout[1]:
+        sys.exit(f"{args.train_data}: no teacher vectors of both sides (write them with "
+                 "beam_pipelines/embed_corpus.py --pairs)")
+    paths = [f.path for f in files if f.path.endswith(TFRECORD_SUFFIXES)]
+    # The vectors the trainer sees: unit rows, then centred by `--teacher_center`
+    # (here with the mean of every pair, not of the first 2,048).
+    raw = PrecomputedTeacher(layout[0], has_source=True)
+    batches = [raw.batch_features(b) for b in _record_pairs(paths, layout[0]).batch(4096)]
+    centred = CenteredTeacher(raw)
+    estimate = centred.estimate_mean(batches)
+    permutation = np.random.default_rng(0).permutation(estimate["pairs"])
     result = {"benchmark": "teacher_anisotropy", "machine": machine(),
-              "train_data": args.train_data, "pairs": len(source),
-              "mean_norm": float(np.linalg.norm(mean)),
-              "raw": statistics(source, target, permutation, args.retrieval_pairs),
-              "centred": statistics(unit(source - mean), unit(target - mean), permutation,
-                                    args.retrieval_pairs)}
+              "train_data": args.train_data, "pairs": estimate["pairs"],
+              "mean_norm": estimate["mean_norm"]}
+    for name, teacher in (("raw", raw), ("centred", centred)):
+        vectors = [teacher.vectors(b) for b in batches]
+        source = np.concatenate([v[0].numpy() for v in vectors])
+        target = np.concatenate([v[1].numpy() for v in vectors])
+        result[name] = statistics(source, target, permutation, args.retrieval_pairs)
     write_result(args.output_json, result)
 
 

@@ -449,7 +449,8 @@ def config_from_dict(cls, values: dict):
 # Settings added after model directories were first written, with the value
 # such a directory ran with: a stored config without them resumes when the new
 # run keeps that value.
-ADDED_SETTINGS = {"teacher.center": False, "teacher.center_pairs": 2048}
+ADDED_SETTINGS = {f"teacher.{name}": getattr(TeacherConfig, name)
+                  for name in ("center", "center_pairs")}
 
 
 def check_resumable(stored: dict, requested: dict) -> None:

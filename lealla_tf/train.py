@@ -24,6 +24,7 @@ from lealla_tf.flags import parse_overrides, parse_weights
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from lealla_tf.configs import TeacherConfig
     from lealla_tf.objectives import objective_help
 
     parser = argparse.ArgumentParser(
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--teacher_center", action="store_true",
         help="distil from centred teacher vectors (v - mean) / |v - mean|, the mean "
              "estimated on the first --teacher_center_pairs training pairs")
-    add("--teacher_center_pairs", type=int, default=2048)
+    add("--teacher_center_pairs", type=int, default=TeacherConfig.center_pairs)
     add("--reduction_dir", default="", help="dimension_reduction run for the syn objective")
     add("--reduction_dim", type=int, default=128, help="dimension_reduction: output size")
     add("--objective", default="lealla", help=objective_help())
