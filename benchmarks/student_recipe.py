@@ -71,6 +71,11 @@ CONFIGURATIONS["centered_fd_only"] = {"vocabulary": "pruned", "init": "teacher_p
 CONFIGURATIONS["centered_ams_ld1e5"] = {"vocabulary": "pruned", "init": "teacher_pca",
                                         "objective": "ams+ld", "center": True,
                                         "weights": {"ld": 1e5}}
+# Every weight selected from the teacher (embedding_init="teacher_select").
+CONFIGURATIONS["select_lealla"] = {"vocabulary": "pruned", "init": "teacher_select",
+                                   "objective": LEALLA}
+CONFIGURATIONS["select_ams_only"] = {"vocabulary": "pruned", "init": "teacher_select",
+                                     "objective": "ams"}
 # The main job's student at other peak learning rates (default: 5e-4, the
 # paper's for d < 384 at batch 8192); the --only=lr_* runs sweep it.
 for _rate in (2.5e-4, 1e-3, 2e-3):

@@ -244,7 +244,7 @@ class OptimizerConfig:
 
 
 STUDENTS = ("encoder", "dimension_reduction")
-EMBEDDING_INITS = ("random", "teacher_pca", "teacher_bottleneck")
+EMBEDDING_INITS = ("random", "teacher_pca", "teacher_bottleneck", "teacher_select")
 
 
 @dataclasses.dataclass
@@ -259,7 +259,9 @@ class TrainConfig:
         embedding_init: the student's token embeddings start "random", or from
             the teacher's table: "teacher_pca" (projected to d by PCA) or
             "teacher_bottleneck" (the teacher-width table and a trainable
-            projection to d). Needs `embedding_init_source`.
+            projection to d); or "teacher_select": every weight selected from
+            the teacher's (`lealla_tf.embedding_init`). Needs
+            `embedding_init_source`.
         embedding_init_source: a LaBSE/2-format teacher module whose
             vocabulary the student's tokenizer shares (or a pruned subset of).
         train_steps: None for the paper's default by width (100k for d <= 192,
@@ -538,7 +540,7 @@ class RecipeConfig:
     preset: str = "lealla_small"
     encoder_overrides: Dict[str, Any] = dataclasses.field(default_factory=dict)
     pooling: str = "mean"
-    embedding_init: str = "teacher_pca"
+    embedding_init: str = "teacher_select"
     objective: str = "lealla"
     loss_weights: Optional[Dict[str, float]] = None
     comparison_objective: str = "ams"

@@ -8,7 +8,17 @@ from the teacher's token embeddings instead of random ones:
   centred and projected to the student's width d by PCA fitted on those rows;
 - "teacher_bottleneck": the teacher-width rows themselves, under the encoder's
   embedding bottleneck (Ding et al. 2022), whose trainable projection to d
-  starts at the same PCA components.
+  starts at the same PCA components;
+- "teacher_select": every weight, not only the embeddings, selected from the
+  teacher's (weight selection, Xu et al. 2024, "Initializing models with larger
+  ones"): the student keeps d of the teacher's hidden coordinates (those with
+  the largest mean activation, which keeps BERT's outlier dimensions), its
+  first heads and evenly spaced dimensions of each, and the feed-forward units
+  with the largest weight norms; teacher layer i becomes student layer
+  floor(i * L_student / L_teacher), and the layers in between start with zero
+  output projections, so they pass their input on (re-normalised by their
+  layer norms) and learn from there. Needs a student no wider than the teacher
+  in each of these, without bottleneck or recurrence.
 
 Rows are matched by piece text: a SentencePiece piece to the same piece; a
 WordPiece token `t` to the teacher's word-initial `▁t`, `##t` to `t`. Tokens the
@@ -16,7 +26,7 @@ teacher lacks keep their random initialisation; the match rate is reported.
 """
 
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -114,6 +124,8 @@ def initialize_token_embeddings(encoder, tokenizer, teacher_dir: str, mode: str)
         # still count after the sum.
         projected *= 0.02 / max(float(projected.std()), 1e-12)
         values[matched] = projected
+    elif mode == "teacher_select":
+        return select_teacher_weights(encoder, rows, teacher_dir)
     elif mode == "teacher_bottleneck":
         if values.shape[1] != table.shape[1]:
             raise ValueError(f"teacher_bottleneck needs embedding_dim={table.shape[1]} (the "
@@ -130,3 +142,135 @@ def initialize_token_embeddings(encoder, tokenizer, teacher_dir: str, mode: str)
     return {"mode": mode, "source": teacher_dir, "rows": int(len(rows)),
             "rows_matched": int(matched.sum()), "matched_fraction": float(matched.mean()),
             "variance_kept": variance}
+
+
+def _teacher_layer_count(variables: Dict[str, np.ndarray]) -> int:
+    layers = {name.split("/")[0] for name in variables if name.startswith("transformer_layer_")}
+    return len(layers)
+
+
+def teacher_hidden_ranking(teacher_dir: str, token_rows: np.ndarray, sequences: int = 64,
+                           length: int = 16, seed: int = 0) -> np.ndarray:
+    """The teacher's hidden coordinates, most active first.
+
+    Mean |activation| over every layer's output, on `sequences` random
+    sequences of `token_rows` (the student's pieces): BERT-style models carry
+    a few coordinates of much larger magnitude that the others depend on, and
+    random text finds the same ones as real sentences (110 of the top 128
+    agree on multilingual-e5-small).
+    """
+    import tensorflow as tf
+
+    encoder = tf.saved_model.load(os.path.join(teacher_dir, "encoder"))
+    rng = np.random.default_rng(seed)
+    ids = rng.choice(token_rows, size=(sequences, length)).astype(np.int32)
+    inputs = {"input_word_ids": tf.constant(ids), "input_mask": tf.ones_like(ids),
+              "input_type_ids": tf.zeros_like(ids)}
+    outputs = encoder(inputs)["encoder_outputs"]
+    magnitude = np.mean([np.abs(o.numpy()).mean(axis=(0, 1)) for o in outputs], axis=0)
+    return np.argsort(-magnitude, kind="stable")
+
+
+def layer_sources(student_layers: int, teacher_layers: int) -> List[Optional[int]]:
+    """For each student layer, the teacher layer it starts from, or None (a pass-through layer).
+
+    A deeper student spreads the teacher's layers evenly (the ones in between
+    start as pass-through layers); a shallower one takes evenly spaced teacher
+    layers.
+    """
+    if student_layers >= teacher_layers:
+        sources: List[Optional[int]] = [None] * student_layers
+        for i in range(teacher_layers):
+            sources[int(np.floor(i * student_layers / teacher_layers))] = i
+        return sources
+    return [int(np.floor(j * teacher_layers / student_layers)) for j in range(student_layers)]
+
+
+def _axis_roles(key: str) -> str:
+    """What each axis of a `TransformerEncoder` weight indexes (see `select`)."""
+    if key.startswith("self_attention_layer/attention_output/"):
+        return "nkh" if key.endswith("kernel") else "h"
+    if key.startswith("self_attention_layer/"):  # query, key, value
+        return "hnk" if key.endswith("kernel") else "nk"
+    if key.startswith("feedforward_intermediate_dense/"):
+        return "hf" if key.endswith("kernel") else "f"
+    if key.startswith("feedforward_output_dense/"):
+        return "fh" if key.endswith("kernel") else "h"
+    return "h"  # the layer norms
+
+
+def select_teacher_weights(encoder, rows: np.ndarray, teacher_dir: str) -> dict:
+    """"teacher_select" (see the module docstring); `rows`: `match_rows`'s output."""
+    from lealla_tf.checkpoint_conversion import read_saved_model_variables
+
+    if encoder.embedding_projection is not None or encoder.num_unique_layers:
+        raise ValueError("teacher_select needs an encoder without embedding bottleneck or "
+                         "parameter recurrence")
+    variables = read_saved_model_variables(os.path.join(teacher_dir, "encoder"))
+    query = variables["transformer_layer_0/self_attention_layer/query/kernel"]
+    teacher_width, teacher_heads, teacher_head_dim = query.shape
+    teacher_ff = variables["transformer_layer_0/feedforward_intermediate_dense/kernel"].shape[1]
+    width, heads = encoder.hidden_dim, encoder.num_heads
+    head_dim, ff = width // heads, encoder.intermediate_dim
+    for what, student, teacher in (("hidden width", width, teacher_width),
+                                   ("heads", heads, teacher_heads),
+                                   ("head width", head_dim, teacher_head_dim),
+                                   ("feed-forward width", ff, teacher_ff)):
+        if student > teacher:
+            raise ValueError(f"teacher_select: the student's {what} {student} exceeds the "
+                             f"teacher's {teacher}")
+    matched = rows >= 0
+    hidden = np.sort(teacher_hidden_ranking(teacher_dir, rows[matched])[:width])
+    head_dims = np.linspace(0, teacher_head_dim - 1, head_dim).round().astype(np.int64)
+    # Q.K sums over head_dim of the teacher's dimensions; scaling the query keeps
+    # the attention logits at the teacher's scale.
+    query_scale = np.sqrt(teacher_head_dim / head_dim)
+
+    def select(value, roles, ff_units=None):
+        """`value` at the kept indices; `roles` names each axis: h(idden), n (heads),
+        k (head dimensions), f(eed-forward units)."""
+        kept = {"h": hidden, "n": np.arange(heads), "k": head_dims, "f": ff_units}
+        for axis, role in enumerate(roles):
+            value = np.take(value, kept[role], axis=axis)
+        return value
+
+    table = variables["token_embedding/embeddings"]
+    values = np.array(encoder.token_embedding.embeddings.numpy())
+    values[matched] = table[rows[matched]][:, hidden]
+    encoder.token_embedding.embeddings.assign(values)
+    positions = variables["position_embedding/embeddings"]
+    student_positions = encoder.position_embedding.weights[0]
+    if student_positions.shape[0] > positions.shape[0]:
+        raise ValueError(f"teacher_select: the student's {student_positions.shape[0]} "
+                         f"positions exceed the teacher's {positions.shape[0]}")
+    student_positions.assign(positions[:student_positions.shape[0]][:, hidden])
+    # Every segment starts as the teacher's first (single-sentence inputs).
+    segments = variables["segment_embedding/embeddings"][0][hidden]
+    encoder.segment_embedding.embeddings.assign(
+        np.tile(segments, (encoder.segment_embedding.embeddings.shape[0], 1)))
+    for weight in encoder.embeddings_layer_norm.weights:
+        weight.assign(select(variables[f"embeddings_layer_norm/{weight.path.split('/')[-1]}"],
+                             "h"))
+    sources = layer_sources(len(encoder.transformer_layers),
+                            _teacher_layer_count(variables))
+    for layer, source in zip(encoder.transformer_layers, sources):
+        for weight in layer.weights:
+            key = weight.path.split("/", 1)[1]
+            if source is None:
+                if key.startswith(("self_attention_layer/attention_output/",
+                                   "feedforward_output_dense/")):
+                    weight.assign(np.zeros(weight.shape, np.float32))
+                continue
+            prefix = f"transformer_layer_{source}/"
+            into = variables[prefix + "feedforward_intermediate_dense/kernel"][hidden]
+            out = variables[prefix + "feedforward_output_dense/kernel"][:, hidden]
+            importance = np.linalg.norm(into, axis=0) * np.linalg.norm(out, axis=1)
+            units = np.sort(np.argsort(-importance, kind="stable")[:ff])
+            value = select(variables[prefix + key], _axis_roles(key), units)
+            if key.startswith("self_attention_layer/query/"):
+                value = value * query_scale
+            weight.assign(value.astype(np.float32))
+    return {"mode": "teacher_select", "source": teacher_dir, "rows": int(len(rows)),
+            "rows_matched": int(matched.sum()), "matched_fraction": float(matched.mean()),
+            "hidden_coordinates": [int(i) for i in hidden],
+            "layer_sources": sources}

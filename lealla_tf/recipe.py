@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Callable, Dict, Optional, Tuple
 
-from lealla_tf.configs import RecipeConfig, recipe_loss_weights
+from lealla_tf.configs import EMBEDDING_INITS, RecipeConfig, recipe_loss_weights
 
 DEFAULT_DATA_DIRS = (
     pathlib.Path(__file__).resolve().parents[2] / "shared" / "data",
@@ -549,8 +549,7 @@ def build_parser():
     add("--preset", default=defaults.preset)
     add("--pooling", default=defaults.pooling, choices=("mean", "cls"))
     add("--encoder_overrides", default="", help="e.g. num_layers=2 (see lealla_tf.train)")
-    add("--embedding_init", default=defaults.embedding_init,
-        choices=("random", "teacher_pca", "teacher_bottleneck"))
+    add("--embedding_init", default=defaults.embedding_init, choices=EMBEDDING_INITS)
     add("--objective", default=defaults.objective)
     add("--loss_weights", default="", help="e.g. fd=1,ld=1e4 (default: the recipe's)")
     add("--comparison_objective", default=defaults.comparison_objective,

@@ -20,6 +20,7 @@ This module only parses flags; the work is `lealla_tf.training.train`.
 import argparse
 import sys
 
+from lealla_tf.configs import EMBEDDING_INITS
 from lealla_tf.flags import parse_overrides, parse_weights
 
 
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--margin", type=float, default=0.3)
     add("--temperature", type=float, default=100.0)
     add("--embedding_init", default="random",
-        help="random, teacher_pca or teacher_bottleneck (needs --embedding_init_source)")
+        help=f"one of {', '.join(EMBEDDING_INITS)} (needs --embedding_init_source)")
     add("--embedding_init_source", default="", help="teacher module for --embedding_init")
     add("--global_batch_size", type=int, default=64)
     add("--train_steps", type=int, default=None,

@@ -1,0 +1,150 @@
+"""Teacher-initialised students (`lealla_tf.embedding_init`)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lealla_tf.configs import EncoderConfig
+from lealla_tf.embedding_init import (layer_sources, match_rows, pca, select_teacher_weights,
+                                      teacher_hidden_ranking)
+from lealla_tf.export_lib import export_labse_pair
+from lealla_tf.lealla_encoder import build_encoder
+from lealla_tf.tokenizer import Tokenizer
+
+TEACHER = dict(vocabulary_size=40, num_layers=2, num_heads=4, hidden_dim=16,
+               intermediate_dim=32, max_sequence_length=24, pooling="mean", dropout=0.0,
+               hidden_activation="gelu")
+LOUD = 5  # the teacher's hidden coordinate made far larger than the others
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory, tiny_vocab_file):
+    """A converted-teacher directory (encoder/ SavedModel) of a tiny random BERT whose
+    coordinate LOUD carries a large constant, like BERT's outlier dimensions."""
+    teacher = build_encoder(EncoderConfig(**TEACHER), name="teacher_encoder")
+    rng = np.random.default_rng(0)
+    for weight in teacher.weights:  # BERT-scale random weights, biases included
+        weight.assign(rng.normal(scale=0.2, size=weight.shape).astype(np.float32))
+    for layer in [teacher.embeddings_layer_norm] + [
+            t._feedforward_layer_norm for t in teacher.transformer_layers]:
+        gamma, beta = layer.weights
+        gamma.assign(np.ones(gamma.shape, np.float32))
+        beta.assign(np.eye(TEACHER["hidden_dim"], dtype=np.float32)[LOUD] * 8.0)
+    directory = str(tmp_path_factory.mktemp("teacher"))
+    export_labse_pair(teacher, Tokenizer(tiny_vocab_file, max_seq_length=16), directory)
+    return directory, teacher
+
+
+def student(**changes):
+    return build_encoder(EncoderConfig(**{**TEACHER, **changes}))
+
+
+def weights_of(encoder):
+    return {w.path: w.numpy() for w in encoder.weights}
+
+
+def sequence_output(encoder, ids):
+    inputs = {"input_word_ids": tf.constant(ids), "input_mask": tf.ones_like(ids),
+              "input_type_ids": tf.zeros_like(ids)}
+    return encoder(inputs, training=False)["sequence_output"].numpy()
+
+
+IDS = np.array([[1, 7, 9, 12, 3, 2], [1, 30, 31, 4, 2, 0]], np.int32)
+
+
+def test_layers_spread_evenly_and_the_rest_start_as_pass_through():
+    assert layer_sources(24, 12) == [0, None, 1, None, 2, None, 3, None, 4, None, 5, None,
+                                     6, None, 7, None, 8, None, 9, None, 10, None, 11, None]
+    assert layer_sources(12, 12) == list(range(12))
+    assert layer_sources(3, 2) == [0, 1, None]
+    assert layer_sources(4, 12) == [0, 3, 6, 9]
+
+
+def test_a_student_as_wide_as_the_teacher_is_the_teacher(teacher_dir):
+    directory, teacher = teacher_dir
+    encoder = student()
+    summary = select_teacher_weights(encoder, np.arange(TEACHER["vocabulary_size"]), directory)
+    assert summary["hidden_coordinates"] == list(range(16))
+    assert summary["layer_sources"] == [0, 1]
+    np.testing.assert_allclose(sequence_output(encoder, IDS), sequence_output(teacher, IDS),
+                               atol=1e-5)
+
+
+def test_a_narrower_student_takes_the_loudest_coordinates_and_keeps_the_logit_scale(
+        teacher_dir):
+    directory, teacher = teacher_dir
+    # 8 of 16 coordinates; 4 heads of width 2 instead of 4; 16 of 32 feed-forward units.
+    encoder = student(hidden_dim=8, intermediate_dim=16)
+    rows = np.array([3, -1] + list(range(2, TEACHER["vocabulary_size"])))
+    before = encoder.token_embedding.embeddings.numpy()
+    summary = select_teacher_weights(encoder, rows, directory)
+    hidden = np.array(summary["hidden_coordinates"])
+    assert len(hidden) == 8 and LOUD in hidden and np.all(np.diff(hidden) > 0)
+    np.testing.assert_array_equal(hidden, np.sort(teacher_hidden_ranking(
+        directory, rows[rows >= 0])[:8]))
+    mine, theirs = weights_of(encoder), weights_of(teacher)
+    table = theirs["token_embedding/embeddings"]
+    np.testing.assert_array_equal(mine["token_embedding/embeddings"][0], table[3][hidden])
+    # A student token the teacher lacks keeps its random row.
+    np.testing.assert_array_equal(mine["token_embedding/embeddings"][1], before[1])
+    np.testing.assert_array_equal(mine["token_embedding/embeddings"][2:], table[2:][:, hidden])
+    query = theirs["transformer_layer_1/self_attention_layer/query/kernel"]
+    # Head dimensions 0 and 3 of 4; Q.K over half the dimensions, so the query
+    # is scaled by sqrt(4 / 2).
+    np.testing.assert_allclose(mine["transformer_layer_1/self_attention_layer/query/kernel"],
+                               query[hidden][:, :, [0, 3]] * np.sqrt(2.0), rtol=1e-6)
+    into = theirs["transformer_layer_1/feedforward_intermediate_dense/kernel"][hidden]
+    out = theirs["transformer_layer_1/feedforward_output_dense/kernel"][:, hidden]
+    units = np.sort(np.argsort(-np.linalg.norm(into, axis=0) * np.linalg.norm(out, axis=1))[:16])
+    np.testing.assert_array_equal(
+        mine["transformer_layer_1/feedforward_intermediate_dense/kernel"], into[:, units])
+    np.testing.assert_array_equal(mine["transformer_layer_1/feedforward_output_dense/kernel"],
+                                  out[units])
+    np.testing.assert_array_equal(mine["position_embedding/embeddings"],
+                                  theirs["position_embedding/embeddings"][:, hidden])
+
+
+def test_a_deeper_student_interleaves_pass_through_layers(teacher_dir):
+    directory, teacher = teacher_dir
+    encoder = student(num_layers=4)
+    select_teacher_weights(encoder, np.arange(TEACHER["vocabulary_size"]), directory)
+    mine, theirs = weights_of(encoder), weights_of(teacher)
+    copied = [name for name in theirs if name.startswith("transformer_layer_1/")]
+    assert len(copied) == 16
+    for name in copied:
+        np.testing.assert_array_equal(
+            mine[name.replace("transformer_layer_1/", "transformer_layer_2/")], theirs[name])
+    zeroed = [name for name in mine if name.startswith((
+        "transformer_layer_1/self_attention_layer/attention_output/",
+        "transformer_layer_3/feedforward_output_dense/"))]
+    assert len(zeroed) == 4
+    for name in zeroed:
+        assert not mine[name].any(), name
+    # A pass-through layer keeps the rest of its random initialisation.
+    assert mine["transformer_layer_3/self_attention_layer/query/kernel"].any()
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"hidden_dim": 32}, "hidden width 32 exceeds the teacher's 16"),
+    ({"num_heads": 8, "hidden_dim": 16}, "heads 8 exceeds the teacher's 4"),
+    ({"intermediate_dim": 64}, "feed-forward width 64 exceeds the teacher's 32"),
+    ({"embedding_dim": 16}, "without embedding bottleneck"),
+    ({"num_unique_layers": 1}, "parameter recurrence"),
+])
+def test_a_student_the_teacher_cannot_cover_is_a_clear_error(teacher_dir, changes, message):
+    directory, _ = teacher_dir
+    with pytest.raises(ValueError, match=message):
+        select_teacher_weights(student(**changes), np.arange(40), directory)
+
+
+def test_rows_match_by_piece_and_pca_keeps_the_leading_variance():
+    teacher = ["<s>", "\u2581dog", "s", "\u2581the"]
+    assert match_rows(["the", "##s", "dog", "cat", "<s>"], teacher).tolist() == [3, 2, 1, -1, 0]
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(200, 6)) * np.array([5.0, 3.0, 1.0, 0.1, 0.1, 0.1])
+    mean, components = pca(table.astype(np.float32), 2)
+    np.testing.assert_allclose(mean, table.mean(0), atol=1e-5)
+    # The two leading principal axes are the two widest coordinates.
+    assert set(np.argmax(np.abs(components), axis=0)) == {0, 1}
+    with pytest.raises(ValueError, match="cannot project 6-d"):
+        pca(table, 8)
