@@ -259,9 +259,10 @@ class TrainConfig:
         embedding_init: the student's token embeddings start "random", or from
             the teacher's table: "teacher_pca" (projected to d by PCA) or
             "teacher_bottleneck" (the teacher-width table and a trainable
-            projection to d); or "teacher_select": every weight selected from
-            the teacher's (`lealla_tf.embedding_init`). Needs
-            `embedding_init_source`.
+            projection to d); or "teacher_select": the embeddings and layers
+            selected from the teacher's (`lealla_tf.embedding_init`). Needs
+            `embedding_init_source`; "teacher_select" replaces what
+            `init_from` would load, so the two do not combine.
         embedding_init_source: a LaBSE/2-format teacher module whose
             vocabulary the student's tokenizer shares (or a pruned subset of).
         train_steps: None for the paper's default by width (100k for d <= 192,
@@ -324,6 +325,9 @@ def validate_train_config(config: TrainConfig) -> None:
     if config.embedding_init not in EMBEDDING_INITS:
         raise ValueError(f"--embedding_init must be one of {EMBEDDING_INITS}, "
                          f"got {config.embedding_init!r}")
+    if config.embedding_init == "teacher_select" and config.init_from:
+        raise ValueError("--embedding_init=teacher_select sets every encoder layer from the "
+                         "teacher, which would overwrite --init_from's weights: use one")
     if config.embedding_init != "random" and not config.embedding_init_source:
         raise ValueError(f"--embedding_init={config.embedding_init} needs "
                          "--embedding_init_source=<teacher module>")

@@ -1,4 +1,4 @@
-"""Teacher-initialised token embeddings for the student.
+"""Teacher-initialised students: token embeddings, or every teacher-shaped weight.
 
 A student whose vocabulary shares pieces with the teacher's (the teacher's own
 SentencePiece model, or a pruned one from `lealla_tf.vocab_pruning`) can start
@@ -9,16 +9,19 @@ from the teacher's token embeddings instead of random ones:
 - "teacher_bottleneck": the teacher-width rows themselves, under the encoder's
   embedding bottleneck (Ding et al. 2022), whose trainable projection to d
   starts at the same PCA components;
-- "teacher_select": every weight, not only the embeddings, selected from the
-  teacher's (weight selection, Xu et al. 2024, "Initializing models with larger
-  ones"): the student keeps d of the teacher's hidden coordinates (those with
-  the largest mean activation, which keeps BERT's outlier dimensions), its
-  first heads and evenly spaced dimensions of each, and the feed-forward units
-  with the largest weight norms; teacher layer i becomes student layer
-  floor(i * L_student / L_teacher), and the layers in between start with zero
-  output projections, so they pass their input on (re-normalised by their
-  layer norms) and learn from there. Needs a student no wider than the teacher
-  in each of these, without bottleneck or recurrence.
+- "teacher_select": the embeddings and the layers selected from the teacher's
+  (weight selection, Xu et al. 2024, "Initializing models with larger ones"):
+  the student keeps d of the teacher's hidden coordinates (those with the
+  largest mean activation, which keeps BERT's outlier dimensions), its first
+  heads and evenly spaced dimensions of each, and the feed-forward units with
+  the largest weight norms. A deeper student puts teacher layer i at student
+  layer floor(i * L_student / L_teacher); the layers in between keep their
+  random initialisation except for zero output projections, so they pass their
+  input on (re-normalised by their layer norms) and learn from there. A
+  shallower student takes evenly spaced teacher layers. Every segment starts as
+  the teacher's first; a [CLS] pooler or output projection stays random. Needs a
+  student no wider than the teacher in each of these, without bottleneck or
+  recurrence, and a teacher with the same activation works best.
 
 Rows are matched by piece text: a SentencePiece piece to the same piece; a
 WordPiece token `t` to the teacher's word-initial `▁t`, `##t` to `t`. Tokens the
@@ -98,10 +101,12 @@ def pca(table: np.ndarray, dimension: int) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def initialize_token_embeddings(encoder, tokenizer, teacher_dir: str, mode: str) -> dict:
-    """Sets `encoder`'s token embeddings from the teacher's (see the module docstring).
+    """Sets `encoder`'s token embeddings (with "teacher_select", its layers too) from
+    the teacher's (see the module docstring).
 
-    Returns a summary: rows matched, the fraction of the teacher's variance
-    the projection keeps.
+    Returns a summary: rows matched; for the PCA modes the fraction of the
+    teacher's variance the projection keeps, for "teacher_select" the kept
+    hidden coordinates and each student layer's teacher layer.
     """
     teacher_pieces, table = teacher_vocabulary_and_table(teacher_dir)
     rows = match_rows(student_pieces(tokenizer), teacher_pieces)
@@ -109,6 +114,8 @@ def initialize_token_embeddings(encoder, tokenizer, teacher_dir: str, mode: str)
     if not matched.any():
         raise ValueError(f"no token of the student's vocabulary is in {teacher_dir}'s "
                          "vocabulary; --embedding_init needs a shared vocabulary")
+    if mode == "teacher_select":
+        return select_teacher_weights(encoder, rows, teacher_dir)
     chosen = table[rows[matched]]
     width = encoder.hidden_dim
     mean, components = pca(chosen, width)
@@ -124,8 +131,6 @@ def initialize_token_embeddings(encoder, tokenizer, teacher_dir: str, mode: str)
         # still count after the sum.
         projected *= 0.02 / max(float(projected.std()), 1e-12)
         values[matched] = projected
-    elif mode == "teacher_select":
-        return select_teacher_weights(encoder, rows, teacher_dir)
     elif mode == "teacher_bottleneck":
         if values.shape[1] != table.shape[1]:
             raise ValueError(f"teacher_bottleneck needs embedding_dim={table.shape[1]} (the "

@@ -80,8 +80,14 @@ def test_a_narrower_student_takes_the_loudest_coordinates_and_keeps_the_logit_sc
     summary = select_teacher_weights(encoder, rows, directory)
     hidden = np.array(summary["hidden_coordinates"])
     assert len(hidden) == 8 and LOUD in hidden and np.all(np.diff(hidden) > 0)
-    np.testing.assert_array_equal(hidden, np.sort(teacher_hidden_ranking(
-        directory, rows[rows >= 0])[:8]))
+    # The same ranking from the in-memory teacher on the same random sequences.
+    ids = np.random.default_rng(0).choice(rows[rows >= 0], size=(64, 16)).astype(np.int32)
+    outputs = teacher({"input_word_ids": ids, "input_mask": np.ones_like(ids),
+                       "input_type_ids": np.zeros_like(ids)}, training=False)["encoder_outputs"]
+    magnitude = np.mean([np.abs(o.numpy()).mean(axis=(0, 1)) for o in outputs], axis=0)
+    np.testing.assert_array_equal(hidden, np.sort(np.argsort(-magnitude)[:8]))
+    np.testing.assert_array_equal(teacher_hidden_ranking(directory, rows[rows >= 0]),
+                                  np.argsort(-magnitude, kind="stable"))
     mine, theirs = weights_of(encoder), weights_of(teacher)
     table = theirs["token_embedding/embeddings"]
     np.testing.assert_array_equal(mine["token_embedding/embeddings"][0], table[3][hidden])
@@ -102,6 +108,39 @@ def test_a_narrower_student_takes_the_loudest_coordinates_and_keeps_the_logit_sc
                                   out[units])
     np.testing.assert_array_equal(mine["position_embedding/embeddings"],
                                   theirs["position_embedding/embeddings"][:, hidden])
+
+
+def test_a_student_with_fewer_heads_takes_the_first_heads_whole(teacher_dir):
+    directory, teacher = teacher_dir
+    # 2 heads of width 4 (the teacher's width): no query scaling.
+    encoder = student(hidden_dim=8, num_heads=2)
+    hidden = np.array(select_teacher_weights(
+        encoder, np.arange(TEACHER["vocabulary_size"]), directory)["hidden_coordinates"])
+    mine, theirs = weights_of(encoder), weights_of(teacher)
+    attention = "transformer_layer_0/self_attention_layer/"
+    for name in ("query", "key", "value"):
+        np.testing.assert_array_equal(mine[f"{attention}{name}/kernel"],
+                                      theirs[f"{attention}{name}/kernel"][hidden][:, :2])
+        np.testing.assert_array_equal(mine[f"{attention}{name}/bias"],
+                                      theirs[f"{attention}{name}/bias"][:2])
+    np.testing.assert_array_equal(mine[f"{attention}attention_output/kernel"],
+                                  theirs[f"{attention}attention_output/kernel"][:2][..., hidden])
+    for name in ("embeddings_layer_norm/gamma", "embeddings_layer_norm/beta",
+                 "transformer_layer_0/self_attention_layer_norm/beta",
+                 f"{attention}attention_output/bias"):
+        np.testing.assert_array_equal(mine[name], theirs[name][hidden])
+    segments = mine["segment_embedding/embeddings"]
+    np.testing.assert_array_equal(segments[0], theirs["segment_embedding/embeddings"][0][hidden])
+    np.testing.assert_array_equal(segments[1], segments[0])
+
+
+def test_teacher_select_and_init_from_do_not_combine():
+    from lealla_tf.configs import TrainConfig, validate_train_config
+
+    config = TrainConfig(embedding_init="teacher_select", embedding_init_source="t",
+                         init_from="some/model")
+    with pytest.raises(ValueError, match="overwrite --init_from"):
+        validate_train_config(config)
 
 
 def test_a_deeper_student_interleaves_pass_through_layers(teacher_dir):
