@@ -79,6 +79,8 @@ CONFIGURATIONS["select_lealla"] = {"vocabulary": "pruned", "init": "teacher_sele
                                    "objective": LEALLA}
 CONFIGURATIONS["select_ams_only"] = {"vocabulary": "pruned", "init": "teacher_select",
                                      "objective": "ams"}
+CONFIGURATIONS["centered_select_lealla"] = {"vocabulary": "pruned", "init": "teacher_select",
+                                            "objective": LEALLA, "center": True}
 # The main job's student at other peak learning rates (default: 5e-4, the
 # paper's for d < 384 at batch 8192); the --only=lr_* runs sweep it.
 for _rate in (2.5e-4, 1e-3, 2e-3):
