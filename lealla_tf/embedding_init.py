@@ -36,8 +36,10 @@ import numpy as np
 WORD_START = "\u2581"
 
 
-def teacher_vocabulary_and_table(teacher_dir: str) -> Tuple[List[str], np.ndarray]:
-    """(pieces in id order, token embedding table [vocabulary, D]) of a converted teacher."""
+def teacher_vocabulary_and_table(teacher_dir: str
+                                 ) -> Tuple[List[str], np.ndarray, Dict[str, np.ndarray]]:
+    """(pieces in id order, token embedding table [vocabulary, D], every encoder
+    variable by name) of a converted teacher."""
     from lealla_tf.checkpoint_conversion import read_saved_model_variables
     from lealla_tf.teacher_conversion import SENTENCEPIECE_FILE
 
@@ -55,7 +57,7 @@ def teacher_vocabulary_and_table(teacher_dir: str) -> Tuple[List[str], np.ndarra
     if len(tables) != 1:
         raise ValueError(f"{teacher_dir}/encoder: expected one token embedding table, found "
                          f"{len(tables)}")
-    return pieces, np.asarray(tables[0], np.float32)
+    return pieces, np.asarray(tables[0], np.float32), variables
 
 
 def student_pieces(tokenizer) -> List[str]:
@@ -108,14 +110,14 @@ def initialize_token_embeddings(encoder, tokenizer, teacher_dir: str, mode: str)
     teacher's variance the projection keeps, for "teacher_select" the kept
     hidden coordinates and each student layer's teacher layer.
     """
-    teacher_pieces, table = teacher_vocabulary_and_table(teacher_dir)
+    teacher_pieces, table, variables = teacher_vocabulary_and_table(teacher_dir)
     rows = match_rows(student_pieces(tokenizer), teacher_pieces)
     matched = rows >= 0
     if not matched.any():
         raise ValueError(f"no token of the student's vocabulary is in {teacher_dir}'s "
                          "vocabulary; --embedding_init needs a shared vocabulary")
     if mode == "teacher_select":
-        return select_teacher_weights(encoder, rows, teacher_dir)
+        return select_teacher_weights(encoder, rows, teacher_dir, variables)
     chosen = table[rows[matched]]
     width = encoder.hidden_dim
     mean, components = pca(chosen, width)
@@ -204,14 +206,17 @@ def _axis_roles(key: str) -> str:
     return "h"  # the layer norms
 
 
-def select_teacher_weights(encoder, rows: np.ndarray, teacher_dir: str) -> dict:
-    """"teacher_select" (see the module docstring); `rows`: `match_rows`'s output."""
+def select_teacher_weights(encoder, rows: np.ndarray, teacher_dir: str,
+                           variables: Optional[Dict[str, np.ndarray]] = None) -> dict:
+    """"teacher_select" (see the module docstring); `rows`: `match_rows`'s output;
+    `variables`: the teacher encoder's, when the caller has read them already."""
     from lealla_tf.checkpoint_conversion import read_saved_model_variables
 
     if encoder.embedding_projection is not None or encoder.num_unique_layers:
         raise ValueError("teacher_select needs an encoder without embedding bottleneck or "
                          "parameter recurrence")
-    variables = read_saved_model_variables(os.path.join(teacher_dir, "encoder"))
+    if variables is None:
+        variables = read_saved_model_variables(os.path.join(teacher_dir, "encoder"))
     query = variables["transformer_layer_0/self_attention_layer/query/kernel"]
     teacher_width, teacher_heads, teacher_head_dim = query.shape
     teacher_ff = variables["transformer_layer_0/feedforward_intermediate_dense/kernel"].shape[1]
@@ -259,18 +264,19 @@ def select_teacher_weights(encoder, rows: np.ndarray, teacher_dir: str) -> dict:
     sources = layer_sources(len(encoder.transformer_layers),
                             _teacher_layer_count(variables))
     for layer, source in zip(encoder.transformer_layers, sources):
+        if source is None:
+            for weight in layer.weights:
+                if weight.path.split("/", 1)[1].startswith((
+                        "self_attention_layer/attention_output/", "feedforward_output_dense/")):
+                    weight.assign(np.zeros(weight.shape, np.float32))
+            continue
+        prefix = f"transformer_layer_{source}/"
+        into = variables[prefix + "feedforward_intermediate_dense/kernel"][hidden]
+        out = variables[prefix + "feedforward_output_dense/kernel"][:, hidden]
+        importance = np.linalg.norm(into, axis=0) * np.linalg.norm(out, axis=1)
+        units = np.sort(np.argsort(-importance, kind="stable")[:ff])
         for weight in layer.weights:
             key = weight.path.split("/", 1)[1]
-            if source is None:
-                if key.startswith(("self_attention_layer/attention_output/",
-                                   "feedforward_output_dense/")):
-                    weight.assign(np.zeros(weight.shape, np.float32))
-                continue
-            prefix = f"transformer_layer_{source}/"
-            into = variables[prefix + "feedforward_intermediate_dense/kernel"][hidden]
-            out = variables[prefix + "feedforward_output_dense/kernel"][:, hidden]
-            importance = np.linalg.norm(into, axis=0) * np.linalg.norm(out, axis=1)
-            units = np.sort(np.argsort(-importance, kind="stable")[:ff])
             value = select(variables[prefix + key], _axis_roles(key), units)
             if key.startswith("self_attention_layer/query/"):
                 value = value * query_scale
