@@ -20,12 +20,11 @@ This module only parses flags; the work is `lealla_tf.training.train`.
 import argparse
 import sys
 
-from lealla_tf.configs import EMBEDDING_INITS
 from lealla_tf.flags import parse_overrides, parse_weights
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from lealla_tf.configs import TeacherConfig
+    from lealla_tf.configs import EMBEDDING_INITS, TeacherConfig
     from lealla_tf.objectives import objective_help
 
     parser = argparse.ArgumentParser(
