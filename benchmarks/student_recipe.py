@@ -81,6 +81,15 @@ CONFIGURATIONS["select_ams_only"] = {"vocabulary": "pruned", "init": "teacher_se
                                      "objective": "ams"}
 CONFIGURATIONS["centered_select_lealla"] = {"vocabulary": "pruned", "init": "teacher_select",
                                             "objective": LEALLA, "center": True}
+# Hidden-state distillation (the hd term: the teacher's layer outputs on the
+# student's tokens) on top of weight selection, at two weights.
+for _weight in (1.0, 10.0):
+    CONFIGURATIONS[f"select_lealla_hd{_weight:g}"] = {
+        "vocabulary": "pruned", "init": "teacher_select", "objective": LEALLA + "+hd",
+        "weights": {**RECIPE_LOSS_WEIGHTS, "hd": _weight}}
+    CONFIGURATIONS[f"select_ams_hd{_weight:g}"] = {
+        "vocabulary": "pruned", "init": "teacher_select", "objective": "ams+hd",
+        "weights": {"hd": _weight}}
 # The main job's student at other peak learning rates (default: 5e-4, the
 # paper's for d < 384 at batch 8192); the --only=lr_* runs sweep it.
 for _rate in (2.5e-4, 1e-3, 2e-3):

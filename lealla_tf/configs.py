@@ -398,6 +398,13 @@ def resolve_train_config(config: TrainConfig, vocabulary_size: int,
                                        intermediate_dim=1)
     else:
         config.encoder = config.encoder.replace(vocabulary_size=vocabulary_size)
+    layered = [t for t in terms if "teacher_layers" in OBJECTIVES[t].heads]
+    if layered and (config.student != "encoder"
+                    or not (config.embedding_init_source or config.teacher.path)):
+        raise ValueError(
+            f"objective {config.loss.objective!r} ({', '.join(layered)}) runs the teacher on an "
+            "encoder student's tokens: pass --embedding_init_source=<converted teacher with a "
+            "SentencePiece vocabulary> (or --teacher=<it>) and train an encoder student")
     if needs and not teacher_dimension:
         raise ValueError(
             f"objective {config.loss.objective!r} ({', '.join(needs)}) needs a teacher: pass "
@@ -486,9 +493,10 @@ def check_resumable(stored: dict, requested: dict) -> None:
 
 
 # The main job's loss weights for a 384-d multilingual teacher (FD on both
-# sides, LD over the global batch), chosen by benchmarks/student_recipe.py;
-# the paper's (`lealla_tf.objectives`) are for LaBSE at batch 8192.
-RECIPE_LOSS_WEIGHTS = {"fd": 1.0, "ld": 1e4}
+# sides, LD over the global batch, hidden-state distillation), chosen by
+# benchmarks/student_recipe.py; the paper's (`lealla_tf.objectives`) are for
+# LaBSE at batch 8192.
+RECIPE_LOSS_WEIGHTS = {"fd": 1.0, "ld": 1e4, "hd": 10.0}
 
 
 def recipe_loss_weights(objective: str) -> Dict[str, float]:
@@ -545,7 +553,7 @@ class RecipeConfig:
     encoder_overrides: Dict[str, Any] = dataclasses.field(default_factory=dict)
     pooling: str = "mean"
     embedding_init: str = "teacher_select"
-    objective: str = "lealla"
+    objective: str = "lealla+hd"
     loss_weights: Optional[Dict[str, float]] = None
     comparison_objective: str = "ams"
     train_steps: int = 200

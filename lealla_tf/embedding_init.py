@@ -36,22 +36,27 @@ import numpy as np
 WORD_START = "\u2581"
 
 
-def teacher_vocabulary_and_table(teacher_dir: str
-                                 ) -> Tuple[List[str], np.ndarray, Dict[str, np.ndarray]]:
-    """(pieces in id order, token embedding table [vocabulary, D], every encoder
-    variable by name) of a converted teacher."""
-    from lealla_tf.checkpoint_conversion import read_saved_model_variables
+def teacher_pieces(teacher_dir: str) -> List[str]:
+    """The pieces, in id order, of a converted teacher's SentencePiece vocabulary."""
+    from lealla_tf.sentencepiece_model import parse_model
     from lealla_tf.teacher_conversion import SENTENCEPIECE_FILE
+    from lealla_tf.vocab_pruning import read_model_proto
 
     model_file = os.path.join(teacher_dir, SENTENCEPIECE_FILE)
     if not os.path.exists(model_file):
         raise FileNotFoundError(
             f"{model_file} not found: --embedding_init_source must be a teacher converted by "
             "export/convert_teacher.py with a SentencePiece vocabulary (multilingual-e5-small)")
-    from lealla_tf.sentencepiece_model import parse_model
-    from lealla_tf.vocab_pruning import read_model_proto
+    return [p.piece for p in parse_model(read_model_proto(model_file)).pieces]
 
-    pieces = [p.piece for p in parse_model(read_model_proto(model_file)).pieces]
+
+def teacher_vocabulary_and_table(teacher_dir: str
+                                 ) -> Tuple[List[str], np.ndarray, Dict[str, np.ndarray]]:
+    """(pieces in id order, token embedding table [vocabulary, D], every encoder
+    variable by name) of a converted teacher."""
+    from lealla_tf.checkpoint_conversion import read_saved_model_variables
+
+    pieces = teacher_pieces(teacher_dir)
     variables = read_saved_model_variables(os.path.join(teacher_dir, "encoder"))
     tables = [v for name, v in variables.items() if name.endswith("token_embedding/embeddings")]
     if len(tables) != 1:
@@ -178,6 +183,32 @@ def teacher_hidden_ranking(teacher_dir: str, token_rows: np.ndarray, sequences: 
     return np.argsort(-magnitude, kind="stable")
 
 
+def selected_coordinates(teacher_dir: str, rows: np.ndarray, width: int) -> np.ndarray:
+    """The `width` teacher hidden coordinates a student of that width keeps (sorted):
+    the most active ones on the student's matched pieces (`rows >= 0`)."""
+    return np.sort(teacher_hidden_ranking(teacher_dir, rows[rows >= 0])[:width])
+
+
+def distilled_layer_pairs(student_layers: int, teacher_layers: int) -> List[Tuple[int, int]]:
+    """(student layer, teacher layer) whose outputs correspond under `layer_sources`.
+
+    A student layer's output corresponds to the teacher layer it started from,
+    or, when pass-through layers follow it, the last of those (a deeper student:
+    teacher layer i placed at student layer j is matched at the layer before the
+    next placed one, and the last teacher layer at the student's last).
+    """
+    sources = layer_sources(student_layers, teacher_layers)
+    pairs = []
+    for j, source in enumerate(sources):
+        if source is None:
+            continue
+        end = j
+        while end + 1 < student_layers and sources[end + 1] is None:
+            end += 1
+        pairs.append((end, source))
+    return pairs
+
+
 def layer_sources(student_layers: int, teacher_layers: int) -> List[Optional[int]]:
     """For each student layer, the teacher layer it starts from, or None (a pass-through layer).
 
@@ -230,7 +261,7 @@ def select_teacher_weights(encoder, rows: np.ndarray, teacher_dir: str,
             raise ValueError(f"teacher_select: the student's {what} {student} exceeds the "
                              f"teacher's {teacher}")
     matched = rows >= 0
-    hidden = np.sort(teacher_hidden_ranking(teacher_dir, rows[matched])[:width])
+    hidden = selected_coordinates(teacher_dir, rows, width)
     head_dims = np.linspace(0, teacher_head_dim - 1, head_dim).round().astype(np.int64)
     # Q.K sums over head_dim of the teacher's dimensions; scaling the query keeps
     # the attention logits at the teacher's scale.

@@ -5,7 +5,8 @@ from typing import List, Optional
 import keras
 import tensorflow as tf
 
-from lealla_tf.objectives import OBJECTIVES, PROJECTION, RECONSTRUCTION, REDUCTION
+from lealla_tf.objectives import (OBJECTIVES, PROJECTION, RECONSTRUCTION, REDUCTION,
+                                  TEACHER_LAYERS)
 
 
 class ReconstructionHead(tf.Module):
@@ -45,21 +46,90 @@ class ReconstructionHead(tf.Module):
                 for w in layer.trainable_weights]
 
 
+class TeacherLayers:
+    """The frozen teacher's layer outputs on the student's own tokens, for
+    hidden-state distillation (the `hd` term).
+
+    The student's token ids map to the teacher's by piece (the student's pruned
+    teacher vocabulary); the teacher keeps the coordinates and layers that
+    `--embedding_init=teacher_select` gives the student
+    (`lealla_tf.embedding_init.selected_coordinates`, `distilled_layer_pairs`),
+    so the same teacher directory and vocabulary give the same targets on a
+    resumed run. A plain object, not a `tf.Module`: the teacher's weights stay
+    out of the student's checkpoints.
+
+    Args:
+        teacher_dir: a converted teacher (export/convert_teacher.py) with a
+            SentencePiece vocabulary.
+        student_pieces: the student's vocabulary, in id order.
+        hidden_dim, num_layers: the student's width and depth.
+    """
+
+    def __init__(self, teacher_dir: str, student_pieces, hidden_dim: int, num_layers: int):
+        import os
+
+        import numpy as np
+
+        from lealla_tf.embedding_init import (distilled_layer_pairs, match_rows,
+                                              selected_coordinates, teacher_pieces)
+
+        pieces = teacher_pieces(teacher_dir)
+        rows = match_rows(list(student_pieces), pieces)
+        if not (rows >= 0).any():
+            raise ValueError(f"hidden-state distillation: no token of the student's vocabulary "
+                             f"is in {teacher_dir}'s; it needs the teacher's (pruned) vocabulary")
+        unknown = pieces.index("<unk>") if "<unk>" in pieces else 0
+        self.encoder = tf.saved_model.load(os.path.join(teacher_dir, "encoder"))
+        probe = self.encoder({"input_word_ids": tf.constant([[0, 2]], tf.int32),
+                              "input_mask": tf.ones([1, 2], tf.int32),
+                              "input_type_ids": tf.zeros([1, 2], tf.int32)})["encoder_outputs"]
+        teacher_width = int(probe[0].shape[-1])
+        if hidden_dim > teacher_width:
+            raise ValueError(f"hidden-state distillation: the student's width {hidden_dim} "
+                             f"exceeds the teacher's {teacher_width}")
+        self.ids = tf.constant(np.where(rows >= 0, rows, unknown).astype(np.int32))
+        self.coordinates = tf.constant(
+            selected_coordinates(teacher_dir, rows, hidden_dim).astype(np.int32))
+        self.pairs = distilled_layer_pairs(num_layers, len(probe))
+        self.matched_fraction = float((rows >= 0).mean())
+
+    def __call__(self, inputs) -> list:
+        """The teacher's outputs `[b, s, d]` at the kept coordinates, one per pair."""
+        ids = tf.gather(self.ids, tf.cast(inputs["input_word_ids"], tf.int32))
+        mask = tf.cast(inputs["input_mask"], tf.int32)
+        outputs = self.encoder({"input_word_ids": ids, "input_mask": mask,
+                                "input_type_ids": tf.zeros_like(ids)})["encoder_outputs"]
+        return [tf.stop_gradient(tf.gather(outputs[t], self.coordinates, axis=-1))
+                for _, t in self.pairs]
+
+    def student_states(self, encoder_outputs) -> list:
+        """The student's layer outputs that correspond, one per pair."""
+        return [encoder_outputs[s] for s, _ in self.pairs]
+
+
 class DistillationHeads(tf.Module):
     """The heads an objective's terms need, from the table's `heads` column:
     `projection` (trainable dense d -> teacher width: fd, mse), `reduction` (the
-    fixed teacher -> d dense layer of a dimension-reduction run: syn), and
-    `reconstruction` (EMS's XTR head: xtr).
+    fixed teacher -> d dense layer of a dimension-reduction run: syn),
+    `reconstruction` (EMS's XTR head: xtr), and `teacher_layers` (the frozen
+    teacher's layer outputs: hd; `teacher_layers` is a
+    `(teacher_dir, student_pieces, hidden_dim, num_layers)` tuple for it).
     """
 
     def __init__(self, terms: List[str], embedding_dim: int, teacher_dim: Optional[int],
                  reduction_dir: str = "", vocabulary_size: int = 0, num_languages: int = 0,
-                 special_ids=()):
+                 special_ids=(), teacher_layers=None):
         super().__init__(name="distillation_heads")
         needed = {head for name in terms for head in OBJECTIVES[name].heads}
         self.projection = None
         self.reduction = None
         self.reconstruction = None
+        self.teacher_layers = None
+        if TEACHER_LAYERS in needed:
+            if teacher_layers is None:
+                raise ValueError("the hd objective needs a converted teacher with a "
+                                 "SentencePiece vocabulary (--embedding_init_source)")
+            self.teacher_layers = TeacherLayers(*teacher_layers)
         if RECONSTRUCTION in needed:
             self.reconstruction = ReconstructionHead(embedding_dim, vocabulary_size,
                                                      num_languages, special_ids)

@@ -241,3 +241,42 @@ def cross_lingual_reconstruction_loss(source_logits, target_logits, source_token
         return tf.reduce_sum(p * (log_p - log_q), axis=-1)
 
     return kl(target_tokens, source_logits) + kl(source_tokens, target_logits)
+
+
+def hidden_state_distillation_loss(student_states, teacher_states, input_mask):
+    """Layer-wise hidden-state distillation on the tokens both models read.
+
+        L_hd(S) = 1/K sum_k  1/|S| sum_{i in S}  1/d ||h_{l_k}^s(i) - P h_{m_k}^t(i)||^2
+
+    for K pairs (student layer l_k, teacher layer m_k); h(i) is token i's
+    output of that layer, P keeps the teacher's coordinates the student's
+    width corresponds to, and |S| counts the sentence's real tokens (padding
+    left out). Student and teacher read the same token ids (the student's
+    pruned teacher vocabulary), so token i is the same piece in both.
+    TinyBERT (Jiao et al. 2020) distils hidden states through a learned
+    projection; with a student selected from the teacher's weights
+    (`--embedding_init=teacher_select`) the coordinates already correspond,
+    and P is that selection.
+
+    Args:
+        student_states: list of K `[b, s, d]` student layer outputs.
+        teacher_states: list of K `[b, s, d]` teacher outputs, already at the
+            kept coordinates (no gradient flows into them).
+        input_mask: `[b, s]` 1 for real tokens.
+
+    Returns:
+        `[b]` per-sentence loss.
+    """
+    if len(student_states) != len(teacher_states) or not student_states:
+        raise ValueError(f"hidden-state distillation needs as many student layers as teacher "
+                         f"layers (at least one), got {len(student_states)} and "
+                         f"{len(teacher_states)}")
+    total = 0.0
+    for student, teacher in zip(student_states, teacher_states):
+        student = _float(student)
+        squared = tf.reduce_mean(tf.square(
+            student - tf.stop_gradient(tf.cast(teacher, student.dtype))), axis=-1)
+        mask = tf.cast(input_mask, squared.dtype)
+        total += tf.reduce_sum(squared * mask, axis=1) / tf.maximum(
+            tf.reduce_sum(mask, axis=1), 1.0)
+    return total / len(student_states)

@@ -15,12 +15,16 @@ the CLI's `--objective` help and the checks all read this table.
     mse  multilingual knowledge distillation (Reimers & Gurevych 2020)
     mcl  multilingual contrastive learning (Ding et al. 2022, eq. 5)
     xtr  cross-lingual token-level reconstruction (EMS, Mao & Nakagawa 2023, eq. 6)
+    hd   hidden-state distillation: the student's layers learn the frozen teacher's
+         layer outputs on the same tokens (TinyBERT-style, at the coordinates and
+         layers weight selection gave the student)
 """
 
 import dataclasses
 from typing import Callable, Dict, List, Optional, Tuple
 
 PROJECTION, REDUCTION, RECONSTRUCTION = "projection", "reduction", "reconstruction"
+TEACHER_LAYERS = "teacher_layers"
 
 
 @dataclasses.dataclass
@@ -38,6 +42,8 @@ class TermInputs:
         heads: the `Heads` module (projection, reduction).
         scale, margin, temperature: the loss settings.
         batch: the raw batch dict (token ids), for terms that need it.
+        hidden_source, hidden_target: the student's layer outputs (lists of
+            `[b, s, d]`), for terms that need them; None for students without.
     """
 
     student_source: object
@@ -53,6 +59,8 @@ class TermInputs:
     margin: float
     temperature: float
     batch: Optional[dict] = None
+    hidden_source: Optional[list] = None
+    hidden_target: Optional[list] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +75,8 @@ class Objective:
         default_weight: the student's hidden width d -> default weight.
         heads: heads the term needs (`PROJECTION`: trainable d -> D;
             `REDUCTION`: the fixed D -> d of a dimension-reduction run;
-            `RECONSTRUCTION`: EMS's language embedding and MLP over the vocabulary).
+            `RECONSTRUCTION`: EMS's language embedding and MLP over the vocabulary;
+            `TEACHER_LAYERS`: the frozen teacher run on the student's tokens).
         teacher_width_pooler: the student's pooler is the teacher's width,
             followed by a dense layer back down to d (distillation-first).
         description: one line for help texts.
@@ -162,6 +171,19 @@ def _xtr(x: TermInputs):
                                   head.vocabulary_size, head.special_ids))
 
 
+def _hd(x: TermInputs):
+    from lealla_tf import losses
+
+    teacher = x.heads.teacher_layers
+    if x.hidden_source is None:
+        raise ValueError("the hd objective needs an encoder student (its layer outputs)")
+    source, target = x.batch["source"], x.batch["target"]
+    return (losses.hidden_state_distillation_loss(teacher.student_states(x.hidden_source),
+                                                  teacher(source), source["input_mask"])
+            + losses.hidden_state_distillation_loss(teacher.student_states(x.hidden_target),
+                                                    teacher(target), target["input_mask"]))
+
+
 OBJECTIVES: Dict[str, Objective] = {row.name: row for row in [
     Objective("ams", _ams, needs_teacher=False, gathers=True, default_weight=lambda d: 1.0,
               description="additive margin softmax, negatives from the global batch"),
@@ -181,15 +203,20 @@ OBJECTIVES: Dict[str, Objective] = {row.name: row for row in [
     Objective("xtr", _xtr, needs_teacher=False, gathers=False, default_weight=lambda d: 1.0,
               heads=(RECONSTRUCTION,),
               description="EMS cross-lingual token reconstruction (an MLP over the vocabulary)"),
+    Objective("hd", _hd, needs_teacher=False, gathers=False, default_weight=lambda d: 1.0,
+              heads=(TEACHER_LAYERS,),
+              description="hidden-state distillation: the teacher's layer outputs on the "
+                          "student's tokens, both sides (needs --embedding_init_source)"),
 ]}
 
 ALIASES = {"lealla": "ams+fd+ld", "reimers": "mse", "ding": "mcl+mse"}
 
 
 def parse_objective(objective: str) -> List[str]:
-    """["ams", "fd", "ld"] for "ams+fd+ld" or "lealla"; ValueError otherwise."""
-    objective = ALIASES.get(objective, objective)
-    terms = [t.strip() for t in objective.split("+") if t.strip()]
+    """["ams", "fd", "ld"] for "ams+fd+ld" or "lealla"; an alias may be one of the
+    joined parts ("lealla+hd"); ValueError otherwise."""
+    terms = [term for part in objective.split("+") if part.strip()
+             for term in ALIASES.get(part.strip(), part.strip()).split("+")]
     unknown = [t for t in terms if t not in OBJECTIVES]
     if not terms or unknown:
         raise ValueError(f"objective {objective!r}: unknown terms {unknown}; use '+'-joined "

@@ -238,13 +238,19 @@ def train_config(config: RecipeConfig, data_dir, vocabulary: dict, teacher: dict
     """The student's `TrainConfig` for the main job."""
     from lealla_tf.configs import (DataConfig, LossConfig, OptimizerConfig, TeacherConfig,
                                    TokenizerConfig, TrainConfig)
+    from lealla_tf.objectives import parse_objective
     from lealla_tf.presets import get_preset
 
     encoder = get_preset(config.preset).encoder.replace(pooling=config.pooling,
                                                         **config.encoder_overrides)
     embedding_init = config.embedding_init
-    if embedding_init != "random" and "sentencepiece" not in str(teacher.get("tokenizer")):
+    sentencepiece = "sentencepiece" in str(teacher.get("tokenizer"))
+    if embedding_init != "random" and not sentencepiece:
         raise ValueError(f"--embedding_init={embedding_init} needs a SentencePiece teacher")
+    layered = "hd" in parse_objective(objective)
+    if layered and not sentencepiece:
+        raise ValueError(f"--objective={objective}: hidden-state distillation (hd) needs a "
+                         "SentencePiece teacher (multilingual-e5-small); drop '+hd'")
     return TrainConfig(
         preset=config.preset, encoder=encoder,
         tokenizer=TokenizerConfig(max_seq_length=config.max_seq_length),
@@ -258,7 +264,7 @@ def train_config(config: RecipeConfig, data_dir, vocabulary: dict, teacher: dict
             warmup_steps=(config.warmup_steps if config.warmup_steps is not None
                           else max(1, config.train_steps // 10))),
         embedding_init=embedding_init,
-        embedding_init_source=teacher_dir if embedding_init != "random" else "",
+        embedding_init_source=teacher_dir if embedding_init != "random" or layered else "",
         global_batch_size=config.global_batch_size, train_steps=config.train_steps,
         checkpoint_every=max(1, config.train_steps // 5), log_every=10,
         eval_every=config.eval_every, tatoeba_dir=str(data_dir / "tatoeba_dev"),

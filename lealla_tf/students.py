@@ -24,12 +24,15 @@ from lealla_tf.model_dir import CONFIG_FILE, encoder_config_of, latest_checkpoin
 
 @dataclasses.dataclass
 class StudentOutputs:
-    """Unit embeddings `[b, d]` of both sides, and the pooled outputs they come from."""
+    """Unit embeddings `[b, d]` of both sides, the pooled outputs they come from,
+    and (encoder students) every layer's output."""
 
     source: object
     target: object
     pooled_source: object = None
     pooled_target: object = None
+    hidden_source: Optional[list] = None
+    hidden_target: Optional[list] = None
 
 
 class EncoderStudent:
@@ -49,7 +52,8 @@ class EncoderStudent:
         source = self.encoder(batch["source"], training=training)
         target = self.encoder(batch["target"], training=training)
         return StudentOutputs(source["sentence_embedding"], target["sentence_embedding"],
-                              source["pooled_output"], target["pooled_output"])
+                              source["pooled_output"], target["pooled_output"],
+                              list(source["encoder_outputs"]), list(target["encoder_outputs"]))
 
     @property
     def trainable_weights(self) -> list:

@@ -61,8 +61,22 @@ class DistillationTask:
                 self.terms, self.student.embedding_size, config.teacher_dimension,
                 config.teacher.reduction_dir, vocabulary_size=tokenizer.vocab_size,
                 num_languages=len([n for n in (sizes or {}).values() if n > 0]),
-                special_ids=(tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id))
+                special_ids=(tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id),
+                teacher_layers=self._teacher_layers_args())
         self.trainable = self.student.trainable_weights + self.heads.trainable_weights
+
+    def _teacher_layers_args(self):
+        """What the hd term's `TeacherLayers` is built from (None without a teacher directory)."""
+        from lealla_tf.objectives import TEACHER_LAYERS
+
+        source = self.config.embedding_init_source or self.config.teacher.path
+        needed = any(TEACHER_LAYERS in OBJECTIVES[t].heads for t in self.terms)
+        if not needed or not source or self.config.student != "encoder":
+            return None
+        from lealla_tf.embedding_init import student_pieces
+
+        encoder = self.config.encoder
+        return (source, student_pieces(self.tokenizer), encoder.hidden_dim, encoder.num_layers)
 
     def initialize_weights(self) -> dict:
         """A fresh run's starting point: `init_from`'s encoder, and/or the teacher's
@@ -136,7 +150,8 @@ class DistillationTask:
             pooled_source=outputs.pooled_source, pooled_target=outputs.pooled_target,
             teacher_source=teacher_vectors[0], teacher_target=teacher_vectors[1],
             gather=gather, offset=offset, heads=self.heads, scale=loss.scale,
-            margin=loss.margin, temperature=loss.temperature, batch=batch)
+            margin=loss.margin, temperature=loss.temperature, batch=batch,
+            hidden_source=outputs.hidden_source, hidden_target=outputs.hidden_target)
         return compute_terms(self.terms, inputs, self.config.global_batch_size)
 
     def replica_gradients(self, batch):

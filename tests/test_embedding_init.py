@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 
 from lealla_tf.configs import EncoderConfig
-from lealla_tf.embedding_init import (layer_sources, match_rows, pca, select_teacher_weights,
-                                      teacher_hidden_ranking)
+from lealla_tf.embedding_init import (distilled_layer_pairs, layer_sources, match_rows, pca,
+                                      select_teacher_weights, teacher_hidden_ranking)
 from lealla_tf.export_lib import export_labse_pair
 from lealla_tf.lealla_encoder import build_encoder
 from lealla_tf.tokenizer import Tokenizer
@@ -58,6 +58,13 @@ def test_layers_spread_evenly_and_the_rest_start_as_pass_through():
     assert layer_sources(12, 12) == list(range(12))
     assert layer_sources(3, 2) == [0, 1, None]
     assert layer_sources(4, 12) == [0, 3, 6, 9]
+
+
+def test_distilled_layers_are_the_last_of_each_pass_through_run():
+    assert distilled_layer_pairs(24, 12) == [(2 * i + 1, i) for i in range(12)]
+    assert distilled_layer_pairs(12, 12) == [(i, i) for i in range(12)]
+    assert distilled_layer_pairs(3, 2) == [(0, 0), (2, 1)]
+    assert distilled_layer_pairs(4, 12) == [(0, 0), (1, 3), (2, 6), (3, 9)]
 
 
 def test_a_student_as_wide_as_the_teacher_is_the_teacher(teacher_dir):

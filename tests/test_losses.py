@@ -212,3 +212,38 @@ def test_cross_lingual_reconstruction_matches_ems():
     exact = tf.math.log(tf.maximum(p_y, 1e-30))
     assert float(tf.reduce_mean(losses.cross_lingual_reconstruction_loss(
         exact, tf.math.log(tf.maximum(p_x, 1e-30)), p_x, p_y))) == pytest.approx(0.0, abs=1e-4)
+
+
+def hd_numpy(student, teacher, mask):
+    """1/K sum_k 1/|S| sum_{i in S} 1/d ||h_k^s(i) - h_k^t(i)||^2, one value per sentence."""
+    values = []
+    for b in range(mask.shape[0]):
+        tokens = [i for i in range(mask.shape[1]) if mask[b, i]]
+        values.append(sum(sum(np.mean((s[b, i] - t[b, i]) ** 2) for i in tokens) / len(tokens)
+                          for s, t in zip(student, teacher)) / len(student))
+    return np.array(values)
+
+
+def test_hidden_state_distillation_matches_its_transcription_and_skips_padding():
+    student = [RNG.normal(size=(3, 5, D)) for _ in range(2)]
+    teacher = [RNG.normal(size=(3, 5, D)) for _ in range(2)]
+    mask = np.array([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]])
+    np.testing.assert_allclose(losses.hidden_state_distillation_loss(student, teacher, mask),
+                               hd_numpy(student, teacher, mask), rtol=1e-9)
+    # Padding positions do not count, whatever they hold.
+    noisy = [s.copy() for s in student]
+    noisy[0][1, 3] += 100.0
+    np.testing.assert_allclose(losses.hidden_state_distillation_loss(noisy, teacher, mask),
+                               hd_numpy(student, teacher, mask), rtol=1e-9)
+    # The gradient reaches the student only, and matches finite differences.
+    variables = [tf.Variable(s) for s in student]
+    targets = [tf.Variable(t) for t in teacher]
+    with tf.GradientTape() as tape:
+        value = tf.reduce_mean(losses.hidden_state_distillation_loss(variables, targets, mask))
+    gradients = tape.gradient(value, variables + targets)
+    assert gradients[2] is None and gradients[3] is None
+    numeric = numeric_gradient(lambda a, b: float(np.mean(hd_numpy([a, b], teacher, mask))),
+                               student, 0)
+    np.testing.assert_allclose(gradients[0].numpy(), numeric, rtol=1e-4, atol=1e-7)
+    with pytest.raises(ValueError, match="as many student layers"):
+        losses.hidden_state_distillation_loss(student, teacher[:1], mask)

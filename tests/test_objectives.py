@@ -30,6 +30,10 @@ def test_every_row_is_complete_and_aliases_resolve():
         assert row.default_weight(128) > 0 and row.default_weight(256) > 0
     for alias in ALIASES:
         assert all(term in OBJECTIVES for term in parse_objective(alias))
+    assert parse_objective("lealla+hd") == ["ams", "fd", "ld", "hd"]
+    with pytest.raises(ValueError, match="repeats"):
+        parse_objective("lealla+fd")
+    assert OBJECTIVES["hd"].heads == (objectives.TEACHER_LAYERS,)
     assert OBJECTIVES["fd"].default_weight(128) == 1e3 and OBJECTIVES["fd"].default_weight(256) == 1e4
     assert OBJECTIVES["ams"].gathers and not OBJECTIVES["ams"].needs_teacher
     assert OBJECTIVES["ld"].gathers and OBJECTIVES["ld"].needs_teacher

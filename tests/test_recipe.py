@@ -51,6 +51,7 @@ def test_teacher_backend_that_cannot_truncate_is_refused_before_any_work(tiny_da
     assert not (work / "teacher").exists()
     assert recipe_loss_weights("lealla") == {"fd": 1.0, "ld": 1e4}
     assert recipe_loss_weights("mse") == {}
+    assert recipe_loss_weights("lealla+hd") == {"fd": 1.0, "ld": 1e4, "hd": 10.0}
 
 
 @pytest.mark.slow
@@ -136,3 +137,16 @@ def test_a_training_stopped_by_a_signal_is_not_a_finished_stage(tmp_path, monkey
     monkeypatch.setattr(recipe, "run_recipe", interrupted)
     assert main([f"--work_dir={tmp_path}"]) == 130
     assert "stopped: training m stopped by SIGTERM" in capsys.readouterr().err
+
+
+def test_hidden_state_distillation_needs_a_sentencepiece_teacher(tmp_path):
+    from lealla_tf.configs import RecipeConfig
+    from lealla_tf.recipe import train_config
+
+    minilm = {"tokenizer": "wordpiece", "multilingual": False}
+    with pytest.raises(ValueError, match=r"hidden-state distillation \(hd\).*drop '\+hd'"):
+        train_config(RecipeConfig(embedding_init="random"), tmp_path, {}, minilm,
+                     str(tmp_path / "teacher"), str(tmp_path / "pairs"), "lealla+hd", {})
+    config = train_config(RecipeConfig(embedding_init="random"), tmp_path, {}, minilm,
+                          str(tmp_path / "teacher"), str(tmp_path / "pairs"), "lealla", {})
+    assert config.embedding_init_source == ""

@@ -1,0 +1,127 @@
+"""The heads an objective's terms need (`lealla_tf.heads`): the frozen teacher's
+layer outputs for hidden-state distillation (`TeacherLayers`, the hd term)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import tiny_vocabulary
+from lealla_tf import sentencepiece_model as spm_model
+from lealla_tf.configs import (DataConfig, EncoderConfig, LossConfig, OptimizerConfig,
+                               TokenizerConfig, TrainConfig, resolve_train_config)
+from lealla_tf.embedding_init import WORD_START, match_rows, select_teacher_weights
+from lealla_tf.export_lib import export_labse_pair
+from lealla_tf.heads import TeacherLayers
+from lealla_tf.lealla_encoder import build_encoder
+from lealla_tf.teacher_conversion import SENTENCEPIECE_FILE
+from lealla_tf.tokenizer import Tokenizer
+
+WIDTH, LAYERS = 16, 2
+
+
+def teacher_pieces_for(student):
+    """SentencePiece pieces every student WordPiece token matches (`match_rows`'s rules)."""
+    pieces = [t[2:] if t.startswith("##") else WORD_START + t for t in student]
+    return ["<unk>"] + list(dict.fromkeys(pieces))
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory, tiny_vocab_file):
+    """A converted-teacher directory: a tiny random BERT and a SentencePiece vocabulary
+    holding every piece of the tiny WordPiece vocabulary."""
+    pieces = teacher_pieces_for(tiny_vocabulary())
+    encoder = build_encoder(EncoderConfig(
+        vocabulary_size=len(pieces), num_layers=LAYERS, num_heads=4, hidden_dim=WIDTH,
+        intermediate_dim=32, max_sequence_length=24, pooling="mean", dropout=0.0,
+        hidden_activation="gelu"), name="teacher_encoder")
+    rng = np.random.default_rng(1)
+    for weight in encoder.weights:
+        weight.assign(rng.normal(scale=0.2, size=weight.shape).astype(np.float32))
+    directory = tmp_path_factory.mktemp("teacher")
+    export_labse_pair(encoder, Tokenizer(tiny_vocab_file, max_seq_length=16), str(directory))
+    spec = spm_model.normalizer_spec_from_map({}, "identity")
+    model = spm_model.SentencePieceModel(
+        [spm_model.Piece("<unk>", 0, spm_model.UNKNOWN)]
+        + [spm_model.Piece(p, -1.0) for p in pieces[1:]], spec)
+    (directory / SENTENCEPIECE_FILE).write_bytes(model.serialize())
+    return str(directory), encoder, pieces
+
+
+def student_inputs(ids):
+    ids = np.asarray(ids, np.int32)
+    return {"input_word_ids": tf.constant(ids), "input_mask": tf.constant((ids > 0).astype(
+        np.int32)), "input_type_ids": tf.zeros_like(ids)}
+
+
+def test_a_student_selected_from_the_teacher_at_its_shape_has_zero_loss(teacher):
+    from lealla_tf.losses import hidden_state_distillation_loss
+
+    directory, teacher_encoder, pieces = teacher
+    student_vocabulary = tiny_vocabulary()[::-1]  # other ids for the same pieces
+    head = TeacherLayers(directory, student_vocabulary, WIDTH, LAYERS)
+    assert head.pairs == [(0, 0), (1, 1)] and head.matched_fraction == 1.0
+    rows = match_rows(student_vocabulary, pieces)
+    np.testing.assert_array_equal(head.ids.numpy(), rows)
+    student = build_encoder(EncoderConfig(
+        vocabulary_size=len(student_vocabulary), num_layers=LAYERS, num_heads=4,
+        hidden_dim=WIDTH, intermediate_dim=32, max_sequence_length=24, pooling="mean",
+        dropout=0.0, hidden_activation="gelu"))
+    select_teacher_weights(student, rows, directory)
+    inputs = student_inputs([[5, 9, 14, 20, 3], [7, 30, 2, 0, 0]])
+    targets = head(inputs)
+    # The teacher's own layer outputs on the mapped ids, at every coordinate.
+    mapped = {**inputs, "input_word_ids": tf.constant(rows[inputs["input_word_ids"].numpy()],
+                                                      tf.int32)}
+    expected = teacher_encoder(mapped, training=False)["encoder_outputs"]
+    for target, reference in zip(targets, expected):
+        np.testing.assert_allclose(target.numpy(), reference.numpy(), atol=1e-5)
+    states = head.student_states(student(inputs, training=False)["encoder_outputs"])
+    loss = hidden_state_distillation_loss(states, targets, inputs["input_mask"])
+    np.testing.assert_allclose(loss.numpy(), 0.0, atol=1e-9)
+
+
+def test_a_narrower_deeper_student_gets_the_selected_coordinates_and_layers(teacher):
+    directory, teacher_encoder, pieces = teacher
+    student_vocabulary = tiny_vocabulary() + ["not-in-the-teacher"]
+    head = TeacherLayers(directory, student_vocabulary, 8, 4)
+    assert head.pairs == [(1, 0), (3, 1)]
+    rows = match_rows(student_vocabulary, pieces)
+    student = build_encoder(EncoderConfig(
+        vocabulary_size=len(student_vocabulary), num_layers=4, num_heads=4, hidden_dim=8,
+        intermediate_dim=16, max_sequence_length=24, pooling="mean"))
+    summary = select_teacher_weights(student, rows, directory)
+    assert head.coordinates.numpy().tolist() == summary["hidden_coordinates"]
+    # A piece the teacher lacks reads as the teacher's <unk>.
+    assert head.ids.numpy()[-1] == pieces.index("<unk>")
+    inputs = student_inputs([[5, len(student_vocabulary) - 1, 3]])
+    mapped = {**inputs, "input_word_ids": tf.constant([[rows[5], 0, rows[3]]], tf.int32)}
+    expected = teacher_encoder(mapped, training=False)["encoder_outputs"][1].numpy()
+    np.testing.assert_allclose(head(inputs)[1].numpy(), expected[..., summary[
+        "hidden_coordinates"]], atol=1e-5)
+    with pytest.raises(ValueError, match="width 32 exceeds the teacher's 16"):
+        TeacherLayers(directory, student_vocabulary, 32, 4)
+    with pytest.raises(ValueError, match="no token of the student's vocabulary"):
+        TeacherLayers(directory, ["x1", "x2"], 8, 4)
+
+
+def test_the_hd_term_trains_and_needs_a_teacher_directory(teacher, tiny_vocab_file,
+                                                          tiny_parallel_dir, tmp_path):
+    from lealla_tf.training import train
+
+    directory, _, _ = teacher
+    config = TrainConfig(
+        encoder=EncoderConfig(vocabulary_size=len(tiny_vocabulary()), num_layers=4, num_heads=4,
+                              hidden_dim=8, intermediate_dim=16, max_sequence_length=24,
+                              pooling="mean"),
+        tokenizer=TokenizerConfig(max_seq_length=16), data=DataConfig([tiny_parallel_dir]),
+        loss=LossConfig(objective="ams+hd", scale=20.0),
+        optimizer=OptimizerConfig(learning_rate=1e-3, warmup_steps=1),
+        embedding_init="teacher_select", embedding_init_source=directory,
+        global_batch_size=4, train_steps=3, checkpoint_every=3, log_every=1)
+    summary = train(config, str(tmp_path / "m"), tiny_vocab_file, progress=False)
+    assert summary["weights"] == {"ams": 1.0, "hd": 1.0}
+    assert 0.0 < summary["last"]["hd"] < 100.0
+    without = TrainConfig(encoder=config.encoder, tokenizer=config.tokenizer,
+                          loss=LossConfig(objective="ams+hd"))
+    with pytest.raises(ValueError, match="--embedding_init_source"):
+        resolve_train_config(without, 60, None)
