@@ -6,7 +6,8 @@
 
 The main job's student (lealla_small, mean pooling, the pruned teacher vocabulary,
 teacher-PCA embeddings, 64 x 32) trains with --objective (default AMS, which needs
-no teacher vectors, so the data is every pair of `parallel/`, sampled across
+no teacher vectors, nor does `ams+hd`, whose teacher runs inside the step; so the
+data is every pair of `parallel/`, sampled across
 languages, with tatoeba_dev removed) and is evaluated on the first 50 pairs a
 language every --eval_every steps, then on all of tatoeba_dev. The question it
 answers: is the main job's plateau (31-32 % on the subset after 250 steps on
@@ -49,6 +50,8 @@ def main():
     parser.add_argument("--data_dir", default=None, help="holds parallel/ and tatoeba_dev/")
     parser.add_argument("--work_dir", default="runs/ams_corpus")
     parser.add_argument("--objective", default="ams")
+    parser.add_argument("--loss_weights", default="",
+                        help="as lealla_tf.train's, e.g. hd=10 (the main job's weight)")
     parser.add_argument("--embedding_init", default="teacher_pca",
                         help="the runs in the README used teacher_pca; the main job's "
                              "student now starts from teacher_select")
@@ -75,6 +78,8 @@ def main():
         f"--embedding_init_source={recipe / 'teacher'}", f"--train_steps={args.train_steps}",
         f"--tatoeba_dir={tatoeba}", f"--eval_every={args.eval_every}", "--eval_max_pairs=50",
         f"--checkpoint_every={args.eval_every}", "--no_progress"]
+    if args.loss_weights:
+        train_flags.append(f"--loss_weights={args.loss_weights}")
     if args.warmup_steps is not None:
         train_flags.append(f"--warmup_steps={args.warmup_steps}")
     start = time.perf_counter()
