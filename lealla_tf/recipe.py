@@ -480,9 +480,9 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
     if config.comparison_objective:
         runs[COMPARISON] = (config.comparison_objective, {})
     training = {}
-    for name, (objective, weights) in runs.items():
+    for name, (objective, run_weights) in runs.items():
         train = train_config(config, data_dir, vocabulary, teacher, paths["teacher"],
-                             paths["pairs_teacher"], objective, weights)
+                             paths["pairs_teacher"], objective, run_weights)
         training[name] = stages.run(f"train_{name}", lambda t=train, n=name: train_stage(
             t, paths[n], vocabulary["output"], strategy))
         models.clear()

@@ -69,6 +69,9 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
     report = json.loads((work / "report" / "report.json").read_text())
     assert report["training"]["student"]["final_step"] == 4
     assert report["distillation"]["steps"] == 4
+    # The student's weights, not the comparison's (which has none to set).
+    assert report["distillation"]["loss_weights"] == {"fd": 1.0, "ld": 1e4, "hd": 10.0}
+    assert report["training"]["student"]["weights"]["hd"] == 10.0
     assert report["export"]["reload_max_abs_difference"] < 1e-5
     assert set(report["tatoeba"]) == {"student", "student_ams_only", "teacher",
                                       "student_teacher_pairs"}
