@@ -31,7 +31,8 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks.vocab_build import machine  # noqa: E402
-from lealla_tf.configs import RECIPE_LOSS_WEIGHTS, RecipeConfig  # noqa: E402
+from lealla_tf.configs import (RECIPE_LOSS_WEIGHTS, RecipeConfig,  # noqa: E402
+                               recipe_loss_weights)
 
 _MAIN_JOB_INIT = RecipeConfig().embedding_init
 
@@ -60,7 +61,7 @@ CONFIGURATIONS["main_job_ams_only"] = {"vocabulary": "pruned", "init": _MAIN_JOB
                                        "objective": "ams", "main_job": "student_ams_only"}
 # Loss weights of the e5 recipe (lealla_tf.configs.RECIPE_LOSS_WEIGHTS); the
 # --only=weights_* runs sweep them.
-WEIGHTS = {LEALLA: dict(RECIPE_LOSS_WEIGHTS), "fd": {"fd": RECIPE_LOSS_WEIGHTS["fd"]}}
+WEIGHTS = {LEALLA: recipe_loss_weights(LEALLA), "fd": recipe_loss_weights("fd")}
 for _beta in (1.0, 10.0, 100.0):
     for _gamma in (1e2, 1e4):
         CONFIGURATIONS[f"weights_fd{_beta:g}_ld{_gamma:g}"] = {

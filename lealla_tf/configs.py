@@ -405,6 +405,11 @@ def resolve_train_config(config: TrainConfig, vocabulary_size: int,
             f"objective {config.loss.objective!r} ({', '.join(layered)}) runs the teacher on an "
             "encoder student's tokens: pass --embedding_init_source=<converted teacher with a "
             "SentencePiece vocabulary> (or --teacher=<it>) and train an encoder student")
+    if layered and config.embedding_init != "teacher_select" and not config.init_from:
+        raise ValueError(
+            f"objective {config.loss.objective!r} ({', '.join(layered)}) distils the teacher's "
+            "layers at the coordinates weight selection gives the student: pass "
+            "--embedding_init=teacher_select (or --init_from=<a run that started from it>)")
     if needs and not teacher_dimension:
         raise ValueError(
             f"objective {config.loss.objective!r} ({', '.join(needs)}) needs a teacher: pass "

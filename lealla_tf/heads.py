@@ -78,7 +78,10 @@ class TeacherLayers:
         if not (rows >= 0).any():
             raise ValueError(f"hidden-state distillation: no token of the student's vocabulary "
                              f"is in {teacher_dir}'s; it needs the teacher's (pruned) vocabulary")
-        unknown = pieces.index("<unk>") if "<unk>" in pieces else 0
+        if "<unk>" not in pieces:
+            raise ValueError(f"hidden-state distillation: {teacher_dir}'s vocabulary has no "
+                             "<unk> piece for the student's pieces it lacks")
+        unknown = pieces.index("<unk>")
         self.encoder = tf.saved_model.load(os.path.join(teacher_dir, "encoder"))
         probe = self.encoder({"input_word_ids": tf.constant([[0, 2]], tf.int32),
                               "input_mask": tf.ones([1, 2], tf.int32),

@@ -251,6 +251,10 @@ def train_config(config: RecipeConfig, data_dir, vocabulary: dict, teacher: dict
     if layered and not sentencepiece:
         raise ValueError(f"--objective={objective}: hidden-state distillation (hd) needs a "
                          "SentencePiece teacher (multilingual-e5-small); drop '+hd'")
+    if layered and config.vocabulary != "teacher_pruned":
+        raise ValueError(f"--objective={objective}: hidden-state distillation (hd) needs the "
+                         "student to read the teacher's tokens (--vocabulary=teacher_pruned); "
+                         "drop '+hd'")
     return TrainConfig(
         preset=config.preset, encoder=encoder,
         tokenizer=TokenizerConfig(max_seq_length=config.max_seq_length),

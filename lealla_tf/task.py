@@ -75,6 +75,12 @@ class DistillationTask:
             return None
         from lealla_tf.embedding_init import student_pieces
 
+        if self.tokenizer.kind != "sentencepiece":
+            raise ValueError(
+                "the hd objective compares the student's tokens with the teacher's: the "
+                "student must tokenize with the teacher's SentencePiece vocabulary or a pruned "
+                "copy of it (the main job's runs/recipe/vocab.model, from "
+                "lealla_tf.vocab_pruning), not a WordPiece vocabulary")
         encoder = self.config.encoder
         return (source, student_pieces(self.tokenizer), encoder.hidden_dim, encoder.num_layers)
 

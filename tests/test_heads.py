@@ -19,10 +19,14 @@ from lealla_tf.tokenizer import Tokenizer
 WIDTH, LAYERS = 16, 2
 
 
+SPECIAL = ["<s>", "<pad>", "</s>", "<unk>"]
+
+
 def teacher_pieces_for(student):
-    """SentencePiece pieces every student WordPiece token matches (`match_rows`'s rules)."""
+    """XLM-R's special pieces, then a piece for every student WordPiece token
+    (`match_rows`'s rules)."""
     pieces = [t[2:] if t.startswith("##") else WORD_START + t for t in student]
-    return ["<unk>"] + list(dict.fromkeys(pieces))
+    return SPECIAL + list(dict.fromkeys(pieces))
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +45,9 @@ def teacher(tmp_path_factory, tiny_vocab_file):
     export_labse_pair(encoder, Tokenizer(tiny_vocab_file, max_seq_length=16), str(directory))
     spec = spm_model.normalizer_spec_from_map({}, "identity")
     model = spm_model.SentencePieceModel(
-        [spm_model.Piece("<unk>", 0, spm_model.UNKNOWN)]
-        + [spm_model.Piece(p, -1.0) for p in pieces[1:]], spec)
+        [spm_model.Piece(p, 0, spm_model.CONTROL) for p in SPECIAL[:3]]
+        + [spm_model.Piece("<unk>", 0, spm_model.UNKNOWN)]
+        + [spm_model.Piece(p, -1.0) for p in pieces[len(SPECIAL):]], spec)
     (directory / SENTENCEPIECE_FILE).write_bytes(model.serialize())
     return str(directory), encoder, pieces
 
@@ -94,7 +99,8 @@ def test_a_narrower_deeper_student_gets_the_selected_coordinates_and_layers(teac
     # A piece the teacher lacks reads as the teacher's <unk>.
     assert head.ids.numpy()[-1] == pieces.index("<unk>")
     inputs = student_inputs([[5, len(student_vocabulary) - 1, 3]])
-    mapped = {**inputs, "input_word_ids": tf.constant([[rows[5], 0, rows[3]]], tf.int32)}
+    unknown = pieces.index("<unk>")
+    mapped = {**inputs, "input_word_ids": tf.constant([[rows[5], unknown, rows[3]]], tf.int32)}
     expected = teacher_encoder(mapped, training=False)["encoder_outputs"][1].numpy()
     np.testing.assert_allclose(head(inputs)[1].numpy(), expected[..., summary[
         "hidden_coordinates"]], atol=1e-5)
@@ -106,11 +112,16 @@ def test_a_narrower_deeper_student_gets_the_selected_coordinates_and_layers(teac
 
 def test_the_hd_term_trains_and_needs_a_teacher_directory(teacher, tiny_vocab_file,
                                                           tiny_parallel_dir, tmp_path):
+    import dataclasses
+    import os
+
     from lealla_tf.training import train
 
-    directory, _, _ = teacher
+    directory, _, pieces = teacher
+    # The student tokenizes with the teacher's own SentencePiece vocabulary.
+    vocab_file = os.path.join(directory, SENTENCEPIECE_FILE)
     config = TrainConfig(
-        encoder=EncoderConfig(vocabulary_size=len(tiny_vocabulary()), num_layers=4, num_heads=4,
+        encoder=EncoderConfig(vocabulary_size=len(pieces), num_layers=4, num_heads=4,
                               hidden_dim=8, intermediate_dim=16, max_sequence_length=24,
                               pooling="mean"),
         tokenizer=TokenizerConfig(max_seq_length=16), data=DataConfig([tiny_parallel_dir]),
@@ -118,9 +129,18 @@ def test_the_hd_term_trains_and_needs_a_teacher_directory(teacher, tiny_vocab_fi
         optimizer=OptimizerConfig(learning_rate=1e-3, warmup_steps=1),
         embedding_init="teacher_select", embedding_init_source=directory,
         global_batch_size=4, train_steps=3, checkpoint_every=3, log_every=1)
-    summary = train(config, str(tmp_path / "m"), tiny_vocab_file, progress=False)
+    summary = train(config, str(tmp_path / "m"), vocab_file, progress=False)
     assert summary["weights"] == {"ams": 1.0, "hd": 1.0}
     assert 0.0 < summary["last"]["hd"] < 100.0
+    # The frozen teacher is not saved with the student.
+    saved = tf.train.list_variables(summary["checkpoint"])
+    assert saved and not any("teacher" in name for name, _ in saved)
+    # A WordPiece student does not read the teacher's tokens: refused.
+    with pytest.raises(ValueError, match="not a WordPiece vocabulary"):
+        train(config, str(tmp_path / "w"), tiny_vocab_file, progress=False)
+    # Nor a student whose coordinates are not the teacher's selection.
+    with pytest.raises(ValueError, match="--embedding_init=teacher_select"):
+        resolve_train_config(dataclasses.replace(config, embedding_init="random"), 60, None)
     without = TrainConfig(encoder=config.encoder, tokenizer=config.tokenizer,
                           loss=LossConfig(objective="ams+hd"))
     with pytest.raises(ValueError, match="--embedding_init_source"):

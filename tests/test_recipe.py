@@ -150,6 +150,10 @@ def test_hidden_state_distillation_needs_a_sentencepiece_teacher(tmp_path):
     with pytest.raises(ValueError, match=r"hidden-state distillation \(hd\).*drop '\+hd'"):
         train_config(RecipeConfig(embedding_init="random"), tmp_path, {}, minilm,
                      str(tmp_path / "teacher"), str(tmp_path / "pairs"), "lealla+hd", {})
+    e5 = {"tokenizer": "sentencepiece", "multilingual": True}
+    with pytest.raises(ValueError, match=r"--vocabulary=teacher_pruned.*drop '\+hd'"):
+        train_config(RecipeConfig(vocabulary="wordpiece"), tmp_path, {}, e5,
+                     str(tmp_path / "teacher"), str(tmp_path / "pairs"), "lealla+hd", {})
     config = train_config(RecipeConfig(embedding_init="random"), tmp_path, {}, minilm,
                           str(tmp_path / "teacher"), str(tmp_path / "pairs"), "lealla", {})
     assert config.embedding_init_source == ""
