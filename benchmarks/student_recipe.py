@@ -31,8 +31,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks.vocab_build import machine  # noqa: E402
-from lealla_tf.configs import (RECIPE_LOSS_WEIGHTS, RecipeConfig,  # noqa: E402
-                               recipe_loss_weights)
+from lealla_tf.configs import RecipeConfig, recipe_loss_weights  # noqa: E402
 
 _MAIN_JOB_INIT = RecipeConfig().embedding_init
 
@@ -87,7 +86,7 @@ CONFIGURATIONS["centered_select_lealla"] = {"vocabulary": "pruned", "init": "tea
 for _weight in (1.0, 10.0):
     CONFIGURATIONS[f"select_lealla_hd{_weight:g}"] = {
         "vocabulary": "pruned", "init": "teacher_select", "objective": LEALLA + "+hd",
-        "weights": {**RECIPE_LOSS_WEIGHTS, "hd": _weight}}
+        "weights": {**recipe_loss_weights(LEALLA), "hd": _weight}}
     CONFIGURATIONS[f"select_ams_hd{_weight:g}"] = {
         "vocabulary": "pruned", "init": "teacher_select", "objective": "ams+hd",
         "weights": {"hd": _weight}}

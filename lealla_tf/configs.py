@@ -383,7 +383,7 @@ def resolve_train_config(config: TrainConfig, vocabulary_size: int,
     Raises ValueError when an objective term needs a teacher and there is
     none, or a weight names a term that is not in the objective.
     """
-    from lealla_tf.objectives import OBJECTIVES, parse_objective
+    from lealla_tf.objectives import OBJECTIVES, TEACHER_LAYERS, parse_objective, terms_needing
 
     validate_train_config(config)
     config = copy.deepcopy(config)
@@ -398,7 +398,7 @@ def resolve_train_config(config: TrainConfig, vocabulary_size: int,
                                        intermediate_dim=1)
     else:
         config.encoder = config.encoder.replace(vocabulary_size=vocabulary_size)
-    layered = [t for t in terms if "teacher_layers" in OBJECTIVES[t].heads]
+    layered = terms_needing(terms, TEACHER_LAYERS)
     if layered and (config.student != "encoder"
                     or not (config.embedding_init_source or config.teacher.path)):
         raise ValueError(

@@ -162,18 +162,20 @@ def _teacher_layer_count(variables: Dict[str, np.ndarray]) -> int:
 
 
 def teacher_hidden_ranking(teacher_dir: str, token_rows: np.ndarray, sequences: int = 64,
-                           length: int = 16, seed: int = 0) -> np.ndarray:
+                           length: int = 16, seed: int = 0, encoder=None) -> np.ndarray:
     """The teacher's hidden coordinates, most active first.
 
     Mean |activation| over every layer's output, on `sequences` random
     sequences of `token_rows` (the student's pieces): BERT-style models carry
     a few coordinates of much larger magnitude that the others depend on, and
     random text finds the same ones as real sentences (110 of the top 128
-    agree on multilingual-e5-small).
+    agree on multilingual-e5-small). `encoder`: the teacher's encoder module,
+    when the caller has loaded it already.
     """
     import tensorflow as tf
 
-    encoder = tf.saved_model.load(os.path.join(teacher_dir, "encoder"))
+    if encoder is None:
+        encoder = tf.saved_model.load(os.path.join(teacher_dir, "encoder"))
     rng = np.random.default_rng(seed)
     ids = rng.choice(token_rows, size=(sequences, length)).astype(np.int32)
     inputs = {"input_word_ids": tf.constant(ids), "input_mask": tf.ones_like(ids),
@@ -183,10 +185,12 @@ def teacher_hidden_ranking(teacher_dir: str, token_rows: np.ndarray, sequences: 
     return np.argsort(-magnitude, kind="stable")
 
 
-def selected_coordinates(teacher_dir: str, rows: np.ndarray, width: int) -> np.ndarray:
+def selected_coordinates(teacher_dir: str, rows: np.ndarray, width: int,
+                         encoder=None) -> np.ndarray:
     """The `width` teacher hidden coordinates a student of that width keeps (sorted):
     the most active ones on the student's matched pieces (`rows >= 0`)."""
-    return np.sort(teacher_hidden_ranking(teacher_dir, rows[rows >= 0])[:width])
+    return np.sort(teacher_hidden_ranking(teacher_dir, rows[rows >= 0],
+                                          encoder=encoder)[:width])
 
 
 def distilled_layer_pairs(student_layers: int, teacher_layers: int) -> List[Tuple[int, int]]:

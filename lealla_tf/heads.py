@@ -92,7 +92,7 @@ class TeacherLayers:
                              f"exceeds the teacher's {teacher_width}")
         self.ids = tf.constant(np.where(rows >= 0, rows, unknown).astype(np.int32))
         self.coordinates = tf.constant(
-            selected_coordinates(teacher_dir, rows, hidden_dim).astype(np.int32))
+            selected_coordinates(teacher_dir, rows, hidden_dim, self.encoder).astype(np.int32))
         self.pairs = distilled_layer_pairs(num_layers, len(probe))
         self.matched_fraction = float((rows >= 0).mean())
 

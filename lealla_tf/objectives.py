@@ -226,6 +226,11 @@ def parse_objective(objective: str) -> List[str]:
     return terms
 
 
+def terms_needing(terms: List[str], head: str) -> List[str]:
+    """The terms of `terms` whose row needs `head`."""
+    return [t for t in terms if head in OBJECTIVES[t].heads]
+
+
 def default_loss_weights(hidden_dim: int) -> Dict[str, float]:
     """Every term's default weight for a student of width `hidden_dim`."""
     return {name: row.default_weight(hidden_dim) for name, row in OBJECTIVES.items()}

@@ -238,7 +238,7 @@ def train_config(config: RecipeConfig, data_dir, vocabulary: dict, teacher: dict
     """The student's `TrainConfig` for the main job."""
     from lealla_tf.configs import (DataConfig, LossConfig, OptimizerConfig, TeacherConfig,
                                    TokenizerConfig, TrainConfig)
-    from lealla_tf.objectives import parse_objective
+    from lealla_tf.objectives import TEACHER_LAYERS, parse_objective, terms_needing
     from lealla_tf.presets import get_preset
 
     encoder = get_preset(config.preset).encoder.replace(pooling=config.pooling,
@@ -247,7 +247,7 @@ def train_config(config: RecipeConfig, data_dir, vocabulary: dict, teacher: dict
     sentencepiece = "sentencepiece" in str(teacher.get("tokenizer"))
     if embedding_init != "random" and not sentencepiece:
         raise ValueError(f"--embedding_init={embedding_init} needs a SentencePiece teacher")
-    layered = "hd" in parse_objective(objective)
+    layered = bool(terms_needing(parse_objective(objective), TEACHER_LAYERS))
     if layered and not sentencepiece:
         raise ValueError(f"--objective={objective}: hidden-state distillation (hd) needs a "
                          "SentencePiece teacher (multilingual-e5-small); drop '+hd'")

@@ -23,7 +23,8 @@ import tensorflow as tf
 from lealla_tf.configs import TrainConfig
 from lealla_tf.data import pair_dataset, tokenize_batches
 from lealla_tf.heads import DistillationHeads
-from lealla_tf.objectives import OBJECTIVES, TermInputs, compute_terms, parse_objective
+from lealla_tf.objectives import (OBJECTIVES, TEACHER_LAYERS, TermInputs, compute_terms,
+                                  parse_objective, terms_needing)
 from lealla_tf.students import build_student
 from lealla_tf.teachers import CenteredTeacher, PrecomputedTeacher
 
@@ -67,11 +68,8 @@ class DistillationTask:
 
     def _teacher_layers_args(self):
         """What the hd term's `TeacherLayers` is built from (None without a teacher directory)."""
-        from lealla_tf.objectives import TEACHER_LAYERS
-
         source = self.config.embedding_init_source or self.config.teacher.path
-        needed = any(TEACHER_LAYERS in OBJECTIVES[t].heads for t in self.terms)
-        if not needed or not source or self.config.student != "encoder":
+        if not terms_needing(self.terms, TEACHER_LAYERS) or not source or self.config.student != "encoder":
             return None
         from lealla_tf.embedding_init import student_pieces
 
