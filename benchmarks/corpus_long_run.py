@@ -39,7 +39,9 @@ from lealla_tf.recipe import find_data_dir  # noqa: E402
 
 def run(command):
     print("+", " ".join(command), flush=True)
-    subprocess.run(command, check=True)
+    code = subprocess.run(command).returncode
+    if code:
+        sys.exit(f"corpus_long_run: {command[2]} exited with status {code}; its message is above")
 
 
 def main():

@@ -63,9 +63,12 @@ class TeacherLayers:
             SentencePiece vocabulary.
         student_pieces: the student's vocabulary, in id order.
         hidden_dim, num_layers: the student's width and depth.
+        max_seq_length: the longest sequence the student trains on; the teacher
+            must have positions for it.
     """
 
-    def __init__(self, teacher_dir: str, student_pieces, hidden_dim: int, num_layers: int):
+    def __init__(self, teacher_dir: str, student_pieces, hidden_dim: int, num_layers: int,
+                 max_seq_length: int = 2):
         import os
 
         import numpy as np
@@ -83,9 +86,16 @@ class TeacherLayers:
                              "<unk> piece for the student's pieces it lacks")
         unknown = pieces.index("<unk>")
         self.encoder = tf.saved_model.load(os.path.join(teacher_dir, "encoder"))
-        probe = self.encoder({"input_word_ids": tf.constant([[0, 2]], tf.int32),
-                              "input_mask": tf.ones([1, 2], tf.int32),
-                              "input_type_ids": tf.zeros([1, 2], tf.int32)})["encoder_outputs"]
+        length = max(int(max_seq_length), 2)
+        try:
+            probe = self.encoder({"input_word_ids": tf.fill([1, length], unknown),
+                                  "input_mask": tf.ones([1, length], tf.int32),
+                                  "input_type_ids": tf.zeros([1, length], tf.int32)}
+                                 )["encoder_outputs"]
+        except tf.errors.InvalidArgumentError as error:
+            raise ValueError(f"hidden-state distillation: {teacher_dir}'s teacher cannot encode "
+                             f"{length} tokens (--max_seq_length); its position table is "
+                             f"shorter ({error.message.splitlines()[-1].strip()})") from None
         teacher_width = int(probe[0].shape[-1])
         if hidden_dim > teacher_width:
             raise ValueError(f"hidden-state distillation: the student's width {hidden_dim} "
@@ -116,7 +126,8 @@ class DistillationHeads(tf.Module):
     fixed teacher -> d dense layer of a dimension-reduction run: syn),
     `reconstruction` (EMS's XTR head: xtr), and `teacher_layers` (the frozen
     teacher's layer outputs: hd; `teacher_layers` is a
-    `(teacher_dir, student_pieces, hidden_dim, num_layers)` tuple for it).
+    `(teacher_dir, student_pieces, hidden_dim, num_layers, max_seq_length)` tuple
+    for it).
     """
 
     def __init__(self, terms: List[str], embedding_dim: int, teacher_dim: Optional[int],

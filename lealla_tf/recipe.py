@@ -233,11 +233,11 @@ def teacher_vectors_stage(sample_dir: str, backend: dict, output: str, workers: 
     return {**manifest, "backend": backend, "sentences_per_second": sentences / seconds}
 
 
-def train_config(config: RecipeConfig, data_dir, vocabulary: dict, teacher: dict,
-                 teacher_dir: str, data: str, objective: str, loss_weights: dict):
+def train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_dir: str, data: str,
+                 objective: str, loss_weights: dict):
     """The student's `TrainConfig` for the main job."""
     from lealla_tf.configs import (DataConfig, LossConfig, OptimizerConfig, TeacherConfig,
-                                   TokenizerConfig, TrainConfig)
+                                   TokenizerConfig, TrainConfig, validate_train_config)
     from lealla_tf.objectives import TEACHER_LAYERS, parse_objective, terms_needing
     from lealla_tf.presets import get_preset
 
@@ -255,7 +255,7 @@ def train_config(config: RecipeConfig, data_dir, vocabulary: dict, teacher: dict
         raise ValueError(f"--objective={objective}: hidden-state distillation (hd) needs the "
                          "student to read the teacher's tokens (--vocabulary=teacher_pruned); "
                          "drop '+hd'")
-    return TrainConfig(
+    train = TrainConfig(
         preset=config.preset, encoder=encoder,
         tokenizer=TokenizerConfig(max_seq_length=config.max_seq_length),
         data=DataConfig(train_data=[data], decontaminate=[str(data_dir / "tatoeba_dev")],
@@ -273,6 +273,8 @@ def train_config(config: RecipeConfig, data_dir, vocabulary: dict, teacher: dict
         checkpoint_every=max(1, config.train_steps // 5), log_every=10,
         eval_every=config.eval_every, tatoeba_dir=str(data_dir / "tatoeba_dev"),
         eval_max_pairs=config.eval_max_pairs, mixed_precision=config.mixed_precision)
+    validate_train_config(train)
+    return train
 
 
 class StageInterrupted(Exception):
@@ -470,6 +472,16 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
     print(f"data: {data_dir}\nwork: {work}")
     stages, models = Stages(work), Models()
     teacher = stages.run("teacher", lambda: teacher_stage(config, paths["teacher"]))
+    weights = (config.loss_weights if config.loss_weights is not None
+               else recipe_loss_weights(config.objective))
+    runs = {STUDENT: (config.objective, weights)}
+    if config.comparison_objective:
+        runs[COMPARISON] = (config.comparison_objective, {})
+    # The training configurations now: an option the teacher cannot serve is
+    # refused before minutes of sampling and teacher vectors, not after.
+    trains = {name: train_config(config, data_dir, teacher, paths["teacher"],
+                                 paths["pairs_teacher"], objective, run_weights)
+              for name, (objective, run_weights) in runs.items()}
     vocabulary = stages.run("vocabulary", lambda: vocabulary_stage(
         config, data_dir, paths["teacher"], work))
     sampled = stages.run("sample", lambda: sample_stage(config, data_dir, paths["sample"]))
@@ -478,15 +490,8 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
         paths["pairs_teacher"], config.beam_workers, not teacher["multilingual"],
         config.max_seq_length if config.truncate_teacher else None))
     strategy = make_strategy(config.strategy, config.tpu or None)
-    weights = (config.loss_weights if config.loss_weights is not None
-               else recipe_loss_weights(config.objective))
-    runs = {STUDENT: (config.objective, weights)}
-    if config.comparison_objective:
-        runs[COMPARISON] = (config.comparison_objective, {})
     training = {}
-    for name, (objective, run_weights) in runs.items():
-        train = train_config(config, data_dir, vocabulary, teacher, paths["teacher"],
-                             paths["pairs_teacher"], objective, run_weights)
+    for name, train in trains.items():
         training[name] = stages.run(f"train_{name}", lambda t=train, n=name: train_stage(
             t, paths[n], vocabulary["output"], strategy))
         models.clear()

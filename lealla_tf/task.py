@@ -80,7 +80,8 @@ class DistillationTask:
                 "copy of it (the main job's runs/recipe/vocab.model, from "
                 "lealla_tf.vocab_pruning), not a WordPiece vocabulary")
         encoder = self.config.encoder
-        return (source, student_pieces(self.tokenizer), encoder.hidden_dim, encoder.num_layers)
+        return (source, student_pieces(self.tokenizer), encoder.hidden_dim, encoder.num_layers,
+                self.config.tokenizer.max_seq_length)
 
     def initialize_weights(self) -> dict:
         """A fresh run's starting point: `init_from`'s encoder, and/or the teacher's

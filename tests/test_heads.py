@@ -108,6 +108,11 @@ def test_a_narrower_deeper_student_gets_the_selected_coordinates_and_layers(teac
         TeacherLayers(directory, student_vocabulary, 32, 4)
     with pytest.raises(ValueError, match="no token of the student's vocabulary"):
         TeacherLayers(directory, ["x1", "x2"], 8, 4)
+    # The teacher has 24 positions: 24 tokens are fine, 25 are refused up front
+    # rather than inside the training step.
+    assert TeacherLayers(directory, student_vocabulary, 8, 4, max_seq_length=24).pairs
+    with pytest.raises(ValueError, match="cannot encode 25 tokens .--max_seq_length."):
+        TeacherLayers(directory, student_vocabulary, 8, 4, max_seq_length=25)
 
 
 def test_the_hd_term_trains_and_needs_a_teacher_directory(teacher, tiny_vocab_file,

@@ -148,12 +148,39 @@ def test_hidden_state_distillation_needs_a_sentencepiece_teacher(tmp_path):
 
     minilm = {"tokenizer": "wordpiece", "multilingual": False}
     with pytest.raises(ValueError, match=r"hidden-state distillation \(hd\).*drop '\+hd'"):
-        train_config(RecipeConfig(embedding_init="random"), tmp_path, {}, minilm,
+        train_config(RecipeConfig(embedding_init="random"), tmp_path, minilm,
                      str(tmp_path / "teacher"), str(tmp_path / "pairs"), "lealla+hd", {})
     e5 = {"tokenizer": "sentencepiece", "multilingual": True}
     with pytest.raises(ValueError, match=r"--vocabulary=teacher_pruned.*drop '\+hd'"):
-        train_config(RecipeConfig(vocabulary="wordpiece"), tmp_path, {}, e5,
+        train_config(RecipeConfig(vocabulary="wordpiece"), tmp_path, e5,
                      str(tmp_path / "teacher"), str(tmp_path / "pairs"), "lealla+hd", {})
-    config = train_config(RecipeConfig(embedding_init="random"), tmp_path, {}, minilm,
+    config = train_config(RecipeConfig(embedding_init="random"), tmp_path, minilm,
                           str(tmp_path / "teacher"), str(tmp_path / "pairs"), "lealla", {})
     assert config.embedding_init_source == ""
+
+
+def test_options_the_teacher_cannot_serve_are_refused_before_the_sample(tiny_data, tmp_path,
+                                                                        monkeypatch, capsys):
+    """The training configurations are built right after the teacher stage, so
+    `+hd` with an English WordPiece teacher fails in seconds, not after the
+    sample and the Beam teacher vectors."""
+    from lealla_tf import recipe
+
+    minilm = {"teacher": "all-minilm-l6-v2", "tokenizer": "wordpiece", "multilingual": False}
+    monkeypatch.setattr(recipe, "teacher_stage", lambda config, path: minilm)
+
+    def too_late(*args, **kwargs):
+        raise AssertionError("a stage after the teacher ran")
+
+    for stage in ("vocabulary_stage", "sample_stage", "teacher_vectors_stage"):
+        monkeypatch.setattr(recipe, stage, too_late)
+    work = tmp_path / "w"
+    assert main([f"--data_dir={tiny_data}", f"--work_dir={work}", "--teacher=all-minilm-l6-v2",
+                 "--vocabulary=wordpiece", "--embedding_init=random",
+                 "--objective=lealla+hd"]) == 2
+    assert "drop '+hd'" in capsys.readouterr().err
+    # The same for a setting the trainer itself refuses (validate_train_config).
+    assert main([f"--data_dir={tiny_data}", f"--work_dir={work}", "--teacher=all-minilm-l6-v2",
+                 "--vocabulary=wordpiece", "--embedding_init=random", "--objective=lealla",
+                 "--train_steps=-3"]) == 2
+    assert "--train_steps must be positive" in capsys.readouterr().err
