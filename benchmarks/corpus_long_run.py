@@ -40,8 +40,9 @@ from lealla_tf.recipe import find_data_dir  # noqa: E402
 def run(command):
     print("+", " ".join(command), flush=True)
     code = subprocess.run(command).returncode
-    if code:
-        sys.exit(f"corpus_long_run: {command[2]} exited with status {code}; its message is above")
+    if code:  # the child's own message is above; pass its status on (128 + N for signal N)
+        print(f"corpus_long_run: {command[2]} exited with status {code}", file=sys.stderr)
+        sys.exit(code if code > 0 else 128 - code)
 
 
 def main():

@@ -68,7 +68,7 @@ class TeacherLayers:
     """
 
     def __init__(self, teacher_dir: str, student_pieces, hidden_dim: int, num_layers: int,
-                 max_seq_length: int = 2):
+                 max_seq_length: int):
         import os
 
         import numpy as np
@@ -86,16 +86,18 @@ class TeacherLayers:
                              "<unk> piece for the student's pieces it lacks")
         unknown = pieces.index("<unk>")
         self.encoder = tf.saved_model.load(os.path.join(teacher_dir, "encoder"))
-        length = max(int(max_seq_length), 2)
-        try:
-            probe = self.encoder({"input_word_ids": tf.fill([1, length], unknown),
-                                  "input_mask": tf.ones([1, length], tf.int32),
-                                  "input_type_ids": tf.zeros([1, length], tf.int32)}
-                                 )["encoder_outputs"]
-        except tf.errors.InvalidArgumentError as error:
-            raise ValueError(f"hidden-state distillation: {teacher_dir}'s teacher cannot encode "
-                             f"{length} tokens (--max_seq_length); its position table is "
-                             f"shorter ({error.message.splitlines()[-1].strip()})") from None
+        tables = [v for v in getattr(self.encoder, "variables", ())
+                  if v.name.split(":")[0].endswith("position_embedding/embeddings")]
+        if len(tables) != 1:
+            raise ValueError(f"hidden-state distillation: {teacher_dir}/encoder has "
+                             f"{len(tables)} position tables, expected one")
+        positions = int(tables[0].shape[0])
+        if max_seq_length > positions:
+            raise ValueError(f"hidden-state distillation: --max_seq_length={max_seq_length} "
+                             f"exceeds the {positions} positions of {teacher_dir}'s teacher")
+        probe = self.encoder({"input_word_ids": tf.constant([[0, 2]], tf.int32),
+                              "input_mask": tf.ones([1, 2], tf.int32),
+                              "input_type_ids": tf.zeros([1, 2], tf.int32)})["encoder_outputs"]
         teacher_width = int(probe[0].shape[-1])
         if hidden_dim > teacher_width:
             raise ValueError(f"hidden-state distillation: the student's width {hidden_dim} "

@@ -63,7 +63,7 @@ def test_a_student_selected_from_the_teacher_at_its_shape_has_zero_loss(teacher)
 
     directory, teacher_encoder, pieces = teacher
     student_vocabulary = tiny_vocabulary()[::-1]  # other ids for the same pieces
-    head = TeacherLayers(directory, student_vocabulary, WIDTH, LAYERS)
+    head = TeacherLayers(directory, student_vocabulary, WIDTH, LAYERS, 16)
     assert head.pairs == [(0, 0), (1, 1)] and head.matched_fraction == 1.0
     rows = match_rows(student_vocabulary, pieces)
     np.testing.assert_array_equal(head.ids.numpy(), rows)
@@ -88,7 +88,7 @@ def test_a_student_selected_from_the_teacher_at_its_shape_has_zero_loss(teacher)
 def test_a_narrower_deeper_student_gets_the_selected_coordinates_and_layers(teacher):
     directory, teacher_encoder, pieces = teacher
     student_vocabulary = tiny_vocabulary() + ["not-in-the-teacher"]
-    head = TeacherLayers(directory, student_vocabulary, 8, 4)
+    head = TeacherLayers(directory, student_vocabulary, 8, 4, 16)
     assert head.pairs == [(1, 0), (3, 1)]
     rows = match_rows(student_vocabulary, pieces)
     student = build_encoder(EncoderConfig(
@@ -105,13 +105,13 @@ def test_a_narrower_deeper_student_gets_the_selected_coordinates_and_layers(teac
     np.testing.assert_allclose(head(inputs)[1].numpy(), expected[..., summary[
         "hidden_coordinates"]], atol=1e-5)
     with pytest.raises(ValueError, match="width 32 exceeds the teacher's 16"):
-        TeacherLayers(directory, student_vocabulary, 32, 4)
+        TeacherLayers(directory, student_vocabulary, 32, 4, 16)
     with pytest.raises(ValueError, match="no token of the student's vocabulary"):
-        TeacherLayers(directory, ["x1", "x2"], 8, 4)
+        TeacherLayers(directory, ["x1", "x2"], 8, 4, 16)
     # The teacher has 24 positions: 24 tokens are fine, 25 are refused up front
     # rather than inside the training step.
     assert TeacherLayers(directory, student_vocabulary, 8, 4, max_seq_length=24).pairs
-    with pytest.raises(ValueError, match="cannot encode 25 tokens .--max_seq_length."):
+    with pytest.raises(ValueError, match="--max_seq_length=25 exceeds the 24 positions"):
         TeacherLayers(directory, student_vocabulary, 8, 4, max_seq_length=25)
 
 
