@@ -69,7 +69,8 @@ class DistillationTask:
     def _teacher_layers_args(self):
         """What the hd term's `TeacherLayers` is built from (None without a teacher directory)."""
         source = self.config.embedding_init_source or self.config.teacher.path
-        if not terms_needing(self.terms, TEACHER_LAYERS) or not source or self.config.student != "encoder":
+        needed = terms_needing(self.terms, TEACHER_LAYERS)
+        if not needed or not source or self.config.student != "encoder":
             return None
         from lealla_tf.embedding_init import student_pieces
 
