@@ -105,9 +105,7 @@ def build_trainer(config: TrainConfig, model_dir: str, vocab_file: Optional[str]
     from lealla_tf.trainer import Trainer
 
     # One seed fixes initialisation, dropout and the data order: two runs of the
-    # same command train the same model. It is set first: TensorFlow clears its
-    # kernel cache with the seed, and with it the kernel-owned resources of
-    # tokenizers created before (tensorflow-text's SentencePiece model).
+    # same command train the same model. It is set before anything is built.
     keras.utils.set_random_seed(config.data.seed)
     keras.mixed_precision.set_dtype_policy("mixed_bfloat16" if config.mixed_precision
                                            else "float32")

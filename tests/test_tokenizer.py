@@ -134,13 +134,18 @@ def test_same_ids_eager_tf_function_and_tf_data(tokenizer):
     np.testing.assert_array_equal(batch["input_word_ids"].numpy(), eager)
 
 
-def test_works_after_saved_model_round_trip(tokenizer, tmp_path):
+def saved_and_loaded(tokenizer, path):
+    """`tokenizer` in a SavedModel at `path`, loaded back (a callable on strings)."""
     module = tf.Module()
     module.tokenizer = tokenizer
     module.__call__ = tf.function(
         lambda s: tokenizer(s), input_signature=[tf.TensorSpec([None], tf.string)])
-    tf.saved_model.save(module, str(tmp_path / "tokenizer"))
-    loaded = tf.saved_model.load(str(tmp_path / "tokenizer"))
+    tf.saved_model.save(module, str(path))
+    return tf.saved_model.load(str(path))
+
+
+def test_works_after_saved_model_round_trip(tokenizer, tmp_path):
+    loaded = saved_and_loaded(tokenizer, tmp_path / "tokenizer")
     sentences = tf.constant(list(BAD_INPUTS.values()) + [b"The dog is nice."])
     expected = tokenizer(sentences)
     actual = loaded(sentences)
@@ -194,3 +199,23 @@ def test_seq_length_may_be_a_tensor(tokenizer):
     assert packed["input_word_ids"].numpy()[0, -1] == tokenizer.sep_id
     with pytest.raises(ValueError, match="no room"):
         tokenizer.pack([ids, ids], seq_length=2)
+
+
+def test_sentencepiece_tokenizer_survives_a_global_seed(sentencepiece_model, tmp_path):
+    """keras.utils.set_random_seed clears TensorFlow's kernel cache; tensorflow-text's
+    kernel-owned SentencePiece model went with it (NotFoundError on every later call),
+    so a notebook that loaded a model and then called `train` lost the model."""
+    import keras
+
+    tokenizer = Tokenizer(sentencepiece_model, max_seq_length=12)
+    loaded = saved_and_loaded(tokenizer, tmp_path / "tokenizer")
+    sentences = tf.constant(["The dog is nice.", "cat"])
+    expected = tokenizer(sentences)["input_word_ids"].numpy()
+    assert (loaded(sentences)["input_word_ids"].numpy() == expected).all()
+    keras.utils.set_random_seed(7)
+    assert (tokenizer(sentences)["input_word_ids"].numpy() == expected).all()
+    assert (loaded(sentences)["input_word_ids"].numpy() == expected).all()
+    # Tokenizers of one model share its resource: dropping one leaves the other working.
+    second = Tokenizer(sentencepiece_model, max_seq_length=12)
+    del tokenizer
+    assert (second(sentences)["input_word_ids"].numpy() == expected).all()
