@@ -42,6 +42,21 @@ def _as_text(sentence) -> str:
     return sentence.decode("utf-8", "replace") if isinstance(sentence, bytes) else sentence
 
 
+def sentence_list(sentences) -> list:
+    """`sentences` as a list, every item checked to be str or bytes (TypeError naming
+    the first that is not: a None or a nested list would otherwise fail deep inside
+    the tokenizer, or a str be taken for a list of characters)."""
+    if isinstance(sentences, (str, bytes)):
+        raise TypeError("expected a list of sentences, got one string; "
+                        "Embedder.encode takes a single string too")
+    sentences = list(sentences)
+    for index, sentence in enumerate(sentences):
+        if not isinstance(sentence, (str, bytes)):
+            raise TypeError(f"sentence {index} is {type(sentence).__name__} "
+                            f"{sentence!r:.60}, not str or bytes")
+    return sentences
+
+
 def encode_in_length_order(embed_batch: Callable, sentences: Sequence, batch_size: int = 64,
                            lengths: Optional[Sequence[int]] = None,
                            show_progress_bar: bool = False,
@@ -179,7 +194,7 @@ class Embedder:
         """Embeds one batch as given (a list, or a tf.string tensor)."""
         if hasattr(strings, "numpy"):
             strings = list(strings.numpy())
-        return np.asarray(self._embed(list(strings)), dtype=np.float32)
+        return np.asarray(self._embed(sentence_list(strings)), dtype=np.float32)
 
     def token_lengths(self, sentences: Sequence) -> Optional[np.ndarray]:
         """Token counts of `sentences`, or None when the model hides its tokenizer."""
@@ -189,9 +204,22 @@ class Embedder:
 
     def encode(self, sentences: Sequence, batch_size: int = 64,
                show_progress_bar: bool = False, description: str = "embedding") -> np.ndarray:
-        """Embeds any number of sentences with length-aware batching (see module doc)."""
-        sentences = list(sentences)
-        if self._tokens is not None and sentences:
+        """Embeds any number of sentences with length-aware batching (see module doc).
+
+        As sentence-transformers' `encode`: a list of n sentences (str or bytes)
+        gives `[n, dimension]` float32 unit rows in input order (`[0, dimension]`
+        for an empty list); a single string gives one `[dimension]` vector.
+        """
+        if isinstance(sentences, (str, bytes)):
+            return self.encode([sentences], batch_size, show_progress_bar, description)[0]
+        sentences = sentence_list(sentences)
+        if not sentences:
+            self.last_stats = {"sentences": 0, "batches": 0, "seconds": 0.0,
+                               "sentences_per_second": 0.0}
+            return np.zeros((0, self.dimension), np.float32)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if self._tokens is not None:
             path = self._tokens
             start_time = time.time()
             flat, lengths = tokenize_once(path.tokenize, sentences)
@@ -206,7 +234,7 @@ class Embedder:
             stats["sentences_per_second"] = len(sentences) / max(stats["seconds"], 1e-9)
             self.last_stats = stats
             return embeddings
-        lengths = self.token_lengths(sentences) if sentences else None
+        lengths = self.token_lengths(sentences)
         embeddings, self.last_stats = encode_in_length_order(
             self.__call__, sentences, batch_size, lengths, show_progress_bar, description)
         return embeddings

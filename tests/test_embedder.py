@@ -81,8 +81,8 @@ def test_encode_tokenizes_once_and_restores_input_order(tokenizer, encoder, monk
                                   tokenize(sentences[:3])["input_mask"].sum(axis=1))
     np.testing.assert_allclose(model(sentences[:3]), want[:3], atol=1e-5)
     assert model([]).shape == (0, 8)
-    with pytest.raises(ValueError, match="no sentences"):
-        model.encode([])
+    with pytest.raises(ValueError, match="batch_size"):
+        model.encode(sentences, batch_size=0)
     with pytest.raises(ValueError, match="embed_fn or tokens"):
         Embedder(None, 8, "neither")
 
@@ -116,3 +116,27 @@ def test_a_savedmodel_without_the_halves_is_embedded_whole(tokenizer, encoder, t
     want = encoder(tokenizer(tf.constant(sentences)), training=False)["sentence_embedding"]
     np.testing.assert_allclose(model.encode(sentences, batch_size=5), want.numpy(), atol=1e-5)
     assert "padding_waste" not in model.last_stats
+
+
+def test_encode_takes_what_sentence_transformers_takes(tokenizer, encoder):
+    """A single string is one sentence (not a list of characters), an empty list an
+    empty result, and an item that is not text a TypeError naming its position."""
+    model = Embedder(None, 8, "test", tokens=TokenPath(
+        numpy_tokenize(tokenizer),
+        lambda inputs: encoder(inputs, training=False)["sentence_embedding"].numpy(),
+        tokenizer.pad_id))
+    rows = model.encode(["the dog", b"der Hund", np.str_("le chien")])
+    assert rows.shape == (3, 8)
+    one = model.encode("the dog")
+    assert one.shape == (8,)
+    np.testing.assert_allclose(one, rows[0], atol=1e-6)
+    np.testing.assert_allclose(model.encode(b"der Hund"), rows[1], atol=1e-6)
+    np.testing.assert_allclose(model.encode(s for s in ["le chien"])[0], rows[2], atol=1e-6)
+    empty = model.encode([])
+    assert empty.shape == (0, 8) and empty.dtype == np.float32
+    assert model.last_stats["sentences"] == 0
+    for bad, position in ((["the dog", None], 1), ([3], 0), ([["the dog"]], 0)):
+        with pytest.raises(TypeError, match=f"sentence {position} is"):
+            model.encode(bad)
+        with pytest.raises(TypeError, match=f"sentence {position} is"):
+            model(bad)
