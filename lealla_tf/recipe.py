@@ -121,7 +121,8 @@ class Models:
 
     def clear(self) -> None:
         """Forgets every model: training seeds TensorFlow, which clears the kernel
-        cache and with it the tokenizer resources of models loaded before."""
+        cache, and a SentencePiece model in an export made before the tokenizer kept
+        it by name (commit 580ab1f) is deleted with it."""
         self._loaded.clear()
 
 

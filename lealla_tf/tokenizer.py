@@ -63,6 +63,23 @@ class _SharedSentencepieceModel(resource.TrackableResource):
             model=self._model, shared_name=self._shared_name)
 
 
+class _NamedSentencepieceTokenizer(text.SentencepieceTokenizer):
+    """tensorflow-text's `SentencepieceTokenizer` (int32 ids, no sampling, no BOS/EOS)
+    on a `_SharedSentencepieceModel`. Its own `__init__` is skipped, because it would
+    load the model a second time into the kernel-owned resource this replaces.
+
+    The resource's options (BOS/EOS, reverse) are set in place by each tokenize
+    call, so every tokenizer sharing one must keep tensorflow-text's defaults, as
+    this one does.
+    """
+
+    def __init__(self, model: bytes):
+        super(text.SentencepieceTokenizer, self).__init__()
+        self.nbest_size, self.alpha, self.out_type = 0, 1.0, tf.int32
+        self.reverse = self.add_bos = self.add_eos = self.return_nbest = False
+        self._model_resource = _SharedSentencepieceModel(model)
+
+
 class Tokenizer(tf.Module):
     """Strings -> `{input_word_ids, input_mask, input_type_ids}`, all in-graph.
 
@@ -173,9 +190,8 @@ class Tokenizer(tf.Module):
         if missing:
             raise ValueError(f"{model_file} lacks the special pieces {missing}; "
                              "build it with `python -m lealla_tf.vocab --sentencepiece`")
-        tokenizer = text.SentencepieceTokenizer(model=proto, out_type=tf.int32)
-        tokenizer._model_resource = _SharedSentencepieceModel(proto)
-        return ids, processor.get_piece_size(), tokenizer, tuple(special_tokens)
+        return (ids, processor.get_piece_size(), _NamedSentencepieceTokenizer(proto),
+                tuple(special_tokens))
 
     def tokenize(self, strings):
         """Token ids of each string, untruncated: int32 RaggedTensor `[batch, (tokens)]`."""

@@ -1,11 +1,16 @@
 """The in-graph tokenizer: ids, truncation, padding, bad inputs, graph contexts."""
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from lealla_tf.tokenizer import Tokenizer, read_wordpiece_vocabulary
-from conftest import tiny_vocabulary
+from conftest import multilingual_sentences, tiny_vocabulary
 
 BAD_INPUTS = {
     "empty": b"",
@@ -215,7 +220,36 @@ def test_sentencepiece_tokenizer_survives_a_global_seed(sentencepiece_model, tmp
     keras.utils.set_random_seed(7)
     assert (tokenizer(sentences)["input_word_ids"].numpy() == expected).all()
     assert (loaded(sentences)["input_word_ids"].numpy() == expected).all()
-    # Tokenizers of one model share its resource: dropping one leaves the other working.
-    second = Tokenizer(sentencepiece_model, max_seq_length=12)
-    del tokenizer
-    assert (second(sentences)["input_word_ids"].numpy() == expected).all()
+    # In a fresh process the restored tokenizer makes its own resource, and keeps it.
+    script = ("import json, sys, keras, tensorflow as tf, tensorflow_text\n"
+              "loaded = tf.saved_model.load(sys.argv[1])\n"
+              "keras.utils.set_random_seed(7)\n"
+              "print(json.dumps(loaded(tf.constant(['The dog is nice.', 'cat']))"
+              "['input_word_ids'].numpy().tolist()))\n")
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "tokenizer")],
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == expected.tolist()
+
+
+def test_sentencepiece_models_kept_by_name_do_not_mix(sentencepiece_model, tmp_path):
+    """Each model's resource is named after its bytes: two models in one process,
+    each with the ids Python's sentencepiece gives, before and after a seed."""
+    import keras
+    import sentencepiece
+
+    from lealla_tf.vocabulary import learn_sentencepiece
+
+    other = learn_sentencepiece(multilingual_sentences() * 3, vocab_size=600,
+                                output_prefix=str(tmp_path / "bpe"), model_type="bpe")
+    sentences = ["The dog is nice.", "Der Hund ist nett.", "cat"]
+    tokenizers = [Tokenizer(path, max_seq_length=64) for path in (sentencepiece_model, other)]
+    want = [sentencepiece.SentencePieceProcessor(model_file=path).encode(sentences)
+            for path in (sentencepiece_model, other)]
+    assert want[0] != want[1]
+    for seed in (None, 11):
+        if seed is not None:
+            keras.utils.set_random_seed(seed)
+        for tokenizer, ids in zip(tokenizers, want):
+            assert tokenizer.tokenize(tf.constant(sentences)).to_list() == ids
