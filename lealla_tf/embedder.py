@@ -191,9 +191,10 @@ class Embedder:
         self.last_stats = {}
 
     def __call__(self, strings) -> np.ndarray:
-        """Embeds one batch as given (a list, or a tf.string tensor)."""
+        """Embeds one batch as given (a list, or a 1-D tf.string tensor)."""
         if hasattr(strings, "numpy"):
-            strings = list(strings.numpy())
+            strings = strings.numpy()  # a scalar tensor gives bytes: refused below as one string
+            strings = strings if isinstance(strings, bytes) else list(strings)
         return np.asarray(self._embed(sentence_list(strings)), dtype=np.float32)
 
     def token_lengths(self, sentences: Sequence) -> Optional[np.ndarray]:

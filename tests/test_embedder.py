@@ -140,3 +140,7 @@ def test_encode_takes_what_sentence_transformers_takes(tokenizer, encoder):
             model.encode(bad)
         with pytest.raises(TypeError, match=f"sentence {position} is"):
             model(bad)
+    np.testing.assert_allclose(model(tf.constant(["the dog", "der Hund"])), rows[:2], atol=1e-6)
+    for one_string in ("the dog", tf.constant("the dog")):  # a batch of one is ["the dog"]
+        with pytest.raises(TypeError, match="got one string"):
+            model(one_string)
