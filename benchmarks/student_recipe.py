@@ -90,6 +90,12 @@ for _weight in (1.0, 10.0, 30.0):
     CONFIGURATIONS[f"select_ams_hd{_weight:g}"] = {
         "vocabulary": "pruned", "init": "teacher_select", "objective": "ams+hd",
         "weights": {"hd": _weight}}
+# hd on the non-English side only (hdsrc): the teacher runs on half the
+# sentences. Its weight is doubled, so the one side it keeps pulls as hard as in
+# select_lealla_hd10.
+CONFIGURATIONS["select_lealla_hdsrc20"] = {
+    "vocabulary": "pruned", "init": "teacher_select", "objective": LEALLA + "+hdsrc",
+    "weights": {**recipe_loss_weights(LEALLA), "hdsrc": 20.0}}
 # The main job's student at other peak learning rates (default: 5e-4, the
 # paper's for d < 384 at batch 8192); the --only=lr_* runs sweep it.
 for _rate in (2.5e-4, 1e-3, 2e-3):

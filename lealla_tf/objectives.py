@@ -171,17 +171,24 @@ def _xtr(x: TermInputs):
                                   head.vocabulary_size, head.special_ids))
 
 
-def _hd(x: TermInputs):
+def _hd_side(x: TermInputs, side: str):
+    """The hd loss of one side of each pair ("source" or "target")."""
     from lealla_tf import losses
 
-    teacher = x.heads.teacher_layers
     if x.hidden_source is None:
         raise ValueError("the hd objective needs an encoder student (its layer outputs)")
-    source, target = x.batch["source"], x.batch["target"]
-    return (losses.hidden_state_distillation_loss(teacher.student_states(x.hidden_source),
-                                                  teacher(source), source["input_mask"])
-            + losses.hidden_state_distillation_loss(teacher.student_states(x.hidden_target),
-                                                    teacher(target), target["input_mask"]))
+    teacher, tokens = x.heads.teacher_layers, x.batch[side]
+    hidden = x.hidden_source if side == "source" else x.hidden_target
+    return losses.hidden_state_distillation_loss(teacher.student_states(hidden),
+                                                 teacher(tokens), tokens["input_mask"])
+
+
+def _hd(x: TermInputs):
+    return _hd_side(x, "source") + _hd_side(x, "target")
+
+
+def _hdsrc(x: TermInputs):
+    return _hd_side(x, "source")
 
 
 OBJECTIVES: Dict[str, Objective] = {row.name: row for row in [
@@ -207,6 +214,10 @@ OBJECTIVES: Dict[str, Objective] = {row.name: row for row in [
               heads=(TEACHER_LAYERS,),
               description="hidden-state distillation: the teacher's layer outputs on the "
                           "student's tokens, both sides (needs --embedding_init_source)"),
+    Objective("hdsrc", _hdsrc, needs_teacher=False, gathers=False, default_weight=lambda d: 1.0,
+              heads=(TEACHER_LAYERS,),
+              description="hd on the source (non-English) side only: half the teacher's "
+                          "cost per step"),
 ]}
 
 ALIASES = {"lealla": "ams+fd+ld", "reimers": "mse", "ding": "mcl+mse"}

@@ -150,3 +150,45 @@ def test_the_hd_term_trains_and_needs_a_teacher_directory(teacher, tiny_vocab_fi
                           loss=LossConfig(objective="ams+hd"))
     with pytest.raises(ValueError, match="--embedding_init_source"):
         resolve_train_config(without, 60, None)
+
+
+def test_hdsrc_is_the_source_half_of_hd_and_runs_the_teacher_on_it_only(teacher):
+    import types
+
+    from lealla_tf.losses import hidden_state_distillation_loss
+    from lealla_tf.objectives import TermInputs, compute_terms
+
+    directory, _, pieces = teacher
+    student_vocabulary = tiny_vocabulary()
+    head = TeacherLayers(directory, student_vocabulary, 8, 4, 16)
+    student = build_encoder(EncoderConfig(
+        vocabulary_size=len(student_vocabulary), num_layers=4, num_heads=4, hidden_dim=8,
+        intermediate_dim=16, max_sequence_length=24, pooling="mean"))
+    select_teacher_weights(student, match_rows(student_vocabulary, pieces), directory)
+    source = student_inputs([[5, 9, 14, 3], [7, 30, 0, 0]])
+    target = student_inputs([[6, 11, 0, 0], [8, 12, 21, 4]])
+    calls = []
+
+    class Counting:  # the head, counting the batches the teacher is run on
+        def __getattr__(self, name):
+            return getattr(head, name)
+
+        def __call__(self, tokens):
+            calls.append(tokens)
+            return head(tokens)
+
+    hidden = {side: student(tokens, training=False)["encoder_outputs"]
+              for side, tokens in (("source", source), ("target", target))}
+    x = TermInputs(*[None] * 6, gather=None, offset=0,
+                   heads=types.SimpleNamespace(teacher_layers=Counting()), scale=1.0,
+                   margin=0.0, temperature=1.0, batch={"source": source, "target": target},
+                   hidden_source=hidden["source"], hidden_target=hidden["target"])
+    halves = {side: float(tf.reduce_sum(hidden_state_distillation_loss(
+        head.student_states(hidden[side]), head(tokens), tokens["input_mask"])))
+        for side, tokens in (("source", source), ("target", target))}
+    assert halves["source"] > 0 and halves["target"] > 0
+    source_only = compute_terms(["hdsrc"], x, global_batch_size=2)["hdsrc"].numpy()
+    assert len(calls) == 1 and calls[0] is source
+    both = compute_terms(["hd"], x, global_batch_size=2)["hd"].numpy()
+    np.testing.assert_allclose(source_only, halves["source"] / 2, rtol=1e-5)
+    np.testing.assert_allclose(both, (halves["source"] + halves["target"]) / 2, rtol=1e-5)
