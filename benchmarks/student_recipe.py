@@ -82,8 +82,8 @@ CONFIGURATIONS["select_ams_only"] = {"vocabulary": "pruned", "init": "teacher_se
 CONFIGURATIONS["centered_select_lealla"] = {"vocabulary": "pruned", "init": "teacher_select",
                                             "objective": LEALLA, "center": True}
 # Hidden-state distillation (the hd term: the teacher's layer outputs on the
-# student's tokens) on top of weight selection, at four weights.
-for _weight in (1.0, 10.0, 30.0, 100.0):
+# student's tokens) on top of weight selection, at six weights.
+for _weight in (1.0, 10.0, 30.0, 100.0, 300.0, 1000.0):
     CONFIGURATIONS[f"select_lealla_hd{_weight:g}"] = {
         "vocabulary": "pruned", "init": "teacher_select", "objective": LEALLA + "+hd",
         "weights": {**recipe_loss_weights(LEALLA), "hd": _weight}}
