@@ -30,7 +30,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.vocab_build import machine, write_result  # noqa: E402
+from benchmarks.vocab_build import machine, stop_signals_passed_to, write_result  # noqa: E402
 from lealla_tf.evaluation import (TATOEBA_MARGIN_METRIC,  # noqa: E402
                                   TATOEBA_PRIMARY_METRIC, best_and_worst, per_language)
 from lealla_tf.plots import read_jsonl  # noqa: E402
@@ -39,7 +39,9 @@ from lealla_tf.recipe import find_data_dir  # noqa: E402
 
 def run(command):
     print("+", " ".join(command), flush=True)
-    code = subprocess.run(command).returncode
+    child = subprocess.Popen(command)
+    with stop_signals_passed_to(child.pid):
+        code = child.wait()
     if code:  # the child's own message is above; pass its status on (128 + N for signal N)
         print(f"corpus_long_run: {command[2]} exited with status {code}", file=sys.stderr)
         sys.exit(code if code > 0 else 128 - code)

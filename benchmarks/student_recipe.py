@@ -30,7 +30,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks.vocab_build import machine  # noqa: E402
+from benchmarks.vocab_build import machine, stop_signals_passed_to  # noqa: E402
 from lealla_tf.configs import RecipeConfig, recipe_loss_weights  # noqa: E402
 
 _MAIN_JOB_INIT = RecipeConfig().embedding_init
@@ -245,7 +245,8 @@ def main():
                 name, CONFIGURATIONS[name], args.work_dir, str(data_dir), args.steps,
                 args.eval_pairs, result_file))
             process.start()
-            process.join()
+            with stop_signals_passed_to(process.pid):
+                process.join()
             if process.exitcode == 130:
                 sys.exit(f"{name}: stopped before its last step; rerun to train it again")
             if process.exitcode != 0:

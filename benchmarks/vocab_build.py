@@ -6,10 +6,12 @@ Writes time, [UNK] rate and tokens per sentence per Tatoeba language, and the ma
 """
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
 import platform
+import signal
 import sys
 import tempfile
 import time
@@ -18,6 +20,26 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from lealla_tf.recipe import find_data_dir  # noqa: E402
 from lealla_tf.vocabulary import build_vocabulary, format_report, vocabulary_report  # noqa: E402
+
+
+@contextlib.contextmanager
+def stop_signals_passed_to(pid: int):
+    """While inside, a SIGTERM or SIGINT to this process is passed on to the
+    child `pid` (the training a benchmark started), which stops at its next
+    step and exits; the caller's wait then returns. Without it, stopping the
+    benchmark left its training running."""
+    def pass_on(signum, frame):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:  # it has already ended
+            pass
+
+    previous = {s: signal.signal(s, pass_on) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def machine() -> dict:

@@ -1,0 +1,46 @@
+"""Tests of the benchmarks' shared helpers (benchmarks/vocab_build.py)."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+CHILD = textwrap.dedent("""
+    import signal, sys, time
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))
+    print("child ready", flush=True)
+    time.sleep(120)
+    sys.exit(0)
+""")
+
+PARENT = textwrap.dedent(f"""
+    import subprocess, sys
+    sys.path.insert(0, {str(REPO)!r})
+    from benchmarks.vocab_build import stop_signals_passed_to
+    child = subprocess.Popen([sys.executable, "-c", {CHILD!r}])
+    with stop_signals_passed_to(child.pid):
+        print("parent ready", flush=True)
+        code = child.wait()
+    print("child exited", code, flush=True)
+""")
+
+
+def test_stopping_a_benchmark_stops_the_training_it_started():
+    """A SIGTERM to the benchmark reaches its child, which stops; the benchmark
+    then sees the child's status. (Before, `pkill -f student_recipe.py` left
+    the training child running.)"""
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    seen = set()
+    while seen != {"parent ready", "child ready"}:
+        line = parent.stdout.readline()
+        assert line, f"ended early, having printed {seen}"
+        seen.add(line.strip())
+    parent.send_signal(signal.SIGTERM)
+    out, _ = parent.communicate(timeout=60)
+    assert "child exited 7" in out
+    assert parent.returncode == 0
