@@ -214,12 +214,12 @@ class Embedder:
         if isinstance(sentences, (str, bytes)):
             return self.encode([sentences], batch_size, show_progress_bar, description)[0]
         sentences = sentence_list(sentences)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         if not sentences:
             self.last_stats = {"sentences": 0, "batches": 0, "seconds": 0.0,
                                "sentences_per_second": 0.0}
             return np.zeros((0, self.dimension), np.float32)
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         if self._tokens is not None:
             path = self._tokens
             start_time = time.time()

@@ -28,7 +28,9 @@ def embed_sentences(embed: Callable, sentences: Sequence, batch_size: int = 128,
     Args:
         embed: an `Embedder` (its `encode` sorts by token length), or any
             callable taking a tf.string tensor `[b]` to `[b, d]` embeddings.
-        sentences: str or bytes.
+        sentences: str or bytes. No sentences give `[0, d]` from an
+            `Embedder`; from a plain callable, whose width is unknown until it
+            runs, they raise ValueError.
         batch_size: sentences per call.
     """
     from lealla_tf.embedder import Embedder, encode_in_length_order

@@ -83,6 +83,8 @@ def test_encode_tokenizes_once_and_restores_input_order(tokenizer, encoder, monk
     assert model([]).shape == (0, 8)
     with pytest.raises(ValueError, match="batch_size"):
         model.encode(sentences, batch_size=0)
+    with pytest.raises(ValueError, match="batch_size"):  # checked before the empty case
+        model.encode([], batch_size=0)
     with pytest.raises(ValueError, match="embed_fn or tokens"):
         Embedder(None, 8, "neither")
 

@@ -97,6 +97,8 @@ def test_embed_sentences_keeps_input_order():
     result = embed_sentences(embed, sentences, batch_size=2)
     assert result[:, 0].tolist() == [3, 1, 6, 2, 1]
     assert all(v == sorted(v) for v in seen)  # batches were length-sorted
+    with pytest.raises(ValueError, match="no sentences"):  # its width is unknown
+        embed_sentences(embed, [])
 
 
 def real_or_fixture_pairs(language="deu", count=300):
