@@ -56,7 +56,7 @@ def main():
     parser.add_argument("--work_dir", default="runs/ams_corpus")
     parser.add_argument("--objective", default="ams")
     parser.add_argument("--loss_weights", default="",
-                        help="as lealla_tf.train's, e.g. hd=10 (the main job's weight)")
+                        help="as lealla_tf.train's, e.g. hd=300 (the main job's weight)")
     parser.add_argument("--embedding_init", default="teacher_pca",
                         help="the runs in the README used teacher_pca; the main job's "
                              "student now starts from teacher_select")

@@ -501,7 +501,7 @@ def check_resumable(stored: dict, requested: dict) -> None:
 # sides, LD over the global batch, hidden-state distillation), chosen by
 # benchmarks/student_recipe.py; the paper's (`lealla_tf.objectives`) are for
 # LaBSE at batch 8192.
-RECIPE_LOSS_WEIGHTS = {"fd": 1.0, "ld": 1e4, "hd": 10.0}
+RECIPE_LOSS_WEIGHTS = {"fd": 1.0, "ld": 1e4, "hd": 300.0}
 
 
 def recipe_loss_weights(objective: str) -> Dict[str, float]:

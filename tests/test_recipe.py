@@ -51,7 +51,7 @@ def test_teacher_backend_that_cannot_truncate_is_refused_before_any_work(tiny_da
     assert not (work / "teacher").exists()
     assert recipe_loss_weights("lealla") == {"fd": 1.0, "ld": 1e4}
     assert recipe_loss_weights("mse") == {}
-    assert recipe_loss_weights("lealla+hd") == {"fd": 1.0, "ld": 1e4, "hd": 10.0}
+    assert recipe_loss_weights("lealla+hd") == {"fd": 1.0, "ld": 1e4, "hd": 300.0}
 
 
 @pytest.mark.slow
@@ -70,8 +70,8 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
     assert report["training"]["student"]["final_step"] == 4
     assert report["distillation"]["steps"] == 4
     # The student's weights, not the comparison's (which has none to set).
-    assert report["distillation"]["loss_weights"] == {"fd": 1.0, "ld": 1e4, "hd": 10.0}
-    assert report["training"]["student"]["weights"]["hd"] == 10.0
+    assert report["distillation"]["loss_weights"] == {"fd": 1.0, "ld": 1e4, "hd": 300.0}
+    assert report["training"]["student"]["weights"]["hd"] == 300.0
     assert report["export"]["reload_max_abs_difference"] < 1e-5
     assert set(report["tatoeba"]) == {"student", "student_ams_only", "teacher",
                                       "student_teacher_pairs"}
