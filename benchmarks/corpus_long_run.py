@@ -40,8 +40,10 @@ from lealla_tf.recipe import find_data_dir  # noqa: E402
 def run(command):
     print("+", " ".join(command), flush=True)
     child = subprocess.Popen(command)
-    with stop_signals_passed_to(child.pid):
+    with stop_signals_passed_to(child.pid) as stopped:
         code = child.wait()
+    if stopped and not code:  # it had finished: stop here all the same
+        code = 128 + stopped[0]
     if code:  # the child's own message is above; pass its status on (128 + N for signal N)
         print(f"corpus_long_run: {command[2]} exited with status {code}", file=sys.stderr)
         sys.exit(code if code > 0 else 128 - code)

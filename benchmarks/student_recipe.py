@@ -245,8 +245,10 @@ def main():
                 name, CONFIGURATIONS[name], args.work_dir, str(data_dir), args.steps,
                 args.eval_pairs, result_file))
             process.start()
-            with stop_signals_passed_to(process.pid):
+            with stop_signals_passed_to(process.pid) as stopped:
                 process.join()
+            if stopped:
+                sys.exit(f"{name}: stopped by signal {stopped[0]}; rerun to train it again")
             if process.exitcode == 130:
                 sys.exit(f"{name}: stopped before its last step; rerun to train it again")
             if process.exitcode != 0:

@@ -27,8 +27,14 @@ def stop_signals_passed_to(pid: int):
     """While inside, a SIGTERM or SIGINT to this process is passed on to the
     child `pid` (the training a benchmark started), which stops at its next
     step and exits; the caller's wait then returns. Without it, stopping the
-    benchmark left its training running."""
+    benchmark left its training running.
+
+    Yields the list of signal numbers received, for the caller to stop too
+    rather than go on to its next child."""
+    received = []
+
     def pass_on(signum, frame):
+        received.append(signum)
         try:
             os.kill(pid, signum)
         except ProcessLookupError:  # it has already ended
@@ -36,7 +42,7 @@ def stop_signals_passed_to(pid: int):
 
     previous = {s: signal.signal(s, pass_on) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        yield
+        yield received
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -22,10 +22,10 @@ PARENT = textwrap.dedent(f"""
     sys.path.insert(0, {str(REPO)!r})
     from benchmarks.vocab_build import stop_signals_passed_to
     child = subprocess.Popen([sys.executable, "-c", {CHILD!r}])
-    with stop_signals_passed_to(child.pid):
+    with stop_signals_passed_to(child.pid) as stopped:
         print("parent ready", flush=True)
         code = child.wait()
-    print("child exited", code, flush=True)
+    print("child exited", code, "parent received", stopped, flush=True)
 """)
 
 
@@ -42,5 +42,5 @@ def test_stopping_a_benchmark_stops_the_training_it_started():
         seen.add(line.strip())
     parent.send_signal(signal.SIGTERM)
     out, _ = parent.communicate(timeout=60)
-    assert "child exited 7" in out
+    assert f"child exited 7 parent received [{int(signal.SIGTERM)}]" in out
     assert parent.returncode == 0
