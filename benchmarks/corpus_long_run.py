@@ -23,14 +23,13 @@ import argparse
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.vocab_build import machine, stop_signals_passed_to, write_result  # noqa: E402
+from benchmarks.vocab_build import machine, run_passing_stop_signals, write_result  # noqa: E402
 from lealla_tf.evaluation import (TATOEBA_MARGIN_METRIC,  # noqa: E402
                                   TATOEBA_PRIMARY_METRIC, best_and_worst, per_language)
 from lealla_tf.plots import read_jsonl  # noqa: E402
@@ -39,11 +38,7 @@ from lealla_tf.recipe import find_data_dir  # noqa: E402
 
 def run(command):
     print("+", " ".join(command), flush=True)
-    child = subprocess.Popen(command)
-    with stop_signals_passed_to(child.pid) as stopped:
-        code = child.wait()
-    if stopped and not code:  # it had finished: stop here all the same
-        code = 128 + stopped[0]
+    code = run_passing_stop_signals(command)
     if code:  # the child's own message is above; pass its status on (128 + N for signal N)
         print(f"corpus_long_run: {command[2]} exited with status {code}", file=sys.stderr)
         sys.exit(code if code > 0 else 128 - code)

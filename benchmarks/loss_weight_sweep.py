@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks.vocab_build import machine  # noqa: E402
+from benchmarks.vocab_build import machine, run_passing_stop_signals  # noqa: E402
 from lealla_tf.recipe import find_data_dir  # noqa: E402
 
 CONFIGURATIONS = {
@@ -55,7 +55,9 @@ def main():
                    "--teacher_english_only", f"--model_dir={model_dir}", "--max_seq_length=32",
                    "--global_batch_size=64", f"--train_steps={args.steps}", "--warmup_steps=30",
                    f"--checkpoint_every={args.steps}", "--no_progress"] + CONFIGURATIONS[name]
-        subprocess.run(command, check=True, env=environment, stdout=subprocess.DEVNULL)
+        code = run_passing_stop_signals(command, env=environment, stdout=subprocess.DEVNULL)
+        if code:
+            raise subprocess.CalledProcessError(code, command)
         output = os.path.join(args.work_dir, f"{name}.json")
         subprocess.run([sys.executable, "-m", "lealla_tf.evaluate", f"--model={model_dir}",
                         f"--tatoeba_dir={tatoeba}", "--max_pairs=100", f"--output_json={output}",

@@ -12,6 +12,7 @@ import os
 import pathlib
 import platform
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +47,16 @@ def stop_signals_passed_to(pid: int):
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def run_passing_stop_signals(command, **popen_options) -> int:
+    """Runs `command` (a training, say) to its end, passing a SIGTERM or SIGINT
+    on to it (see `stop_signals_passed_to`); returns its exit status, or
+    128 + N if signal N came after it had finished cleanly."""
+    child = subprocess.Popen(command, **popen_options)
+    with stop_signals_passed_to(child.pid) as stopped:
+        code = child.wait()
+    return 128 + stopped[0] if stopped and not code else code
 
 
 def machine() -> dict:

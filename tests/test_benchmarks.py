@@ -44,3 +44,12 @@ def test_stopping_a_benchmark_stops_the_training_it_started():
     out, _ = parent.communicate(timeout=60)
     assert f"child exited 7 parent received [{int(signal.SIGTERM)}]" in out
     assert parent.returncode == 0
+
+
+def test_a_child_run_to_its_end_gives_its_exit_status():
+    from benchmarks.vocab_build import run_passing_stop_signals
+
+    assert run_passing_stop_signals([sys.executable, "-c", "import sys; sys.exit(3)"]) == 3
+    assert run_passing_stop_signals([sys.executable, "-c", "pass"]) == 0
+    # The handlers are the caller's again afterwards.
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
