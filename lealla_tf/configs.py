@@ -190,6 +190,11 @@ class TeacherConfig:
             mu the mean over the first `center_pairs` training pairs
             (`lealla_tf.teachers.CenteredTeacher`).
         center_pairs: how many pairs estimate mu.
+        in_step: the teacher's vectors come from its encoder run inside the
+            step on the student's own tokens (`lealla_tf.teachers.InStepTeacher`):
+            the converted teacher of `embedding_init_source`, the pass the hd
+            term runs anyway, so no pipeline precomputes vectors. Needs the
+            student on the teacher's (pruned) SentencePiece vocabulary.
     """
 
     path: str = ""
@@ -199,6 +204,7 @@ class TeacherConfig:
     reduction_dir: str = ""
     center: bool = False
     center_pairs: int = 2048
+    in_step: bool = False
 
     @property
     def hub(self) -> bool:
@@ -468,7 +474,7 @@ def config_from_dict(cls, values: dict):
 # such a directory ran with: a stored config without them resumes when the new
 # run keeps that value.
 ADDED_SETTINGS = {f"teacher.{name}": getattr(TeacherConfig, name)
-                  for name in ("center", "center_pairs")}
+                  for name in ("center", "center_pairs", "in_step")}
 
 
 def check_resumable(stored: dict, requested: dict) -> None:
@@ -545,6 +551,10 @@ class RecipeConfig:
             each sentence, the text the student sees (the pruned teacher
             vocabulary tokenizes as the teacher does), not of the whole
             sentence; also cheaper. Needs the converted teacher module.
+        teacher_in_step: with an hd objective, the student's fd/ld targets come
+            from the teacher pass the hd term runs in each step
+            (`TeacherConfig.in_step`): the teacher-vectors stage is skipped and
+            both students train on the sample's TSVs. No effect without hd.
     """
 
     data_dir: Optional[str] = None
@@ -566,6 +576,7 @@ class RecipeConfig:
     max_seq_length: int = 32
     length_buckets: int = 4
     truncate_teacher: bool = True
+    teacher_in_step: bool = True
     teacher_eval_pairs: int = 300
     learning_rate: Optional[float] = None
     warmup_steps: Optional[int] = None

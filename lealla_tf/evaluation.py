@@ -362,7 +362,21 @@ def tatoeba_with_margin(embed: Callable, tatoeba_dir: str, max_pairs: Optional[i
     start = time.time()
     embedded = embed_tatoeba(embed, tatoeba_dir, max_pairs=max_pairs, batch_size=batch_size,
                              progress=progress)
-    seconds = time.time() - start
+    return tatoeba_metrics_with_margin(embedded, time.time() - start)
+
+
+def first_pairs(embedded, count: int):
+    """`embed_tatoeba`'s output cut to the first `count` pairs of each language: the
+    metrics of `max_pairs=count` without embedding those sentences again."""
+    if count <= 0:
+        raise ValueError(f"count must be positive, got {count}")
+    return {language: (source[:count], english[:count])
+            for language, (source, english) in embedded.items()}
+
+
+def tatoeba_metrics_with_margin(embedded, seconds: float) -> Dict[str, float]:
+    """Cosine and margin metrics of `embed_tatoeba`'s output, with the sentence
+    count and the sentences/s of the pass that took `seconds`."""
     metrics = tatoeba_metrics(embedded)
     metrics[TATOEBA_SENTENCES] = 2 * sum(len(s) for s, _ in embedded.values())
     metrics["tatoeba/sentences_per_second"] = metrics[TATOEBA_SENTENCES] / max(seconds, 1e-9)

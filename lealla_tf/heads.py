@@ -98,7 +98,7 @@ class TeacherLayers:
         probe = self.encoder({"input_word_ids": tf.constant([[0, 2]], tf.int32),
                               "input_mask": tf.ones([1, 2], tf.int32),
                               "input_type_ids": tf.zeros([1, 2], tf.int32)})["encoder_outputs"]
-        teacher_width = int(probe[0].shape[-1])
+        teacher_width = self.width = int(probe[0].shape[-1])
         if hidden_dim > teacher_width:
             raise ValueError(f"hidden-state distillation: the student's width {hidden_dim} "
                              f"exceeds the teacher's {teacher_width}")
@@ -107,15 +107,31 @@ class TeacherLayers:
             selected_coordinates(teacher_dir, rows, hidden_dim, self.encoder).astype(np.int32))
         self.pairs = distilled_layer_pairs(num_layers, len(probe))
         self.matched_fraction = float((rows >= 0).mean())
+        self._memory = []
+
+    # The last runs kept: a step asks for each side's outputs twice (the hd term
+    # and `lealla_tf.teachers.InStepTeacher`), and the teacher runs once per side.
+    MEMORY = 4  # a few, for the replicas of a multi-device step
+
+    def outputs(self, inputs) -> dict:
+        """The teacher encoder's outputs on the student's tokens `inputs`
+        (`encoder_outputs`, `default`, ...), all coordinates; one pass per token
+        tensor, however many terms ask."""
+        key = inputs["input_word_ids"].ref()
+        for known, outputs in self._memory:
+            if known == key:
+                return outputs
+        ids = tf.gather(self.ids, tf.cast(inputs["input_word_ids"], tf.int32))
+        mask = tf.cast(inputs["input_mask"], tf.int32)
+        outputs = tf.nest.map_structure(tf.stop_gradient, self.encoder(
+            {"input_word_ids": ids, "input_mask": mask, "input_type_ids": tf.zeros_like(ids)}))
+        self._memory = (self._memory + [(key, outputs)])[-self.MEMORY:]
+        return outputs
 
     def __call__(self, inputs) -> list:
         """The teacher's outputs `[b, s, d]` at the kept coordinates, one per pair."""
-        ids = tf.gather(self.ids, tf.cast(inputs["input_word_ids"], tf.int32))
-        mask = tf.cast(inputs["input_mask"], tf.int32)
-        outputs = self.encoder({"input_word_ids": ids, "input_mask": mask,
-                                "input_type_ids": tf.zeros_like(ids)})["encoder_outputs"]
-        return [tf.stop_gradient(tf.gather(outputs[t], self.coordinates, axis=-1))
-                for _, t in self.pairs]
+        outputs = self.outputs(inputs)["encoder_outputs"]
+        return [tf.gather(outputs[t], self.coordinates, axis=-1) for _, t in self.pairs]
 
     def student_states(self, encoder_outputs) -> list:
         """The student's layer outputs that correspond, one per pair."""
@@ -127,9 +143,9 @@ class DistillationHeads(tf.Module):
     `projection` (trainable dense d -> teacher width: fd, mse), `reduction` (the
     fixed teacher -> d dense layer of a dimension-reduction run: syn),
     `reconstruction` (EMS's XTR head: xtr), and `teacher_layers` (the frozen
-    teacher's layer outputs: hd; `teacher_layers` is a
+    teacher's layer outputs: hd; `teacher_layers` is a `TeacherLayers` or a
     `(teacher_dir, student_pieces, hidden_dim, num_layers, max_seq_length)` tuple
-    for it).
+    for one).
     """
 
     def __init__(self, terms: List[str], embedding_dim: int, teacher_dim: Optional[int],
@@ -145,7 +161,8 @@ class DistillationHeads(tf.Module):
             if teacher_layers is None:
                 raise ValueError("the hd objective needs a converted teacher with a "
                                  "SentencePiece vocabulary (--embedding_init_source)")
-            self.teacher_layers = TeacherLayers(*teacher_layers)
+            self.teacher_layers = (teacher_layers if isinstance(teacher_layers, TeacherLayers)
+                                   else TeacherLayers(*teacher_layers))
         if RECONSTRUCTION in needed:
             self.reconstruction = ReconstructionHead(embedding_dim, vocabulary_size,
                                                      num_languages, special_ids)

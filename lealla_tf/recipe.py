@@ -234,6 +234,15 @@ def teacher_vectors_stage(sample_dir: str, backend: dict, output: str, workers: 
     return {**manifest, "backend": backend, "sentences_per_second": sentences / seconds}
 
 
+def teacher_in_step(config: RecipeConfig) -> bool:
+    """Whether the main job's student takes its fd/ld targets from the hd term's
+    teacher pass (and so skips the teacher-vectors stage)."""
+    from lealla_tf.objectives import TEACHER_LAYERS, parse_objective, terms_needing
+
+    return config.teacher_in_step and bool(
+        terms_needing(parse_objective(config.objective), TEACHER_LAYERS))
+
+
 def train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_dir: str, data: str,
                  objective: str, loss_weights: dict):
     """The student's `TrainConfig` for the main job."""
@@ -256,13 +265,14 @@ def train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_dir: str
         raise ValueError(f"--objective={objective}: hidden-state distillation (hd) needs the "
                          "student to read the teacher's tokens (--vocabulary=teacher_pruned); "
                          "drop '+hd'")
+    in_step = layered and teacher_in_step(config)  # layered: a multilingual e5 teacher
     train = TrainConfig(
         preset=config.preset, encoder=encoder,
         tokenizer=TokenizerConfig(max_seq_length=config.max_seq_length),
         data=DataConfig(train_data=[data], decontaminate=[str(data_dir / "tatoeba_dev")],
                         length_buckets=config.length_buckets, seed=config.seed),
         teacher=TeacherConfig(english_only=not teacher["multilingual"],
-                              center=config.teacher_center),
+                              center=config.teacher_center, in_step=in_step),
         loss=LossConfig(objective=objective, weights=dict(loss_weights)),
         optimizer=OptimizerConfig(
             learning_rate=config.learning_rate,
@@ -324,20 +334,38 @@ def export_stage(model_dir: str, export_path: str, sentences, models: Models) ->
 def evaluate_stage(models: Dict[str, Tuple[str, int]], tatoeba_dir: str,
                    loaded: Models) -> dict:
     """Tatoeba dev evaluation of each {name: (model, max pairs a language, 0: all)};
-    also sentences/s."""
-    from lealla_tf.evaluation import (TATOEBA_MARGIN_METRIC, TATOEBA_PRIMARY_METRIC,
-                                      tatoeba_with_margin)
+    also sentences/s. A model evaluated on all pairs is embedded once: its entries
+    on the first pairs are cut from that pass (with its sentences/s)."""
+    import time
 
+    from lealla_tf.evaluation import (TATOEBA_MARGIN_METRIC, TATOEBA_PRIMARY_METRIC,
+                                      embed_tatoeba, first_pairs, tatoeba_metrics_with_margin)
+
+    passes = {}  # model -> (all pairs embedded, seconds)
+    order = sorted(models, key=lambda n: models[n][1] != 0)  # all-pairs passes first
     results = {}
-    for name, (path, max_pairs) in models.items():
-        metrics = tatoeba_with_margin(loaded.get(path), tatoeba_dir, max_pairs=max_pairs or None)
+    for name in order:
+        path, max_pairs = models[name]
+        if max_pairs and path in passes:
+            embedded, seconds = passes[path]
+            metrics = tatoeba_metrics_with_margin(first_pairs(embedded, max_pairs), seconds)
+            metrics["tatoeba/sentences_per_second"] = (
+                2 * sum(len(s) for s, _ in embedded.values()) / max(seconds, 1e-9))
+        else:
+            start = time.time()
+            embedded = embed_tatoeba(loaded.get(path), tatoeba_dir, max_pairs=max_pairs or None,
+                                     progress=True)
+            seconds = time.time() - start
+            if not max_pairs:
+                passes[path] = embedded, seconds
+            metrics = tatoeba_metrics_with_margin(embedded, seconds)
         metrics["sentences_per_second"] = metrics["tatoeba/sentences_per_second"]
         metrics["max_pairs"] = max_pairs
         results[name] = metrics
         print(f"{name}: Tatoeba P@1 {100 * metrics[TATOEBA_PRIMARY_METRIC]:.2f} "
               f"(margin {100 * metrics[TATOEBA_MARGIN_METRIC]:.2f}), "
               f"{metrics['sentences_per_second']:.0f} sentences/s")
-    return results
+    return {name: results[name] for name in models}
 
 
 def mine_stage(config: RecipeConfig, data_dir, sample_dir: str, bucc_dir: str,
@@ -480,16 +508,24 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
         runs[COMPARISON] = (config.comparison_objective, {})
     # The training configurations now: an option the teacher cannot serve is
     # refused before minutes of sampling and teacher vectors, not after.
-    trains = {name: train_config(config, data_dir, teacher, paths["teacher"],
-                                 paths["pairs_teacher"], objective, run_weights)
+    # With the teacher run in the step, both students read the sample itself.
+    in_step = teacher_in_step(config)
+    data = paths["sample"] if in_step else paths["pairs_teacher"]
+    trains = {name: train_config(config, data_dir, teacher, paths["teacher"], data,
+                                 objective, run_weights)
               for name, (objective, run_weights) in runs.items()}
     vocabulary = stages.run("vocabulary", lambda: vocabulary_stage(
         config, data_dir, paths["teacher"], work))
     sampled = stages.run("sample", lambda: sample_stage(config, data_dir, paths["sample"]))
-    vectors = stages.run("teacher_vectors", lambda: teacher_vectors_stage(
-        paths["sample"], choose_teacher_backend(config, paths["teacher"], paths["sample"], models),
-        paths["pairs_teacher"], config.beam_workers, not teacher["multilingual"],
-        config.max_seq_length if config.truncate_teacher else None))
+    if in_step:
+        print("teacher vectors: from the teacher pass in each training step (hd); no stage")
+        vectors = {"backend": {"backend": "in_step", "model": paths["teacher"]}}
+    else:
+        vectors = stages.run("teacher_vectors", lambda: teacher_vectors_stage(
+            paths["sample"],
+            choose_teacher_backend(config, paths["teacher"], paths["sample"], models),
+            paths["pairs_teacher"], config.beam_workers, not teacher["multilingual"],
+            config.max_seq_length if config.truncate_teacher else None))
     strategy = make_strategy(config.strategy, config.tpu or None)
     training = {}
     for name, train in trains.items():
@@ -580,6 +616,9 @@ def build_parser():
         help="batch pairs of similar length (0: off; see lealla_tf.data.batch_by_length)")
     add("--teacher_eval_pairs", type=int, default=defaults.teacher_eval_pairs,
         help="evaluate the teacher on the first N pairs of each language (0: all)")
+    add("--no_teacher_in_step", action="store_true",
+        help="with an hd objective, precompute the teacher vectors with the Beam pipeline "
+             "instead of taking them from the teacher pass the hd term runs in each step")
     add("--no_truncate_teacher", action="store_true",
         help="teacher vectors of whole sentences, not of the --max_seq_length tokens the "
              "student sees")
@@ -616,6 +655,7 @@ def main(argv=None) -> int:
             train_steps=args.train_steps, global_batch_size=args.global_batch_size,
             max_seq_length=args.max_seq_length, length_buckets=args.length_buckets,
             truncate_teacher=not args.no_truncate_teacher,
+            teacher_in_step=not args.no_teacher_in_step,
             teacher_eval_pairs=args.teacher_eval_pairs,
             learning_rate=args.learning_rate,
             warmup_steps=args.warmup_steps, eval_every=args.eval_every,

@@ -8,7 +8,9 @@ optimizer, the loop, checkpoints and logs.
 One step, on each replica:
   1. the student embeds both sides of its pairs (L2-normalised, [b, d]);
   2. the teacher's vectors come precomputed with the data, or from the frozen
-     teacher encoder run inside the step (its tokenization ran in tf.data);
+     teacher encoder run inside the step (its tokenization ran in tf.data, or,
+     `--teacher_in_step`, on the student's own tokens: the pass the hd term
+     runs, once a side for both);
   3. candidates of the contrastive terms (AMS, logit distillation, MCL) are
      gathered from ALL replicas, with this replica's rows at offset
      replica_id * b, so negatives are the global batch as in LaBSE;
@@ -63,26 +65,16 @@ class DistillationTask:
                 config.teacher.reduction_dir, vocabulary_size=tokenizer.vocab_size,
                 num_languages=len([n for n in (sizes or {}).values() if n > 0]),
                 special_ids=(tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id),
-                teacher_layers=self._teacher_layers_args())
+                teacher_layers=self._teacher_layers())
         self.trainable = self.student.trainable_weights + self.heads.trainable_weights
 
-    def _teacher_layers_args(self):
-        """What the hd term's `TeacherLayers` is built from (None without a teacher directory)."""
-        source = self.config.embedding_init_source or self.config.teacher.path
-        needed = terms_needing(self.terms, TEACHER_LAYERS)
-        if not needed or not source or self.config.student != "encoder":
+    def _teacher_layers(self):
+        """The hd term's `TeacherLayers`: the in-step teacher's, so that one pass
+        serves both, or new ones (None when the objective has no hd term)."""
+        shared = getattr(self.teacher.base, "layers", None) if self.teacher else None
+        if not terms_needing(self.terms, TEACHER_LAYERS):
             return None
-        from lealla_tf.embedding_init import student_pieces
-
-        if self.tokenizer.kind != "sentencepiece":
-            raise ValueError(
-                "the hd objective compares the student's tokens with the teacher's: the "
-                "student must tokenize with the teacher's SentencePiece vocabulary or a pruned "
-                "copy of it (the main job's runs/recipe/vocab.model, from "
-                "lealla_tf.vocab_pruning), not a WordPiece vocabulary")
-        encoder = self.config.encoder
-        return (source, student_pieces(self.tokenizer), encoder.hidden_dim, encoder.num_layers,
-                self.config.tokenizer.max_seq_length)
+        return shared or build_teacher_layers(self.config, self.tokenizer)
 
     def initialize_weights(self) -> dict:
         """A fresh run's starting point: `init_from`'s encoder, and/or the teacher's
@@ -178,3 +170,25 @@ class DistillationTask:
     def embed_function(self):
         """strings -> student embeddings for dev evaluation (None when it cannot)."""
         return self.student.embed_function(self.tokenizer, self.teacher)
+
+
+def build_teacher_layers(config: TrainConfig, tokenizer):
+    """The frozen teacher's layer outputs on the student's tokens
+    (`lealla_tf.heads.TeacherLayers`), from `embedding_init_source` (or the
+    teacher's path); None without a teacher directory or an encoder student.
+    ValueError when the student's vocabulary is not the teacher's pieces."""
+    from lealla_tf.embedding_init import student_pieces
+    from lealla_tf.heads import TeacherLayers
+
+    source = config.embedding_init_source or config.teacher.path
+    if not source or config.student != "encoder":
+        return None
+    if tokenizer.kind != "sentencepiece":
+        raise ValueError(
+            "the hd objective and --teacher_in_step run the teacher on the student's tokens: "
+            "the student must tokenize with the teacher's SentencePiece vocabulary or a pruned "
+            "copy of it (the main job's runs/recipe/vocab.model, from "
+            "lealla_tf.vocab_pruning), not a WordPiece vocabulary")
+    encoder = config.encoder
+    return TeacherLayers(source, student_pieces(tokenizer), encoder.hidden_dim,
+                         encoder.num_layers, config.tokenizer.max_seq_length)

@@ -9,6 +9,10 @@
   runs in tf.data, its encoder inside the step, so the same code runs on TPU.
 - `PrecomputedTeacher`: vectors stored with the pairs (TFRecords written by
   `beam_pipelines/embed_corpus.py --pairs`).
+- `InStepTeacher`: the frozen teacher encoder the hd term already runs on the
+  student's own tokens (`lealla_tf.heads.TeacherLayers`); its vectors are that
+  pass's mean-pooled last layer, so one teacher pass a side serves hd, fd and ld,
+  and no pipeline has to precompute vectors (`--teacher_in_step`).
 - `EnglishOnlyTeacher`: wraps either for a monolingual teacher that sees only the
   English side: x^t = y^t = T(en) (Reimers & Gurevych 2020; Ding et al. 2022).
   A multilingual teacher embeds both sides: x^t = T(x), y^t = T(y) (LEALLA eq. 3-4).
@@ -108,6 +112,26 @@ class PrecomputedTeacher(Teacher):
         return _unit(features["teacher_source"]), _unit(features["teacher_target"])
 
 
+class InStepTeacher(Teacher):
+    """The teacher encoder of `layers` (a `lealla_tf.heads.TeacherLayers`), run in
+    the step on the student's tokens of each side: x^t, y^t are its L2-normalised
+    `default` (mean-pooled) outputs. The student's tokens are the teacher's pieces
+    (a pruned copy of its vocabulary), without the module's text prefix (e5's
+    "query: "), cut at the student's --max_seq_length."""
+
+    def __init__(self, layers):
+        self.layers = layers
+        self.dimension = layers.width
+        self.description = f"the teacher encoder in the step ({layers.width}-d, student tokens)"
+
+    def batch_features(self, batch):
+        return {}  # the step reads the student's own `source` and `target` tokens
+
+    def vectors(self, features):
+        return tuple(_unit(self.layers.outputs(features[side])["default"])
+                     for side in ("source", "target"))
+
+
 class EnglishOnlyTeacher(Teacher):
     """A monolingual teacher: only the English side is embedded; x^t = y^t = T(en)."""
 
@@ -183,13 +207,25 @@ class CenteredTeacher(Teacher):
         return {"pairs": count, "mean_norm": float(tf.norm(self.mean))}
 
 
-def build_teacher(config: TeacherConfig, files: List) -> Optional[Teacher]:
+def build_teacher(config: TeacherConfig, files: List, layers=None) -> Optional[Teacher]:
     """The teacher a config and its training files give (None: no teacher).
 
-    A hub module wins over precomputed vectors. Precomputed vectors must hold
-    the source side (`teacher_src`) unless `english_only` is set, so that a
-    both-side objective never silently trains against zeros.
+    `config.in_step` runs the encoder of `layers` (a `TeacherLayers`, which the
+    caller builds for it) in the step. Otherwise a hub module wins over
+    precomputed vectors. Precomputed vectors must hold the source side
+    (`teacher_src`) unless `english_only` is set, so that a both-side objective
+    never silently trains against zeros.
     """
+    if config.in_step:
+        if layers is None:
+            raise ValueError("--teacher_in_step runs the converted teacher on the student's "
+                             "tokens: it needs --embedding_init_source=<converted teacher with a "
+                             "SentencePiece vocabulary> and the student on that vocabulary")
+        if config.hub or config.english_only:
+            raise ValueError("--teacher_in_step takes its teacher from --embedding_init_source "
+                             "and embeds both sides: drop --teacher/--teacher_encoder and "
+                             "--teacher_english_only")
+        return InStepTeacher(layers)
     if config.hub:
         teacher = HubTeacher(config)
     else:

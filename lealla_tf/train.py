@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="distil from centred teacher vectors (v - mean) / |v - mean|, the mean "
              "estimated on the first --teacher_center_pairs training pairs")
     add("--teacher_center_pairs", type=int, default=TeacherConfig.center_pairs)
+    add("--teacher_in_step", action="store_true",
+        help="teacher vectors from the converted teacher of --embedding_init_source run in "
+             "the step on the student's own tokens (the pass the hd term runs anyway): "
+             "plain TSV training data, no precomputed vectors")
     add("--reduction_dir", default="", help="dimension_reduction run for the syn objective")
     add("--reduction_dim", type=int, default=128, help="dimension_reduction: output size")
     add("--objective", default="lealla", help=objective_help())
@@ -116,7 +120,8 @@ def config_from_flags(args):
                               preprocessor=args.teacher_preprocessor,
                               english_only=args.teacher_english_only,
                               reduction_dir=args.reduction_dir, center=args.teacher_center,
-                              center_pairs=args.teacher_center_pairs),
+                              center_pairs=args.teacher_center_pairs,
+                              in_step=args.teacher_in_step),
         loss=LossConfig(objective=objective, scale=args.scale, margin=args.margin,
                         temperature=args.temperature, weights=parse_weights(args.loss_weights)),
         optimizer=OptimizerConfig(learning_rate=args.learning_rate,

@@ -61,6 +61,7 @@ def prepare(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = Non
 
     from lealla_tf.data import find_training_files, language_sizes
     from lealla_tf.model_dir import build_tokenizer, latest_checkpoint, read_model_config
+    from lealla_tf.task import build_teacher_layers
     from lealla_tf.teachers import build_teacher
 
     check_model_dir(model_dir)
@@ -79,7 +80,8 @@ def prepare(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = Non
     sizes = language_sizes(files)
     tokenizer = build_tokenizer(config.tokenizer, vocab_file)
     with strategy.scope():
-        teacher = build_teacher(config.teacher, files)
+        layers = build_teacher_layers(config, tokenizer) if config.teacher.in_step else None
+        teacher = build_teacher(config.teacher, files, layers)
     resolved = resolve_train_config(config, tokenizer.vocab_size,
                                     teacher.dimension if teacher else None)
     resolved.vocab_sha256 = file_sha256(vocab_file)

@@ -194,3 +194,21 @@ def test_evaluate_cli_writes_table_json_and_png(tmp_path, tiny_tatoeba_dir, sent
     assert "average" in out and "deu" in out
     assert main([f"--model={tmp_path / 'nothing'}", f"--tatoeba_dir={tiny_tatoeba_dir}",
                  f"--output_json={output}"]) == 2
+
+
+def test_the_first_pairs_of_one_pass_score_as_a_pass_over_the_first_pairs(tiny_tatoeba_dir):
+    from lealla_tf.evaluation import (embed_tatoeba, first_pairs, tatoeba_metrics_with_margin,
+                                      tatoeba_with_margin)
+
+    pairs = [p for ps in TINY_PAIRS.values() for p in ps]
+    embed = OracleEmbedder(pairs, noise=1.2, seed=4)  # noisy: some pairs are missed
+    embedded = embed_tatoeba(embed, tiny_tatoeba_dir)
+    sliced = tatoeba_metrics_with_margin(first_pairs(embedded, 2), seconds=1.0)
+    direct = tatoeba_with_margin(embed, tiny_tatoeba_dir, max_pairs=2, progress=False)
+    assert sliced["tatoeba/sentences"] == direct["tatoeba/sentences"] == 16
+    assert sliced["tatoeba/sentences_per_second"] == 16.0
+    for key, value in direct.items():
+        if "second" not in key:
+            assert sliced[key] == pytest.approx(value, abs=1e-6), key
+    with pytest.raises(ValueError, match="positive"):
+        first_pairs(embedded, 0)

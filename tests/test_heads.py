@@ -192,3 +192,39 @@ def test_hdsrc_is_the_source_half_of_hd_and_runs_the_teacher_on_it_only(teacher)
     both = compute_terms(["hd"], x, global_batch_size=2)["hd"].numpy()
     np.testing.assert_allclose(source_only, halves["source"] / 2, rtol=1e-5)
     np.testing.assert_allclose(both, (halves["source"] + halves["target"]) / 2, rtol=1e-5)
+
+
+def test_one_teacher_pass_a_side_serves_every_term_that_asks(teacher):
+    """`TeacherLayers.outputs` runs the encoder once per token tensor: the hd term
+    and the in-step teacher's vectors share it, eagerly and inside a traced step."""
+    directory, _, _ = teacher
+    head = TeacherLayers(directory, tiny_vocabulary(), 8, 4, 16)
+    encoder, calls = head.encoder, []
+
+    def counting(inputs):
+        calls.append(inputs["input_word_ids"])
+        return encoder(inputs)
+
+    head.encoder = counting
+    source = student_inputs([[5, 9, 14, 3], [7, 30, 0, 0]])
+    target = student_inputs([[6, 11, 0, 0], [8, 12, 21, 4]])
+    states = head(source)
+    assert head.outputs(source)["encoder_outputs"][1] is not None and len(calls) == 1
+    np.testing.assert_array_equal(head(source)[0].numpy(), states[0].numpy())
+    head(target)
+    head(target)
+    assert len(calls) == 2
+    # Only the last few are kept: a long eager loop does not hold every batch.
+    for i in range(TeacherLayers.MEMORY + 2):
+        head(student_inputs([[5 + i, 3]]))
+    assert len(head._memory) == TeacherLayers.MEMORY
+
+    @tf.function
+    def step(source, target):
+        return (tf.add_n([tf.reduce_sum(s) for s in head(source) + head(target)])
+                + tf.reduce_sum(head.outputs(source)["default"])
+                + tf.reduce_sum(head.outputs(target)["default"]))
+
+    del calls[:]
+    step(source, target)
+    assert len(calls) == 2  # one trace: source and target, once each

@@ -82,6 +82,10 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
     assert report["tatoeba"]["teacher"]["tatoeba/sentences"] < report["tatoeba"]["student"][
         "tatoeba/sentences"]
     assert report["config"]["truncate_teacher"] and report["config"]["length_buckets"] == 4
+    # hd's teacher pass gives the fd/ld targets: no Beam stage precomputes them.
+    assert report["teacher_vectors"]["backend"]["backend"] == "in_step"
+    assert "teacher_vectors" not in report["stage_seconds"]
+    assert report["training"]["student"]["last"]["fd"] > 0
     assert report["mining"]["languages"] == ["deu", "fra"]  # no xho data: skipped, said so
     assert "skipping xho" in out
     for name in ("training_curve.png", "tatoeba_languages.png", "mined_examples.tsv"):
@@ -184,3 +188,48 @@ def test_options_the_teacher_cannot_serve_are_refused_before_the_sample(tiny_dat
                  "--vocabulary=wordpiece", "--embedding_init=random", "--objective=lealla",
                  "--train_steps=-3"]) == 2
     assert "--train_steps must be positive" in capsys.readouterr().err
+
+
+def test_evaluation_embeds_a_model_once_for_all_its_pairs_and_its_first_pairs(
+        tiny_tatoeba_dir):
+    from conftest import TINY_PAIRS
+    from lealla_tf.recipe import evaluate_stage
+    from test_evaluation import OracleEmbedder
+
+    pairs = [p for ps in TINY_PAIRS.values() for p in ps]
+    embedded = {"student": [], "teacher": []}
+
+    def counting(name, embed):
+        def run(strings):
+            embedded[name].append(len(strings))
+            return embed(strings)
+        return run
+
+    models = {"student": counting("student", OracleEmbedder(pairs, noise=1.2, seed=4)),
+              "teacher": counting("teacher", OracleEmbedder(pairs))}
+    loaded = type("Loaded", (), {"get": lambda self, path: models[path]})()
+    results = evaluate_stage({"student": ("student", 0), "teacher": ("teacher", 2),
+                              "student_first": ("student", 2)}, tiny_tatoeba_dir, loaded)
+    assert list(results) == ["student", "teacher", "student_first"]
+    assert sum(embedded["student"]) == 20 and sum(embedded["teacher"]) == 16  # one pass each
+    assert results["student_first"]["max_pairs"] == 2
+    assert results["student_first"]["tatoeba/sentences"] == 16
+    assert results["student"]["tatoeba/sentences"] == 20
+
+
+def test_the_teacher_runs_in_the_step_only_with_hd_and_unless_told_not_to(tmp_path):
+    from lealla_tf.configs import RecipeConfig
+    from lealla_tf.recipe import teacher_in_step, train_config
+
+    teacher = {"multilingual": True, "tokenizer": "sentencepiece"}
+    assert teacher_in_step(RecipeConfig())
+    assert not teacher_in_step(RecipeConfig(teacher_in_step=False))
+    assert not teacher_in_step(RecipeConfig(objective="lealla"))
+    for config, expected in ((RecipeConfig(), True), (RecipeConfig(teacher_in_step=False), False)):
+        train = train_config(config, tmp_path, teacher, str(tmp_path / "teacher"),
+                             str(tmp_path / "data"), config.objective, {})
+        assert train.teacher.in_step is expected
+    # The AMS-only comparison has no teacher at all.
+    ams = train_config(RecipeConfig(), tmp_path, teacher, str(tmp_path / "teacher"),
+                       str(tmp_path / "data"), "ams", {})
+    assert not ams.teacher.in_step

@@ -1,4 +1,5 @@
-"""Teachers: centred vectors (`CenteredTeacher`) and how a run keeps their mean."""
+"""Teachers: centred vectors (`CenteredTeacher`) and how a run keeps their mean; the
+teacher run in the step on the student's tokens (`InStepTeacher`)."""
 
 import numpy as np
 import pytest
@@ -7,6 +8,7 @@ import tensorflow as tf
 from lealla_tf.configs import TeacherConfig, check_resumable, validate_train_config
 from lealla_tf.distribution import make_strategy
 from lealla_tf.teachers import CenteredTeacher, EnglishOnlyTeacher, PrecomputedTeacher
+from test_heads import teacher  # noqa: F401  (a converted teacher with a SentencePiece vocabulary)
 from test_trainer import Trainer, teacher_records, tiny_config, vocab_size  # noqa: F401
 
 
@@ -102,3 +104,69 @@ def test_a_run_written_before_centring_existed_resumes_uncentred():
     requested["teacher"]["center"] = True
     with pytest.raises(ValueError, match="teacher.center: False -> True"):
         check_resumable(stored, requested)
+
+
+def test_the_in_step_teacher_embeds_both_sides_with_the_hd_teacher_pass(teacher):  # noqa: F811
+    """`InStepTeacher`: x^t, y^t are the teacher encoder's unit mean-pooled outputs on
+    the student's tokens, mapped to the teacher's ids."""
+    from conftest import tiny_vocabulary
+    from lealla_tf.embedding_init import match_rows
+    from lealla_tf.heads import TeacherLayers
+    from lealla_tf.teachers import InStepTeacher, build_teacher
+
+    directory, teacher_encoder, pieces = teacher
+    vocabulary = tiny_vocabulary()[::-1]  # other ids than the teacher's for the same pieces
+    layers = TeacherLayers(directory, vocabulary, 8, 4, 16)
+    in_step = build_teacher(TeacherConfig(in_step=True), [], layers)
+    assert isinstance(in_step, InStepTeacher) and in_step.dimension == 16
+    assert in_step.base is in_step and in_step.batch_features({"x": 1}) == {}
+    rows = match_rows(vocabulary, pieces)
+    sides = {"source": [[5, 9, 14, 3], [7, 30, 0, 0]], "target": [[6, 11, 2, 0], [8, 12, 21, 4]]}
+    features = {}
+    for side, ids in sides.items():
+        ids = np.asarray(ids, np.int32)
+        mask = (ids > 0).astype(np.int32)
+        features[side] = {"input_word_ids": tf.constant(ids), "input_mask": tf.constant(mask),
+                          "input_type_ids": tf.zeros_like(ids)}
+    vectors = in_step.vectors(features)
+    for side, got in zip(sides, vectors):
+        mapped = {**features[side], "input_word_ids": tf.constant(rows[np.asarray(
+            sides[side])], tf.int32)}
+        expected = teacher_encoder(mapped, training=False)["pooled_output"].numpy()
+        np.testing.assert_allclose(got.numpy(), unit(expected), atol=1e-5)
+    with pytest.raises(ValueError, match="--embedding_init_source"):
+        build_teacher(TeacherConfig(in_step=True), [], None)
+    with pytest.raises(ValueError, match="embeds both sides"):
+        build_teacher(TeacherConfig(in_step=True, english_only=True), [], layers)
+
+
+def test_the_in_step_teacher_trains_fd_ld_and_hd_on_plain_tsvs(
+        teacher, tiny_parallel_dir, tiny_vocab_file, tmp_path):  # noqa: F811
+    """`--teacher_in_step`: TSV pairs, no precomputed vectors, one teacher pass a side."""
+    import os
+
+    from lealla_tf.configs import (DataConfig, EncoderConfig, LossConfig, OptimizerConfig,
+                                   TokenizerConfig, TrainConfig)
+    from lealla_tf.teacher_conversion import SENTENCEPIECE_FILE
+    from lealla_tf.training import train
+
+    directory, _, pieces = teacher
+    config = TrainConfig(
+        encoder=EncoderConfig(vocabulary_size=len(pieces), num_layers=4, num_heads=4,
+                              hidden_dim=8, intermediate_dim=16, max_sequence_length=24,
+                              pooling="mean"),
+        tokenizer=TokenizerConfig(max_seq_length=16), data=DataConfig([tiny_parallel_dir]),
+        teacher=TeacherConfig(in_step=True),
+        loss=LossConfig(objective="ams+fd+ld+hd", scale=20.0),
+        optimizer=OptimizerConfig(learning_rate=1e-3, warmup_steps=1),
+        embedding_init="teacher_select", embedding_init_source=directory,
+        global_batch_size=4, train_steps=3, checkpoint_every=3, log_every=1)
+    summary = train(config, str(tmp_path / "m"), os.path.join(directory, SENTENCEPIECE_FILE),
+                    progress=False)
+    last = summary["last"]
+    assert last["fd"] > 0 and last["ld"] >= 0 and last["hd"] > 0
+    saved = tf.train.list_variables(summary["checkpoint"])
+    assert not any("teacher" in name for name, _ in saved)
+    # The student must read the teacher's pieces.
+    with pytest.raises(ValueError, match="not a WordPiece vocabulary"):
+        train(config, str(tmp_path / "w"), tiny_vocab_file, progress=False)
