@@ -337,6 +337,15 @@ def validate_train_config(config: TrainConfig) -> None:
     if config.embedding_init != "random" and not config.embedding_init_source:
         raise ValueError(f"--embedding_init={config.embedding_init} needs "
                          "--embedding_init_source=<teacher module>")
+    if config.teacher.in_step:
+        if config.teacher.hub or config.teacher.english_only:
+            raise ValueError("--teacher_in_step takes its teacher from --embedding_init_source "
+                             "and embeds both sides: drop --teacher/--teacher_encoder and "
+                             "--teacher_english_only")
+        if config.student != "encoder" or not config.embedding_init_source:
+            raise ValueError("--teacher_in_step runs the converted teacher on an encoder "
+                             "student's tokens: pass --embedding_init_source=<converted teacher "
+                             "with a SentencePiece vocabulary>")
     _positive("--global_batch_size", config.global_batch_size)
     if config.train_steps is not None:
         _positive("--train_steps", config.train_steps)

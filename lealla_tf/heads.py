@@ -95,10 +95,12 @@ class TeacherLayers:
         if max_seq_length > positions:
             raise ValueError(f"hidden-state distillation: --max_seq_length={max_seq_length} "
                              f"exceeds the {positions} positions of {teacher_dir}'s teacher")
-        probe = self.encoder({"input_word_ids": tf.constant([[0, 2]], tf.int32),
-                              "input_mask": tf.ones([1, 2], tf.int32),
-                              "input_type_ids": tf.zeros([1, 2], tf.int32)})["encoder_outputs"]
-        teacher_width = self.width = int(probe[0].shape[-1])
+        probed = self.encoder({"input_word_ids": tf.constant([[0, 2]], tf.int32),
+                               "input_mask": tf.ones([1, 2], tf.int32),
+                               "input_type_ids": tf.zeros([1, 2], tf.int32)})
+        probe = probed["encoder_outputs"]
+        teacher_width = int(probe[0].shape[-1])
+        self.vector_width = int(probed["default"].shape[-1])  # InStepTeacher's vectors
         if hidden_dim > teacher_width:
             raise ValueError(f"hidden-state distillation: the student's width {hidden_dim} "
                              f"exceeds the teacher's {teacher_width}")
@@ -107,16 +109,20 @@ class TeacherLayers:
             selected_coordinates(teacher_dir, rows, hidden_dim, self.encoder).astype(np.int32))
         self.pairs = distilled_layer_pairs(num_layers, len(probe))
         self.matched_fraction = float((rows >= 0).mean())
-        self._memory = []
+        self._graph, self._memory = None, []
 
-    # The last runs kept: a step asks for each side's outputs twice (the hd term
-    # and `lealla_tf.teachers.InStepTeacher`), and the teacher runs once per side.
-    MEMORY = 4  # a few, for the replicas of a multi-device step
+    # Eager runs keep this many passes (a step's two sides); a traced step keeps
+    # every pass of its graph (each replica's), dropped when another graph traces.
+    MEMORY = 2
 
     def outputs(self, inputs) -> dict:
         """The teacher encoder's outputs on the student's tokens `inputs`
         (`encoder_outputs`, `default`, ...), all coordinates; one pass per token
-        tensor, however many terms ask."""
+        tensor, however many terms ask (the hd term and
+        `lealla_tf.teachers.InStepTeacher` in one step)."""
+        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        if graph is not self._graph:
+            self._graph, self._memory = graph, []
         key = inputs["input_word_ids"].ref()
         for known, outputs in self._memory:
             if known == key:
@@ -125,7 +131,9 @@ class TeacherLayers:
         mask = tf.cast(inputs["input_mask"], tf.int32)
         outputs = tf.nest.map_structure(tf.stop_gradient, self.encoder(
             {"input_word_ids": ids, "input_mask": mask, "input_type_ids": tf.zeros_like(ids)}))
-        self._memory = (self._memory + [(key, outputs)])[-self.MEMORY:]
+        self._memory.append((key, outputs))
+        if graph is None:
+            self._memory = self._memory[-self.MEMORY:]
         return outputs
 
     def __call__(self, inputs) -> list:

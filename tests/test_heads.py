@@ -214,10 +214,14 @@ def test_one_teacher_pass_a_side_serves_every_term_that_asks(teacher):
     head(target)
     head(target)
     assert len(calls) == 2
-    # Only the last few are kept: a long eager loop does not hold every batch.
+    # Only the last few are kept: a long eager loop does not hold every batch, and
+    # an evicted batch is run again, to the same values.
     for i in range(TeacherLayers.MEMORY + 2):
         head(student_inputs([[5 + i, 3]]))
     assert len(head._memory) == TeacherLayers.MEMORY
+    calls_before = len(calls)
+    np.testing.assert_allclose(head(source)[1].numpy(), states[1].numpy(), atol=1e-6)
+    assert len(calls) == calls_before + 1
 
     @tf.function
     def step(source, target):
@@ -226,5 +230,10 @@ def test_one_teacher_pass_a_side_serves_every_term_that_asks(teacher):
                 + tf.reduce_sum(head.outputs(target)["default"]))
 
     del calls[:]
-    step(source, target)
+    first = step(source, target)
     assert len(calls) == 2  # one trace: source and target, once each
+    # Another shape traces again: a new pass a side, nothing taken from the old graph.
+    longer = student_inputs([[5, 9, 14, 3, 6], [7, 30, 0, 0, 0]])
+    second = step(longer, target)
+    assert len(calls) == 4 and float(second) != float(first)
+    np.testing.assert_allclose(float(step(source, target)), float(first), rtol=1e-5)

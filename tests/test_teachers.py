@@ -132,17 +132,18 @@ def test_the_in_step_teacher_embeds_both_sides_with_the_hd_teacher_pass(teacher)
     for side, got in zip(sides, vectors):
         mapped = {**features[side], "input_word_ids": tf.constant(rows[np.asarray(
             sides[side])], tf.int32)}
+        # The exported encoder's `default` is the Keras encoder's pooled output.
         expected = teacher_encoder(mapped, training=False)["pooled_output"].numpy()
         np.testing.assert_allclose(got.numpy(), unit(expected), atol=1e-5)
     with pytest.raises(ValueError, match="--embedding_init_source"):
         build_teacher(TeacherConfig(in_step=True), [], None)
-    with pytest.raises(ValueError, match="embeds both sides"):
-        build_teacher(TeacherConfig(in_step=True, english_only=True), [], layers)
 
 
 def test_the_in_step_teacher_trains_fd_ld_and_hd_on_plain_tsvs(
         teacher, tiny_parallel_dir, tiny_vocab_file, tmp_path):  # noqa: F811
-    """`--teacher_in_step`: TSV pairs, no precomputed vectors, one teacher pass a side."""
+    """`--teacher_in_step`: TSV pairs, no precomputed vectors; settings it cannot serve
+    are refused before the teacher is loaded."""
+    import dataclasses
     import os
 
     from lealla_tf.configs import (DataConfig, EncoderConfig, LossConfig, OptimizerConfig,
@@ -170,3 +171,11 @@ def test_the_in_step_teacher_trains_fd_ld_and_hd_on_plain_tsvs(
     # The student must read the teacher's pieces.
     with pytest.raises(ValueError, match="not a WordPiece vocabulary"):
         train(config, str(tmp_path / "w"), tiny_vocab_file, progress=False)
+    for teacher_config, message in (
+            (TeacherConfig(in_step=True, english_only=True), "embeds both sides"),
+            (TeacherConfig(in_step=True, path=directory), "drop --teacher"),):
+        with pytest.raises(ValueError, match=message):
+            validate_train_config(dataclasses.replace(config, teacher=teacher_config))
+    with pytest.raises(ValueError, match="--embedding_init_source"):
+        validate_train_config(dataclasses.replace(config, embedding_init="random",
+                                                  embedding_init_source=""))
