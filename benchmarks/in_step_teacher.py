@@ -50,7 +50,7 @@ def in_step_embedder(teacher_dir: str, vocab_file: str, max_seq_length: int,
         tokens = tokenizer(strings)
         return teacher.vectors({"source": tokens, "target": tokens})[0]
 
-    return lambda strings: embed(tf.constant(list(strings))).numpy()
+    return lambda strings: embed(tf.convert_to_tensor(strings, tf.string)).numpy()
 
 
 def main():

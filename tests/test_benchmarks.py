@@ -62,6 +62,7 @@ def test_the_in_step_teacher_benchmark_embeds_as_the_training_step(teacher, tmp_
     """benchmarks/in_step_teacher.py: its in-step embedder is the step's x^t (unit
     rows of the teacher's width), and a work dir without a main job is a clear error."""
     import numpy as np
+    import tensorflow as tf
 
     sys.path.insert(0, str(REPO))
     from benchmarks.in_step_teacher import in_step_embedder
@@ -73,6 +74,7 @@ def test_the_in_step_teacher_benchmark_embeds_as_the_training_step(teacher, tmp_
     assert vectors.shape == (3, 16)
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
     assert not np.allclose(vectors[0], vectors[1])
+    np.testing.assert_allclose(embed(tf.constant(["the cat"])), vectors[1:2], atol=1e-6)
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "in_step_teacher.py"),
                            f"--work_dir={tmp_path}", f"--output_json={tmp_path / 'x.json'}"],
                           capture_output=True, text=True, timeout=300)
