@@ -151,9 +151,8 @@ class DistillationHeads(tf.Module):
     `projection` (trainable dense d -> teacher width: fd, mse), `reduction` (the
     fixed teacher -> d dense layer of a dimension-reduction run: syn),
     `reconstruction` (EMS's XTR head: xtr), and `teacher_layers` (the frozen
-    teacher's layer outputs: hd; `teacher_layers` is a `TeacherLayers` or a
-    `(teacher_dir, student_pieces, hidden_dim, num_layers, max_seq_length)` tuple
-    for one).
+    teacher's layer outputs: hd; `teacher_layers` is the `TeacherLayers` it reads,
+    `lealla_tf.task.build_teacher_layers`'s).
     """
 
     def __init__(self, terms: List[str], embedding_dim: int, teacher_dim: Optional[int],
@@ -169,8 +168,7 @@ class DistillationHeads(tf.Module):
             if teacher_layers is None:
                 raise ValueError("the hd objective needs a converted teacher with a "
                                  "SentencePiece vocabulary (--embedding_init_source)")
-            self.teacher_layers = (teacher_layers if isinstance(teacher_layers, TeacherLayers)
-                                   else TeacherLayers(*teacher_layers))
+            self.teacher_layers = teacher_layers
         if RECONSTRUCTION in needed:
             self.reconstruction = ReconstructionHead(embedding_dim, vocabulary_size,
                                                      num_languages, special_ids)

@@ -71,9 +71,9 @@ class DistillationTask:
     def _teacher_layers(self):
         """The hd term's `TeacherLayers`: the in-step teacher's, so that one pass
         serves both, or new ones (None when the objective has no hd term)."""
-        shared = getattr(self.teacher.base, "layers", None) if self.teacher else None
         if not terms_needing(self.terms, TEACHER_LAYERS):
             return None
+        shared = getattr(self.teacher.base, "layers", None) if self.teacher else None
         return shared or build_teacher_layers(self.config, self.tokenizer)
 
     def initialize_weights(self) -> dict:

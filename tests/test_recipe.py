@@ -215,6 +215,9 @@ def test_evaluation_embeds_a_model_once_for_all_its_pairs_and_its_first_pairs(
     assert results["student_first"]["max_pairs"] == 2
     assert results["student_first"]["tatoeba/sentences"] == 16
     assert results["student"]["tatoeba/sentences"] == 20
+    # The cut entry reports the speed of the pass it was cut from.
+    assert (results["student_first"]["sentences_per_second"]
+            == results["student"]["sentences_per_second"])
 
 
 def test_the_teacher_runs_in_the_step_only_with_hd_and_unless_told_not_to(tmp_path):
