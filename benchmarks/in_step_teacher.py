@@ -6,12 +6,15 @@
 Since 5948dfd the main job takes the FD/LD targets from the teacher pass the hd
 term runs in each step (`lealla_tf.teachers.InStepTeacher`): the converted
 teacher's encoder on the student's own tokens (the pruned vocabulary, cut at
---max_seq_length, no "query: " prefix). Before, the Beam stage embedded the
-text with the teacher module (its own tokenizer, the prefix, the same cut).
-This compares the two on the same sentences, from a finished main job's work
-directory (its teacher/, vocab.model and sample/):
+--max_seq_length), without the module's "query: " prefix (`in_step`), or with
+its pieces put after the start token (`in_step_prefix`, not what training
+uses: it measures worse). The Beam stage embeds the text with the teacher
+module (its own tokenizer, the prefix, the same cut, which there includes the
+prefix). This compares them on the same sentences, from a finished main job's
+work directory (its teacher/, vocab.model and sample/):
 
-- cosine between the two vectors of each sentence of the first training pairs;
+- cosine between each in-step vector and the Beam one of each sentence of the
+  first training pairs;
 - Tatoeba dev P@1 of each on the first --max_pairs pairs of every language;
 - sentences/s of each, one process, batches of --batch_size.
 """
@@ -29,10 +32,11 @@ from lealla_tf.recipe import find_data_dir  # noqa: E402
 
 
 def in_step_embedder(teacher_dir: str, vocab_file: str, max_seq_length: int,
-                     hidden_dim: int = 128, num_layers: int = 24):
+                     hidden_dim: int = 128, num_layers: int = 24, prefix: str = ""):
     """strings -> the in-step teacher's unit vectors (the training step's x^t, y^t);
     the student's width and depth (lealla_small's by default) only pick hd's
-    coordinates and layers, which the vectors do not use."""
+    coordinates and layers, which the vectors do not use. `prefix`: as
+    `TeacherLayers`' (none by default, as in training)."""
     import tensorflow as tf
 
     from lealla_tf.configs import TokenizerConfig
@@ -43,7 +47,7 @@ def in_step_embedder(teacher_dir: str, vocab_file: str, max_seq_length: int,
 
     tokenizer = build_tokenizer(TokenizerConfig(max_seq_length=max_seq_length), vocab_file)
     teacher = InStepTeacher(TeacherLayers(teacher_dir, student_pieces(tokenizer), hidden_dim,
-                                          num_layers, max_seq_length))
+                                          num_layers, max_seq_length, prefix=prefix))
 
     @tf.function
     def embed(strings):
@@ -57,6 +61,7 @@ def main():
     import numpy as np
 
     from lealla_tf.embedder import load_embedder
+    from lealla_tf.heads import teacher_prefix
     from lealla_tf.evaluation import embed_sentences, evaluate_tatoeba
     from lealla_tf.parallel_corpus import read_pairs
 
@@ -80,7 +85,10 @@ def main():
             sys.exit(f"error: {path} is missing; run the main job (make main) first")
     tatoeba_dir = str(find_data_dir(args.data_dir) / "tatoeba_dev")
     embedders = {"beam_module": load_embedder(teacher_dir, args.max_seq_length),
-                 "in_step": in_step_embedder(teacher_dir, vocab_file, args.max_seq_length)}
+                 "in_step": in_step_embedder(teacher_dir, vocab_file, args.max_seq_length),
+                 "in_step_prefix": in_step_embedder(teacher_dir, vocab_file,
+                                                    args.max_seq_length,
+                                                    prefix=teacher_prefix(teacher_dir))}
 
     sentences = []
     for path in sorted((work / "sample").glob("*.tsv.gz")):
@@ -97,12 +105,14 @@ def main():
         tatoeba[name] = metrics["tatoeba/average_p_at_1"]
         print(f"{name}: {speed[name]:.0f} sentences/s, Tatoeba P@1 {100 * tatoeba[name]:.2f}")
     unit = {k: v / np.linalg.norm(v, axis=1, keepdims=True) for k, v in vectors.items()}
-    cosine = np.sum(unit["beam_module"] * unit["in_step"], axis=1)
+    cosines = {name: np.sum(unit["beam_module"] * unit[name], axis=1)
+               for name in ("in_step", "in_step_prefix")}
     write_result(args.output_json, {
         "benchmark": "in_step_teacher", "machine": machine(), "work_dir": str(work),
         "max_seq_length": args.max_seq_length, "sample_sentences": len(sentences),
-        "cosine_in_step_vs_beam": {"mean": float(cosine.mean()), "min": float(cosine.min()),
-                                   "p05": float(np.percentile(cosine, 5))},
+        "cosine_vs_beam": {name: {"mean": float(c.mean()), "min": float(c.min()),
+                                  "p05": float(np.percentile(c, 5))}
+                           for name, c in cosines.items()},
         "tatoeba_max_pairs": args.max_pairs, "tatoeba_p_at_1": tatoeba,
         "sentences_per_second": speed})
 

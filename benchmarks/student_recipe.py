@@ -96,6 +96,11 @@ for _weight in (1.0, 10.0, 30.0, 100.0, 300.0, 1000.0):
 CONFIGURATIONS["select_lealla_hdsrc20"] = {
     "vocabulary": "pruned", "init": "teacher_select", "objective": LEALLA + "+hdsrc",
     "weights": {**recipe_loss_weights(LEALLA), "hdsrc": 20.0}}
+# The vocabulary's cap: every piece of the teacher's the corpus uses (218,567 in
+# the main job's corpus, against its 32,000-piece cap), so the student's (and the
+# in-step teacher's) pieces are the teacher's own on every corpus word.
+CONFIGURATIONS["select_lealla_hd300_all_pieces"] = {
+    **CONFIGURATIONS["select_lealla_hd300"], "vocabulary": "pruned_all"}
 # The main job's student at other peak learning rates (default: 5e-4, the
 # paper's for d < 384 at batch 8192); the --only=lr_* runs sweep it.
 for _rate in (2.5e-4, 1e-3, 2e-3):
@@ -103,8 +108,15 @@ for _rate in (2.5e-4, 1e-3, 2e-3):
                                        "objective": LEALLA, "learning_rate": _rate}
 
 
-def prepare(work_dir, data_dir, sample_pairs, max_pieces):
-    """Teacher, both vocabularies, the sample and its teacher vectors (reused)."""
+def vocab_path(work_dir, kind):
+    """The vocabulary file of a row's `vocabulary` kind."""
+    return os.path.join(work_dir, {"pruned": "vocab.model", "wordpiece": "vocab.txt",
+                                   "pruned_all": os.path.join("vocab_all", "vocab.model")}[kind])
+
+
+def prepare(work_dir, data_dir, sample_pairs, max_pieces, kinds=()):
+    """Teacher, both vocabularies (and the uncapped pruned one when `kinds` holds
+    "pruned_all"), the sample and its teacher vectors (reused)."""
     from lealla_tf.configs import RecipeConfig
     from lealla_tf.recipe import (Models, Stages, choose_teacher_backend, sample_stage,
                                   teacher_stage, teacher_vectors_stage, vocabulary_stage)
@@ -120,6 +132,11 @@ def prepare(work_dir, data_dir, sample_pairs, max_pieces):
         "wordpiece": stages.run("vocabulary_wordpiece", lambda: vocabulary_stage(
             RecipeConfig(vocabulary="wordpiece", vocab_size=32000), data_dir, teacher_dir,
             work_dir))}
+    if "pruned_all" in kinds:  # built only for the rows that ask (a minute here)
+        os.makedirs(os.path.dirname(vocab_path(work_dir, "pruned_all")), exist_ok=True)
+        vocabularies["pruned_all"] = stages.run("vocabulary_all", lambda: vocabulary_stage(
+            RecipeConfig(vocabulary="teacher_pruned", vocab_size=0), data_dir, teacher_dir,
+            os.path.dirname(vocab_path(work_dir, "pruned_all"))))
     sample_dir = os.path.join(work_dir, "sample")
     sample = stages.run("sample", lambda: sample_stage(recipe, data_dir, sample_dir))
     vectors = stages.run("teacher_vectors", lambda: teacher_vectors_stage(
@@ -143,8 +160,7 @@ def train_configuration(name, spec, work_dir, data_dir, steps, eval_pairs, resul
     from lealla_tf.training import train
 
     tatoeba = str(pathlib.Path(data_dir) / "tatoeba_dev")
-    vocab = os.path.join(work_dir, "vocab.model" if spec["vocabulary"] == "pruned"
-                         else "vocab.txt")
+    vocab = vocab_path(work_dir, spec["vocabulary"])
     teacher_dir = os.path.join(work_dir, "teacher")
     encoder = get_preset("lealla_small").encoder.replace(pooling="mean",
                                                          **spec.get("overrides", {}))
@@ -233,9 +249,13 @@ def main():
 
     data_dir = find_data_dir(args.data_dir)
     os.makedirs(args.work_dir, exist_ok=True)
-    prepared = prepare(args.work_dir, data_dir, args.sample_pairs, args.max_pieces)
     names = [n for n in args.only.split(",") if n] or [
         n for n in CONFIGURATIONS if not n.startswith(("weights_", "main_job", "lr_"))]
+    unknown = [n for n in names if n not in CONFIGURATIONS]
+    if unknown:
+        sys.exit(f"error: unknown configurations {unknown}; known: {sorted(CONFIGURATIONS)}")
+    prepared = prepare(args.work_dir, data_dir, args.sample_pairs, args.max_pieces,
+                       {CONFIGURATIONS[n]["vocabulary"] for n in names})
     results = {}
     context = multiprocessing.get_context("spawn")
     for name in names:

@@ -46,6 +46,44 @@ class ReconstructionHead(tf.Module):
                 for w in layer.trainable_weights]
 
 
+def teacher_prefix(teacher_dir: str) -> str:
+    """The text a converted teacher's module puts before every sentence (its
+    teacher.json's `prefix`; "" without a summary)."""
+    from lealla_tf.teacher_conversion import read_teacher_summary
+
+    return str((read_teacher_summary(teacher_dir) or {}).get("prefix") or "")
+
+
+def prefix_pieces(teacher_dir: str, prefix: str) -> list:
+    """The teacher's ids of `prefix`'s pieces, checked to tokenize apart from
+    what follows (a prefix ending in a space does under SentencePiece), so that
+    start + these + the sentence's pieces is what the module's tokenizer gives."""
+    import os
+
+    import sentencepiece
+
+    from lealla_tf.teacher_conversion import SENTENCEPIECE_FILE
+
+    if not prefix:
+        return []
+    processor = sentencepiece.SentencePieceProcessor(
+        model_file=os.path.join(teacher_dir, SENTENCEPIECE_FILE))
+    ids = list(processor.encode(prefix))
+    for probe in ("a", "Ab, c.", "  x"):
+        if list(processor.encode(prefix + probe)) != ids + list(processor.encode(probe)):
+            raise ValueError(
+                f"{teacher_dir}'s prefix {prefix!r} does not tokenize apart from the sentence "
+                f"after it ({probe!r}), so the in-step teacher (the hd term, "
+                "--teacher_in_step) cannot put it before the student's tokens; convert the "
+                "teacher with a prefix that ends in a space")
+    return ids
+
+
+def drop_positions(sequence, extra: int):
+    """`[b, 1 + extra + s, d]` -> `[b, 1 + s, d]`: the prefix's positions left out."""
+    return tf.concat([sequence[:, :1], sequence[:, 1 + extra:]], axis=1)
+
+
 class TeacherLayers:
     """The frozen teacher's layer outputs on the student's own tokens, for
     hidden-state distillation (the `hd` term).
@@ -64,11 +102,19 @@ class TeacherLayers:
         student_pieces: the student's vocabulary, in id order.
         hidden_dim, num_layers: the student's width and depth.
         max_seq_length: the longest sequence the student trains on; the teacher
-            must have positions for it.
+            must have positions for it (and for the prefix).
+        prefix: text to put before every sentence as the teacher module does
+            (e5's "query: ", `teacher_prefix(teacher_dir)`): its pieces go in
+            after the student's start token, where the module's tokenizer puts
+            them, and their positions are left out of the hd targets. Default:
+            none. On the student's pruned-vocabulary pieces the prefix makes the
+            teacher's own retrieval worse, not better (Tatoeba dev P@1 on 100
+            pairs a language, 62.7 with it against 69.4 without;
+            benchmarks/in_step_teacher.py).
     """
 
     def __init__(self, teacher_dir: str, student_pieces, hidden_dim: int, num_layers: int,
-                 max_seq_length: int):
+                 max_seq_length: int, prefix: str = ""):
         import os
 
         import numpy as np
@@ -92,9 +138,14 @@ class TeacherLayers:
             raise ValueError(f"hidden-state distillation: {teacher_dir}/encoder has "
                              f"{len(tables)} position tables, expected one")
         positions = int(tables[0].shape[0])
-        if max_seq_length > positions:
-            raise ValueError(f"hidden-state distillation: --max_seq_length={max_seq_length} "
-                             f"exceeds the {positions} positions of {teacher_dir}'s teacher")
+        self.prefix = str(prefix or "")
+        self.prefix_ids = tf.constant(prefix_pieces(teacher_dir, self.prefix), tf.int32)
+        extra = int(self.prefix_ids.shape[0])
+        if max_seq_length + extra > positions:
+            plus = f" plus the {extra} pieces of the prefix {self.prefix!r}" if extra else ""
+            raise ValueError(f"hidden-state distillation: --max_seq_length={max_seq_length}"
+                             f"{plus} exceeds the {positions} positions of {teacher_dir}'s "
+                             "teacher")
         probed = self.encoder({"input_word_ids": tf.constant([[0, 2]], tf.int32),
                                "input_mask": tf.ones([1, 2], tf.int32),
                                "input_type_ids": tf.zeros([1, 2], tf.int32)})
@@ -129,8 +180,20 @@ class TeacherLayers:
                 return outputs
         ids = tf.gather(self.ids, tf.cast(inputs["input_word_ids"], tf.int32))
         mask = tf.cast(inputs["input_mask"], tf.int32)
+        extra = int(self.prefix_ids.shape[0])
+        if extra:  # [start] prefix pieces [the sentence's pieces] ...
+            rows = tf.shape(ids)[0]
+            ids = tf.concat([ids[:, :1], tf.tile(self.prefix_ids[None], [rows, 1]), ids[:, 1:]],
+                            axis=1)
+            mask = tf.concat([mask[:, :1], tf.tile(mask[:, :1], [1, extra]), mask[:, 1:]],
+                             axis=1)
         outputs = tf.nest.map_structure(tf.stop_gradient, self.encoder(
             {"input_word_ids": ids, "input_mask": mask, "input_type_ids": tf.zeros_like(ids)}))
+        if extra:  # per-token outputs back on the student's positions
+            outputs = {key: ([drop_positions(o, extra) for o in value] if key == "encoder_outputs"
+                             else drop_positions(value, extra) if value.shape.rank == 3
+                             else value)
+                       for key, value in outputs.items()}
         self._memory.append((key, outputs))
         if graph is None:
             self._memory = self._memory[-self.MEMORY:]

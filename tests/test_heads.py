@@ -237,3 +237,56 @@ def test_one_teacher_pass_a_side_serves_every_term_that_asks(teacher):
     second = step(longer, target)
     assert len(calls) == 4 and float(second) != float(first)
     np.testing.assert_allclose(float(step(source, target)), float(first), rtol=1e-5)
+
+
+def test_the_teachers_prefix_runs_before_the_sentence_and_leaves_the_hd_targets(
+        teacher, tmp_path):
+    """A teacher module with a text prefix (e5's "query: ") sees [start] prefix
+    [sentence]: asked for it, the in-step pass puts the prefix's pieces there,
+    pools over them as the module does, and gives hd the sentence's positions
+    only. By default it runs without (measured better on the student's pieces)."""
+    import json
+    import shutil
+
+    from lealla_tf.heads import prefix_pieces, teacher_prefix
+    from lealla_tf.teacher_conversion import TEACHER_SUMMARY
+
+    directory, teacher_encoder, pieces = teacher
+    prefixed = tmp_path / "prefixed"
+    shutil.copytree(directory, prefixed)
+    (prefixed / TEACHER_SUMMARY).write_text(json.dumps({"prefix": "dog is "}))
+    assert teacher_prefix(str(prefixed)) == "dog is " and teacher_prefix(directory) == ""
+    extra = [pieces.index("\u2581dog"), pieces.index("\u2581is")]
+    assert prefix_pieces(str(prefixed), "dog is ") == extra
+    student_vocabulary = tiny_vocabulary()
+    rows = match_rows(student_vocabulary, pieces)
+    head = TeacherLayers(str(prefixed), student_vocabulary, WIDTH, LAYERS, 16,
+                         prefix=teacher_prefix(str(prefixed)))
+    plain = TeacherLayers(str(prefixed), student_vocabulary, WIDTH, LAYERS, 16)
+    assert head.prefix == "dog is " and plain.prefix == ""
+    inputs = student_inputs([[3, 9, 14, 20, 4], [3, 30, 4, 0, 0]])
+    ids = rows[inputs["input_word_ids"].numpy()]
+    mask = inputs["input_mask"].numpy()
+    full_ids = np.concatenate([ids[:, :1], np.tile(extra, (2, 1)), ids[:, 1:]], axis=1)
+    full_mask = np.concatenate([mask[:, :1], np.ones((2, 2), np.int32), mask[:, 1:]], axis=1)
+    expected = teacher_encoder({"input_word_ids": tf.constant(full_ids, tf.int32),
+                                "input_mask": tf.constant(full_mask),
+                                "input_type_ids": tf.zeros_like(full_ids)}, training=False)
+    outputs = head.outputs(inputs)
+    np.testing.assert_allclose(outputs["default"].numpy(), expected["pooled_output"].numpy(),
+                               atol=1e-5)
+    for target, reference in zip(head(inputs), expected["encoder_outputs"]):
+        assert target.shape == (2, 5, WIDTH)
+        np.testing.assert_allclose(target.numpy(), np.delete(reference.numpy(), [1, 2], axis=1),
+                                   atol=1e-5)
+    # The same tokens without the prefix are another pass, with other values.
+    assert not np.allclose(plain.outputs(inputs)["default"].numpy(),
+                           outputs["default"].numpy(), atol=1e-3)
+    # The prefix counts towards the teacher's 24 positions.
+    with pytest.raises(ValueError, match="plus the 2 pieces of the prefix 'dog is '"):
+        TeacherLayers(str(prefixed), student_vocabulary, WIDTH, LAYERS, max_seq_length=23,
+                      prefix="dog is ")
+    assert TeacherLayers(str(prefixed), student_vocabulary, WIDTH, LAYERS, 23).pairs
+    # A prefix that merges with the sentence's first piece cannot run in the step.
+    with pytest.raises(ValueError, match="does not tokenize apart"):
+        prefix_pieces(str(prefixed), "dog")
