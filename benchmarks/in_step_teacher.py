@@ -10,8 +10,11 @@ teacher's encoder on the student's own tokens (the pruned vocabulary, cut at
 its pieces put after the start token (`in_step_prefix`, not what training
 uses: it measures worse). The Beam stage embeds the text with the teacher
 module (its own tokenizer, the prefix, the same cut, which there includes the
-prefix). This compares them on the same sentences, from a finished main job's
-work directory (its teacher/, vocab.model and sample/):
+prefix). `in_step_teacher_vocabulary` and `in_step_teacher_vocabulary_prefix`
+run the same pass on the teacher's full vocabulary instead of the student's
+pruned one: what the pruning costs the targets. This compares them on the same
+sentences, from a finished main job's work directory (its teacher/, vocab.model
+and sample/):
 
 - cosine between each in-step vector and the Beam one of each sentence of the
   first training pairs;
@@ -61,9 +64,10 @@ def main():
     import numpy as np
 
     from lealla_tf.embedder import load_embedder
-    from lealla_tf.heads import teacher_prefix
     from lealla_tf.evaluation import embed_sentences, evaluate_tatoeba
+    from lealla_tf.heads import teacher_prefix
     from lealla_tf.parallel_corpus import read_pairs
+    from lealla_tf.teacher_conversion import SENTENCEPIECE_FILE
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data_dir", default=None)
@@ -84,11 +88,16 @@ def main():
         if not os.path.exists(path):
             sys.exit(f"error: {path} is missing; run the main job (make main) first")
     tatoeba_dir = str(find_data_dir(args.data_dir) / "tatoeba_dev")
+    full = os.path.join(teacher_dir, SENTENCEPIECE_FILE)
+    prefix = teacher_prefix(teacher_dir)
     embedders = {"beam_module": load_embedder(teacher_dir, args.max_seq_length),
                  "in_step": in_step_embedder(teacher_dir, vocab_file, args.max_seq_length),
                  "in_step_prefix": in_step_embedder(teacher_dir, vocab_file,
-                                                    args.max_seq_length,
-                                                    prefix=teacher_prefix(teacher_dir))}
+                                                    args.max_seq_length, prefix=prefix),
+                 "in_step_teacher_vocabulary": in_step_embedder(teacher_dir, full,
+                                                                args.max_seq_length),
+                 "in_step_teacher_vocabulary_prefix": in_step_embedder(
+                     teacher_dir, full, args.max_seq_length, prefix=prefix)}
 
     sentences = []
     for path in sorted((work / "sample").glob("*.tsv.gz")):
@@ -106,7 +115,7 @@ def main():
         print(f"{name}: {speed[name]:.0f} sentences/s, Tatoeba P@1 {100 * tatoeba[name]:.2f}")
     unit = {k: v / np.linalg.norm(v, axis=1, keepdims=True) for k, v in vectors.items()}
     cosines = {name: np.sum(unit["beam_module"] * unit[name], axis=1)
-               for name in ("in_step", "in_step_prefix")}
+               for name in embedders if name != "beam_module"}
     write_result(args.output_json, {
         "benchmark": "in_step_teacher", "machine": machine(), "work_dir": str(work),
         "max_seq_length": args.max_seq_length, "sample_sentences": len(sentences),

@@ -96,8 +96,9 @@ for _weight in (1.0, 10.0, 30.0, 100.0, 300.0, 1000.0):
 CONFIGURATIONS["select_lealla_hdsrc20"] = {
     "vocabulary": "pruned", "init": "teacher_select", "objective": LEALLA + "+hdsrc",
     "weights": {**recipe_loss_weights(LEALLA), "hdsrc": 20.0}}
-# The vocabulary's cap: every piece of the teacher's the corpus uses (218,567 in
-# the main job's corpus, against its 32,000-piece cap), so the student's (and the
+# The vocabulary's cap: every piece of the teacher's the corpus uses (218,827
+# with the characters, whatever --max_pieces; the rows above ran with a
+# 32,000-piece cap, the main job's until this row), so the student's (and the
 # in-step teacher's) pieces are the teacher's own on every corpus word.
 CONFIGURATIONS["select_lealla_hd300_all_pieces"] = {
     **CONFIGURATIONS["select_lealla_hd300"], "vocabulary": "pruned_all"}
@@ -237,8 +238,9 @@ def main():
     parser.add_argument("--output_json", required=True)
     parser.add_argument("--steps", type=int, default=200, help="the main job's")
     parser.add_argument("--sample_pairs", type=int, default=14000)
-    parser.add_argument("--max_pieces", type=int, default=32000,
-                        help="cap of the pruned vocabulary (0: every piece that occurs)")
+    parser.add_argument("--max_pieces", type=int, default=0,
+                        help="cap of the pruned vocabulary (0, the main job's default: every "
+                             "piece that occurs; the earlier rows were run with 32000)")
     parser.add_argument("--eval_pairs", type=int, default=200)
     parser.add_argument("--only", default="", help="comma-separated configuration names")
     parser.add_argument("--equal_time_seconds", type=float, default=None,

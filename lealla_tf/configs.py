@@ -528,6 +528,9 @@ def recipe_loss_weights(objective: str) -> Dict[str, float]:
     return {t: w for t, w in RECIPE_LOSS_WEIGHTS.items() if t in terms}
 
 
+DEFAULT_WORDPIECE_SIZE = 32000  # the recipe's own WordPiece vocabulary (--vocabulary=wordpiece)
+
+
 @dataclasses.dataclass
 class RecipeConfig:
     """The main job (`python -m lealla_tf.recipe`, `make main`).
@@ -541,8 +544,12 @@ class RecipeConfig:
             multilingual-e5-small only), or "auto" (the faster, measured).
         vocabulary: "teacher_pruned" (the teacher's SentencePiece pieces the
             corpus uses) or "wordpiece" (learned from the corpus).
-        vocab_size: WordPiece size, or the pruned vocabulary's cap on pieces
-            (0: every piece that occurs).
+        vocab_size: the pruned vocabulary's cap on pieces (None or 0: every
+            piece of the teacher's the corpus uses; a cap makes the corpus'
+            rarer words fall back to smaller pieces, and the in-step teacher
+            and the student learn less: benchmarks/student_recipe.py's
+            `select_lealla_hd300_all_pieces` row), or the WordPiece size
+            (None or 0: `DEFAULT_WORDPIECE_SIZE`).
         sample_pairs: language-balanced training pairs (Tatoeba dev excluded).
         embedding_init: see `TrainConfig.embedding_init`.
         comparison_objective: the same student trained with this objective on
@@ -571,7 +578,7 @@ class RecipeConfig:
     teacher: str = "multilingual-e5-small"
     teacher_backend: str = "auto"
     vocabulary: str = "teacher_pruned"
-    vocab_size: int = 32000
+    vocab_size: Optional[int] = None
     sample_pairs: int = 14000
     preset: str = "lealla_small"
     encoder_overrides: Dict[str, Any] = dataclasses.field(default_factory=dict)

