@@ -90,21 +90,24 @@ def main():
     tatoeba_dir = str(find_data_dir(args.data_dir) / "tatoeba_dev")
     full = os.path.join(teacher_dir, SENTENCEPIECE_FILE)
     prefix = teacher_prefix(teacher_dir)
-    embedders = {"beam_module": load_embedder(teacher_dir, args.max_seq_length),
-                 "in_step": in_step_embedder(teacher_dir, vocab_file, args.max_seq_length),
-                 "in_step_prefix": in_step_embedder(teacher_dir, vocab_file,
-                                                    args.max_seq_length, prefix=prefix),
-                 "in_step_teacher_vocabulary": in_step_embedder(teacher_dir, full,
-                                                                args.max_seq_length),
-                 "in_step_teacher_vocabulary_prefix": in_step_embedder(
-                     teacher_dir, full, args.max_seq_length, prefix=prefix)}
+    # Built one at a time in the loop below: each loads the 117M-parameter teacher.
+    embedders = {
+        "beam_module": lambda: load_embedder(teacher_dir, args.max_seq_length),
+        "in_step": lambda: in_step_embedder(teacher_dir, vocab_file, args.max_seq_length),
+        "in_step_prefix": lambda: in_step_embedder(teacher_dir, vocab_file, args.max_seq_length,
+                                                   prefix=prefix),
+        "in_step_teacher_vocabulary": lambda: in_step_embedder(teacher_dir, full,
+                                                               args.max_seq_length),
+        "in_step_teacher_vocabulary_prefix": lambda: in_step_embedder(
+            teacher_dir, full, args.max_seq_length, prefix=prefix)}
 
     sentences = []
     for path in sorted((work / "sample").glob("*.tsv.gz")):
         sentences += [s for pair in list(read_pairs(str(path)))[:args.sample_pairs]
                       for s in pair]
     vectors, speed, tatoeba = {}, {}, {}
-    for name, embed in embedders.items():
+    for name, build in embedders.items():
+        embed = build()
         embed(sentences[:8])  # warm-up
         start = time.time()
         vectors[name] = embed_sentences(embed, sentences, batch_size=args.batch_size)

@@ -118,7 +118,7 @@ def vocab_path(work_dir, kind):
 def prepare(work_dir, data_dir, sample_pairs, max_pieces, kinds=()):
     """Teacher, both vocabularies (and the uncapped pruned one when `kinds` holds
     "pruned_all"), the sample and its teacher vectors (reused)."""
-    from lealla_tf.configs import RecipeConfig
+    from lealla_tf.configs import DEFAULT_WORDPIECE_SIZE, RecipeConfig
     from lealla_tf.recipe import (Models, Stages, choose_teacher_backend, sample_stage,
                                   teacher_stage, teacher_vectors_stage, vocabulary_stage)
 
@@ -131,7 +131,8 @@ def prepare(work_dir, data_dir, sample_pairs, max_pieces, kinds=()):
             RecipeConfig(vocabulary="teacher_pruned", vocab_size=max_pieces), data_dir,
             teacher_dir, work_dir)),
         "wordpiece": stages.run("vocabulary_wordpiece", lambda: vocabulary_stage(
-            RecipeConfig(vocabulary="wordpiece", vocab_size=32000), data_dir, teacher_dir,
+            RecipeConfig(vocabulary="wordpiece", vocab_size=DEFAULT_WORDPIECE_SIZE), data_dir,
+            teacher_dir,
             work_dir))}
     if "pruned_all" in kinds:  # built only for the rows that ask (a minute here)
         os.makedirs(os.path.dirname(vocab_path(work_dir, "pruned_all")), exist_ok=True)

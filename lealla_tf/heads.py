@@ -190,10 +190,11 @@ class TeacherLayers:
         outputs = tf.nest.map_structure(tf.stop_gradient, self.encoder(
             {"input_word_ids": ids, "input_mask": mask, "input_type_ids": tf.zeros_like(ids)}))
         if extra:  # per-token outputs back on the student's positions
-            outputs = {key: ([drop_positions(o, extra) for o in value] if key == "encoder_outputs"
-                             else drop_positions(value, extra) if value.shape.rank == 3
-                             else value)
-                       for key, value in outputs.items()}
+            outputs = {name: ([drop_positions(o, extra) for o in value]
+                              if name == "encoder_outputs"
+                              else drop_positions(value, extra) if value.shape.rank == 3
+                              else value)
+                       for name, value in outputs.items()}
         self._memory.append((key, outputs))
         if graph is None:
             self._memory = self._memory[-self.MEMORY:]
