@@ -6,9 +6,9 @@
 
 The main job's student (lealla_small, mean pooling, the pruned teacher vocabulary,
 teacher-PCA embeddings, 64 x 32) trains with --objective (default AMS, which needs
-no teacher vectors, nor does `ams+hd`, whose teacher runs inside the step; so the
-data is every pair of `parallel/`, sampled across
-languages, with tatoeba_dev removed) and is evaluated on the first 50 pairs a
+no teacher vectors, nor does `ams+hd`, whose teacher runs inside the step, nor
+does the main job's `lealla+hd` with --teacher_in_step; so the data is every pair
+of `parallel/`, sampled across languages, with tatoeba_dev removed) and is evaluated on the first 50 pairs a
 language every --eval_every steps, then on all of tatoeba_dev. The question it
 answers: is the main job's plateau (31-32 % on the subset after 250 steps on
 13,984 pairs) the sample's size? Rerunning resumes the training from its
@@ -57,6 +57,9 @@ def main():
     parser.add_argument("--embedding_init", default="teacher_pca",
                         help="the runs in the README used teacher_pca; the main job's "
                              "student now starts from teacher_select")
+    parser.add_argument("--teacher_in_step", action="store_true",
+                        help="fd/ld targets from the converted teacher run in each step (as "
+                             "the main job's student), so lealla+hd can train on every pair")
     parser.add_argument("--train_steps", type=int, default=1500)
     parser.add_argument("--eval_every", type=int, default=250)
     parser.add_argument("--warmup_steps", type=int, default=None,
@@ -82,6 +85,8 @@ def main():
         f"--checkpoint_every={args.eval_every}", "--no_progress"]
     if args.loss_weights:
         train_flags.append(f"--loss_weights={args.loss_weights}")
+    if args.teacher_in_step:
+        train_flags.append("--teacher_in_step")
     if args.warmup_steps is not None:
         train_flags.append(f"--warmup_steps={args.warmup_steps}")
     start = time.perf_counter()
