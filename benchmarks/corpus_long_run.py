@@ -44,7 +44,29 @@ def run(command):
         sys.exit(code if code > 0 else 128 - code)
 
 
-def main():
+def training_flags(args, data: pathlib.Path, recipe: pathlib.Path) -> list:
+    """`lealla_tf.train`'s flags for this run: the main job's student on every
+    pair of `data`/parallel, with `recipe`'s vocabulary and teacher."""
+    tatoeba = str(data / "tatoeba_dev")
+    train_flags = [
+        "--preset=lealla_small", "--encoder_overrides=pooling=mean",
+        f"--model_dir={args.work_dir}", f"--vocab_file={recipe / 'vocab.model'}",
+        "--max_seq_length=32", "--length_buckets=4", "--global_batch_size=64",
+        f"--train_data={data / 'parallel'}", f"--decontaminate={tatoeba}",
+        f"--objective={args.objective}", f"--embedding_init={args.embedding_init}",
+        f"--embedding_init_source={recipe / 'teacher'}", f"--train_steps={args.train_steps}",
+        f"--tatoeba_dir={tatoeba}", f"--eval_every={args.eval_every}", "--eval_max_pairs=50",
+        f"--checkpoint_every={args.eval_every}", "--no_progress"]
+    if args.loss_weights:
+        train_flags.append(f"--loss_weights={args.loss_weights}")
+    if args.teacher_in_step:
+        train_flags.append("--teacher_in_step")
+    if args.warmup_steps is not None:
+        train_flags.append(f"--warmup_steps={args.warmup_steps}")
+    return train_flags
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe_dir", default="runs/recipe",
@@ -65,7 +87,11 @@ def main():
     parser.add_argument("--warmup_steps", type=int, default=None,
                         help="default: 1%% of train_steps; to extend a finished run, its value")
     parser.add_argument("--output_json", required=True)
-    args = parser.parse_args()
+    return parser
+
+
+def main():
+    args = build_parser().parse_args()
 
     data = find_data_dir(args.data_dir)
     recipe = pathlib.Path(args.recipe_dir)
@@ -73,22 +99,8 @@ def main():
     missing = [str(p) for p in needed if not p.exists()]
     if missing:
         sys.exit(f"missing {', '.join(missing)}: run `make main` first (or pass --recipe_dir)")
+    train_flags = training_flags(args, data, recipe)
     tatoeba = str(data / "tatoeba_dev")
-    train_flags = [
-        "--preset=lealla_small", "--encoder_overrides=pooling=mean",
-        f"--model_dir={args.work_dir}", f"--vocab_file={recipe / 'vocab.model'}",
-        "--max_seq_length=32", "--length_buckets=4", "--global_batch_size=64",
-        f"--train_data={data / 'parallel'}", f"--decontaminate={tatoeba}",
-        f"--objective={args.objective}", f"--embedding_init={args.embedding_init}",
-        f"--embedding_init_source={recipe / 'teacher'}", f"--train_steps={args.train_steps}",
-        f"--tatoeba_dir={tatoeba}", f"--eval_every={args.eval_every}", "--eval_max_pairs=50",
-        f"--checkpoint_every={args.eval_every}", "--no_progress"]
-    if args.loss_weights:
-        train_flags.append(f"--loss_weights={args.loss_weights}")
-    if args.teacher_in_step:
-        train_flags.append("--teacher_in_step")
-    if args.warmup_steps is not None:
-        train_flags.append(f"--warmup_steps={args.warmup_steps}")
     start = time.perf_counter()
     run([sys.executable, "-m", "lealla_tf.train", *train_flags])
     train_wall = time.perf_counter() - start

@@ -79,3 +79,28 @@ def test_the_in_step_teacher_benchmark_embeds_as_the_training_step(teacher, tmp_
                            f"--work_dir={tmp_path}", f"--output_json={tmp_path / 'x.json'}"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and "run the main job (make main) first" in done.stderr
+
+
+def test_the_long_run_can_train_the_main_jobs_objective_with_the_teacher_in_the_step(tmp_path):
+    """benchmarks/corpus_long_run.py --teacher_in_step: the trainer is asked for
+    fd/ld targets from the teacher run in the step (so lealla+hd needs no
+    precomputed vectors); without the flag it is not."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks.corpus_long_run import build_parser, training_flags
+    from lealla_tf.configs import validate_train_config
+    from lealla_tf.train import build_parser as train_parser
+    from lealla_tf.train import config_from_flags
+
+    def config(*flags):
+        args = build_parser().parse_args([f"--output_json={tmp_path / 'x.json'}",
+                                          "--objective=lealla+hd",
+                                          "--embedding_init=teacher_select", *flags])
+        train_flags = training_flags(args, tmp_path / "data", tmp_path / "recipe")
+        return config_from_flags(train_parser().parse_args(train_flags))
+
+    in_step = config("--teacher_in_step", "--loss_weights=fd=1,ld=1e4,hd=300")
+    validate_train_config(in_step)
+    assert in_step.teacher.in_step
+    assert in_step.loss.weights == {"fd": 1.0, "ld": 1e4, "hd": 300.0}
+    assert in_step.embedding_init_source == str(tmp_path / "recipe" / "teacher")
+    assert not config().teacher.in_step
