@@ -132,13 +132,13 @@ def prepare(work_dir, data_dir, sample_pairs, max_pieces, kinds=()):
             teacher_dir, work_dir)),
         "wordpiece": stages.run("vocabulary_wordpiece", lambda: vocabulary_stage(
             RecipeConfig(vocabulary="wordpiece", vocab_size=DEFAULT_WORDPIECE_SIZE), data_dir,
-            teacher_dir,
-            work_dir))}
+            teacher_dir, work_dir))}
     if "pruned_all" in kinds:  # built only for the rows that ask (a minute here)
-        os.makedirs(os.path.dirname(vocab_path(work_dir, "pruned_all")), exist_ok=True)
+        all_dir = os.path.dirname(vocab_path(work_dir, "pruned_all"))
+        os.makedirs(all_dir, exist_ok=True)
         vocabularies["pruned_all"] = stages.run("vocabulary_all", lambda: vocabulary_stage(
             RecipeConfig(vocabulary="teacher_pruned", vocab_size=0), data_dir, teacher_dir,
-            os.path.dirname(vocab_path(work_dir, "pruned_all"))))
+            all_dir))
     sample_dir = os.path.join(work_dir, "sample")
     sample = stages.run("sample", lambda: sample_stage(recipe, data_dir, sample_dir))
     vectors = stages.run("teacher_vectors", lambda: teacher_vectors_stage(

@@ -618,7 +618,7 @@ def build_parser():
     add("--vocabulary", default=defaults.vocabulary, choices=("teacher_pruned", "wordpiece"))
     add("--vocab_size", type=int, default=defaults.vocab_size,
         help="the pruned teacher vocabulary's cap on pieces (default: every piece the corpus "
-        "uses), or the WordPiece size (default 32000)")
+        f"uses), or the WordPiece size (default {DEFAULT_WORDPIECE_SIZE})")
     add("--sample_pairs", type=int, default=defaults.sample_pairs)
     add("--preset", default=defaults.preset)
     add("--pooling", default=defaults.pooling, choices=("mean", "cls"))
