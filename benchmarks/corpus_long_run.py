@@ -11,8 +11,9 @@ does the main job's `lealla+hd` with --teacher_in_step; so the data is every pai
 of `parallel/`, sampled across languages, with tatoeba_dev removed) and is
 evaluated on the first 50 pairs a language every --eval_every steps, then on all
 of tatoeba_dev. The question it answers: is the main job's plateau (31-32 % on
-the subset after 250 steps on 13,984 pairs) the sample's size? Rerunning resumes the training from its
-checkpoint (a finished run is only evaluated again). A finished run can be
+the subset after 250 steps on 13,984 pairs) the sample's size? Rerunning
+resumes the training from its checkpoint (a finished run is only evaluated
+again). A finished run can be
 extended: rerun with a larger --train_steps and --warmup_steps set to the
 first run's (1 % of its steps); the data goes on with pairs not yet seen and
 the linear decay restarts from where the longer schedule stands (a warm
