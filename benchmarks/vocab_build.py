@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import pathlib
-import platform
 import signal
 import subprocess
 import sys
@@ -60,9 +59,10 @@ def run_passing_stop_signals(command, **popen_options) -> int:
 
 
 def machine() -> dict:
-    """Where a benchmark ran."""
-    return {"platform": platform.platform(), "processor": platform.processor(),
-            "cpus": os.cpu_count(), "python": platform.python_version()}
+    """Where a benchmark ran (`lealla_tf.machine.machine`)."""
+    from lealla_tf.machine import machine as this_machine
+
+    return this_machine()
 
 
 def write_result(path: str, result: dict, leave_out: str = "") -> None:

@@ -435,6 +435,10 @@ def format_summary(report: dict) -> str:
     lines.append("wall time: " + ", ".join(f"{k} {v / 60:.1f}" for k, v in stages.items())
                  + f" (min); total {report['total_seconds'] / 60:.1f} min"
                  + (f" (reused: {', '.join(report['reused'])})" if report["reused"] else ""))
+    if report.get("machine"):
+        from lealla_tf.machine import describe
+
+        lines.append(f"machine: {describe(report['machine'])}")
     tatoeba = report["tatoeba"]
     for name in (STUDENT, COMPARISON, STUDENT_ON_TEACHER_PAIRS, TEACHER):
         if name in tatoeba:
@@ -489,6 +493,7 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
     """Runs the main job (see the module docstring); returns the report."""
     from lealla_tf.distribution import make_strategy
     from lealla_tf.evaluation import TATOEBA_PRIMARY_METRIC, per_language
+    from lealla_tf.machine import machine
     from lealla_tf.plots import plot_per_language, plot_training
     from lealla_tf.teacher_conversion import get_teacher_spec
 
@@ -590,6 +595,7 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
                         "curve_full": training[STUDENT]["evaluations"],
                         "curve_comparison": training[COMPARISON]["evaluations"]}
     report = {"data_dir": str(data_dir), "work_dir": work, "report_dir": report_dir,
+              "machine": machine(),
               "config": dataclasses.asdict(config), "teacher": teacher,
               "vocabulary": vocabulary,
               "sample": {k: v for k, v in sampled.items() if k != "per_language"},

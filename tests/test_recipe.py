@@ -68,6 +68,8 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
     assert "lealla_tf main job — summary" in out and "Tatoeba dev P@1 student" in out
     report = json.loads((work / "report" / "report.json").read_text())
     assert report["training"]["student"]["final_step"] == 4
+    # Times are only comparable with the processor beside them.
+    assert report["machine"]["cpus"] >= 1 and "machine: " in out
     assert report["distillation"]["steps"] == 4
     # The student's weights, not the comparison's (which has none to set).
     assert report["distillation"]["loss_weights"] == {"fd": 1.0, "ld": 1e4, "hd": 300.0}

@@ -1,0 +1,64 @@
+"""Where a run ran: the record every benchmark JSON and the main job's report keep.
+
+The same command takes very different times on machines of one nominal size
+(2 cores): the main job took 36.9–58.5 min on the machines of 2026-11-24 and
+14.7 min (recipe) on an AMD EPYC with AVX-512 on 2026-11-25. A figure of time is
+only comparable with the processor named beside it, so it is recorded.
+"""
+
+import os
+import platform
+from typing import Optional
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> Optional[str]:
+    """The processor's model name (Linux), or `platform.processor()` elsewhere;
+    None when neither says."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def vector_extensions(cpuinfo: str = "/proc/cpuinfo") -> list:
+    """The SIMD extensions that set the speed of TensorFlow's and oneDNN's
+    kernels here (avx2, avx512f, avx512_bf16, amx_tile, ...), as the kernel lists them."""
+    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile",
+              "amx_bf16", "amx_int8")
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags":
+                    present = set(value.split())
+                    return [w for w in wanted if w in present]
+    except OSError:
+        pass
+    return []
+
+
+def usable_cpus() -> int:
+    """The cores this process may run on (its affinity), not the host's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def machine() -> dict:
+    """Where this process runs: platform, processor, cores, SIMD, Python."""
+    return {"platform": platform.platform(), "processor": cpu_model(),
+            "cpus": usable_cpus(), "vector_extensions": vector_extensions(),
+            "python": platform.python_version()}
+
+
+def describe(record: dict) -> str:
+    """One line for a summary: 'AMD EPYC, 2 cores (avx2, avx512f, ...)'."""
+    extensions = ", ".join(record.get("vector_extensions") or [])
+    return (f"{record.get('processor') or 'unknown processor'}, {record.get('cpus')} cores"
+            + (f" ({extensions})" if extensions else ""))

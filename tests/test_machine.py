@@ -1,0 +1,34 @@
+"""Tests for lealla_tf.machine: what a benchmark or the main job records of the machine."""
+
+from lealla_tf.machine import cpu_model, describe, machine, usable_cpus, vector_extensions
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 9B45
+flags\t\t: fpu sse2 avx2 fma avx512f avx512_bf16 sha_ni
+
+processor\t: 1
+model name\t: AMD EPYC 9B45
+"""
+
+
+def test_the_processor_and_its_vector_extensions_are_read_from_cpuinfo(tmp_path):
+    path = tmp_path / "cpuinfo"
+    path.write_text(CPUINFO)
+    assert cpu_model(str(path)) == "AMD EPYC 9B45"
+    assert vector_extensions(str(path)) == ["avx2", "fma", "avx512f", "avx512_bf16"]
+
+
+def test_a_missing_cpuinfo_gives_no_extensions_and_no_error(tmp_path):
+    missing = str(tmp_path / "absent")
+    assert vector_extensions(missing) == []
+    assert cpu_model(missing) is None or isinstance(cpu_model(missing), str)
+
+
+def test_the_record_names_this_processes_cores_and_reads_as_one_line():
+    record = machine()
+    assert record["cpus"] == usable_cpus() >= 1
+    assert set(record) == {"platform", "processor", "cpus", "vector_extensions", "python"}
+    line = describe({"processor": "AMD EPYC", "cpus": 2, "vector_extensions": ["avx2"]})
+    assert line == "AMD EPYC, 2 cores (avx2)"
+    assert describe({"cpus": 2}) == "unknown processor, 2 cores"
