@@ -457,7 +457,10 @@ def format_summary(report: dict) -> str:
                 f"{l} {100 * values[l]:.1f}" for l in worst))
     comparison = report["distillation"]
     if comparison:
-        lines.append(f"distillation ({comparison['steps']} steps each, same data): "
+        rates = comparison.get("learning_rates") or {}
+        each = (f", peak rates {rates['full']:g} / {rates['comparison']:g}, each its "
+                "objective's best" if rates.get("full") and rates.get("comparison") else "")
+        lines.append(f"distillation ({comparison['steps']} steps each, same data{each}): "
                      f"{comparison['comparison_objective']} alone "
                      f"{100 * comparison['comparison']:.2f}% vs {comparison['objective']} "
                      f"{100 * comparison['full']:.2f}% ({comparison['gain_points']:+.2f} points)")
@@ -525,9 +528,9 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
     teacher = stages.run("teacher", lambda: teacher_stage(config, paths["teacher"]))
     weights = (config.loss_weights if config.loss_weights is not None
                else recipe_loss_weights(config.objective))
-    runs = {STUDENT: (config.objective, weights)}
+    runs = {STUDENT: (config.objective, weights, config.learning_rate)}
     if config.comparison_objective:
-        runs[COMPARISON] = (config.comparison_objective, {})
+        runs[COMPARISON] = (config.comparison_objective, {}, config.comparison_learning_rate)
     # The training configurations now: an option the teacher cannot serve is
     # refused before minutes of sampling and teacher vectors, not after.
     # With the teacher run in the step, both students read the sample itself.
@@ -537,9 +540,10 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
               f"{'with' if in_step else 'without'} the teacher in the step and keeps that; "
               "--fresh to start over")
     data = paths["sample"] if in_step else paths["pairs_teacher"]
-    trains = {name: train_config(config, data_dir, teacher, paths["teacher"], data,
-                                 objective, run_weights, in_step)
-              for name, (objective, run_weights) in runs.items()}
+    trains = {name: train_config(dataclasses.replace(config, learning_rate=rate), data_dir,
+                                 teacher, paths["teacher"], data, objective, run_weights,
+                                 in_step)
+              for name, (objective, run_weights, rate) in runs.items()}
     vocabulary = stages.run("vocabulary", lambda: vocabulary_stage(
         config, data_dir, paths["teacher"], work))
     sampled = stages.run("sample", lambda: sample_stage(config, data_dir, paths["sample"]))
@@ -588,6 +592,9 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
         alone = tatoeba[COMPARISON][TATOEBA_PRIMARY_METRIC]
         distillation = {"objective": config.objective, "loss_weights": weights,
                         "comparison_objective": config.comparison_objective,
+                        "learning_rates": {
+                            "full": trains[STUDENT].optimizer.learning_rate,
+                            "comparison": trains[COMPARISON].optimizer.learning_rate},
                         "steps": training[STUDENT]["final_step"], "full": full,
                         "comparison": alone, "gain_points": 100 * (full - alone),
                         "minutes_full": training[STUDENT]["seconds"] / 60,
@@ -635,6 +642,9 @@ def build_parser():
     add("--comparison_objective", default=defaults.comparison_objective,
         help="the ablation's objective on the same data and steps ('' for none)")
     add("--skip_comparison", action="store_true", help="no comparison run")
+    add("--comparison_learning_rate", type=float, default=defaults.comparison_learning_rate,
+        help="the comparison student's peak rate (default %(default)g, measured best for AMS "
+             "alone from weight selection: benchmarks/recipe_sweep.py)")
     add("--teacher_center", action="store_true",
         help="distil from centred teacher vectors (see python -m lealla_tf.train --help)")
     add("--train_steps", type=int, default=defaults.train_steps)
@@ -650,7 +660,9 @@ def build_parser():
     add("--no_truncate_teacher", action="store_true",
         help="teacher vectors of whole sentences, not of the --max_seq_length tokens the "
              "student sees")
-    add("--learning_rate", type=float, default=None)
+    add("--learning_rate", type=float, default=defaults.learning_rate,
+        help="peak rate of both students (default %(default)g, measured best for the main "
+             "job's student: benchmarks/recipe_sweep.py)")
     add("--warmup_steps", type=int, default=None)
     add("--eval_every", type=int, default=defaults.eval_every)
     add("--eval_max_pairs", type=int, default=defaults.eval_max_pairs)
@@ -666,33 +678,39 @@ def build_parser():
     return parser
 
 
-def main(argv=None) -> int:
+def config_from_args(args) -> RecipeConfig:
+    """The `RecipeConfig` of `build_parser()`'s parsed flags (ValueError for a
+    malformed --encoder_overrides or --loss_weights)."""
     from lealla_tf.flags import parse_overrides, parse_weights
 
+    return RecipeConfig(
+        data_dir=args.data_dir, work_dir=args.work_dir, teacher=args.teacher,
+        teacher_backend=args.teacher_backend, vocabulary=args.vocabulary,
+        vocab_size=args.vocab_size, sample_pairs=args.sample_pairs, preset=args.preset,
+        encoder_overrides=parse_overrides(args.encoder_overrides), pooling=args.pooling,
+        embedding_init=args.embedding_init, objective=args.objective,
+        loss_weights=parse_weights(args.loss_weights) if args.loss_weights else None,
+        comparison_objective="" if args.skip_comparison else args.comparison_objective,
+        comparison_learning_rate=args.comparison_learning_rate,
+        teacher_center=args.teacher_center,
+        train_steps=args.train_steps, global_batch_size=args.global_batch_size,
+        max_seq_length=args.max_seq_length, length_buckets=args.length_buckets,
+        truncate_teacher=not args.no_truncate_teacher,
+        teacher_in_step=not args.no_teacher_in_step,
+        teacher_eval_pairs=args.teacher_eval_pairs,
+        learning_rate=args.learning_rate,
+        warmup_steps=args.warmup_steps, eval_every=args.eval_every,
+        eval_max_pairs=args.eval_max_pairs,
+        bucc_languages=[l for l in args.bucc_languages.split(",") if l],
+        bucc_gold=args.bucc_gold, bucc_distractors=args.bucc_distractors,
+        beam_workers=args.beam_workers, strategy=args.strategy, tpu=args.tpu,
+        mixed_precision=args.mixed_precision, seed=args.seed)
+
+
+def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        config = RecipeConfig(
-            data_dir=args.data_dir, work_dir=args.work_dir, teacher=args.teacher,
-            teacher_backend=args.teacher_backend, vocabulary=args.vocabulary,
-            vocab_size=args.vocab_size, sample_pairs=args.sample_pairs, preset=args.preset,
-            encoder_overrides=parse_overrides(args.encoder_overrides), pooling=args.pooling,
-            embedding_init=args.embedding_init, objective=args.objective,
-            loss_weights=parse_weights(args.loss_weights) if args.loss_weights else None,
-            comparison_objective="" if args.skip_comparison else args.comparison_objective,
-            teacher_center=args.teacher_center,
-            train_steps=args.train_steps, global_batch_size=args.global_batch_size,
-            max_seq_length=args.max_seq_length, length_buckets=args.length_buckets,
-            truncate_teacher=not args.no_truncate_teacher,
-            teacher_in_step=not args.no_teacher_in_step,
-            teacher_eval_pairs=args.teacher_eval_pairs,
-            learning_rate=args.learning_rate,
-            warmup_steps=args.warmup_steps, eval_every=args.eval_every,
-            eval_max_pairs=args.eval_max_pairs,
-            bucc_languages=[l for l in args.bucc_languages.split(",") if l],
-            bucc_gold=args.bucc_gold, bucc_distractors=args.bucc_distractors,
-            beam_workers=args.beam_workers, strategy=args.strategy, tpu=args.tpu,
-            mixed_precision=args.mixed_precision, seed=args.seed)
-        report = run_recipe(config, fresh=args.fresh)
+        report = run_recipe(config_from_args(args), fresh=args.fresh)
     except (FileNotFoundError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

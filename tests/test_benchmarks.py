@@ -104,3 +104,39 @@ def test_the_long_run_can_train_the_main_jobs_objective_with_the_teacher_in_the_
     assert in_step.loss.weights == {"fd": 1.0, "ld": 1e4, "hd": 300.0}
     assert in_step.embedding_init_source == str(tmp_path / "recipe" / "teacher")
     assert not config().teacher.in_step
+
+
+def test_a_recipe_sweep_row_changes_only_training_flags(tmp_path):
+    """benchmarks/recipe_sweep.py: a row is the main job with training flags
+    changed; a flag that needs another vocabulary or sample, a non-hd objective
+    that needs Beam teacher vectors, or a malformed row is refused, naming it,
+    before anything trains."""
+    import pytest
+
+    sys.path.insert(0, str(REPO))
+    from benchmarks.recipe_sweep import main, parse_variant
+    from lealla_tf.recipe import build_parser, config_from_args
+
+    name, argv = parse_variant("lr1e-3=--learning_rate=1e-3 --train_steps=300")
+    assert name == "lr1e-3" and argv == ["--learning_rate=1e-3", "--train_steps=300"]
+    config = config_from_args(build_parser().parse_args(argv))
+    assert (config.learning_rate, config.train_steps) == (1e-3, 300)
+    assert parse_variant("main_job=") == ("main_job", [])
+    assert parse_variant("ams=--objective=ams")[1] == ["--objective=ams"]
+    for bad, named in (("big=--vocab_size=5000", "--vocab_size"),
+                       ("more=--sample_pairs=9", "--sample_pairs"),
+                       ("beam=--objective=lealla", "teacher vectors"),
+                       ("no flags", "NAME=FLAGS"), ("=--train_steps=3", "NAME=FLAGS")):
+        with pytest.raises(ValueError, match=named):
+            parse_variant(bad)
+    # A finished row is reused only while its settings are still what its flags
+    # give (a default may have changed since it ran).
+    from benchmarks.recipe_sweep import resolved_recipe
+
+    assert resolved_recipe([])["learning_rate"] == config_from_args(
+        build_parser().parse_args([])).learning_rate
+    assert resolved_recipe(["--learning_rate=5e-4"]) != resolved_recipe([])
+    # No finished main job in the work dir: one line naming what to run, exit 2.
+    assert main([f"--work_dir={tmp_path}", "--variant=a=", "--output_json",
+                 str(tmp_path / "out.json")]) == 2
+    assert not (tmp_path / "out.json").exists()

@@ -73,6 +73,9 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
     assert report["distillation"]["steps"] == 4
     # The student's weights, not the comparison's (which has none to set).
     assert report["distillation"]["loss_weights"] == {"fd": 1.0, "ld": 1e4, "hd": 300.0}
+    # Each student at its own objective's best peak rate (AMS alone falls apart at 2e-3).
+    assert report["distillation"]["learning_rates"] == {"full": 2e-3, "comparison": 5e-4}
+    assert "peak rates 0.002 / 0.0005" in out
     assert report["training"]["student"]["weights"]["hd"] == 300.0
     assert report["export"]["reload_max_abs_difference"] < 1e-5
     assert set(report["tatoeba"]) == {"student", "student_ams_only", "teacher",

@@ -1,0 +1,210 @@
+"""Benchmark: the main job's student trained with other training flags, scored as the main job scores it.
+
+    make main   # once: the teacher, vocabulary and sample this reuses
+    python benchmarks/recipe_sweep.py --work_dir=runs/recipe \
+        --variant=main_job= --variant=lr1e-3=--learning_rate=1e-3 \
+        --variant=ams_lr1e-3='--objective=ams --learning_rate=1e-3' \
+        --output_json=benchmarks/results/recipe_sweep.json
+
+Each `--variant=NAME=FLAGS` is the main job (`python -m lealla_tf.recipe`) with
+FLAGS added, and only its training stage: the same teacher, pruned vocabulary,
+sample, seed and start (weight selection), from the finished job in --work_dir,
+so a row differs from the main job's student in FLAGS alone (an empty FLAGS is
+the main job's student itself, retrained). Only flags that shape training may
+vary (steps, learning rate, warmup, objective, loss weights, batch, length,
+pooling...); a flag that would need another vocabulary or sample is refused.
+
+Every row is scored on ALL of tatoeba_dev (the main job's figure), on the first
+300 pairs a language (its per-language plot's pairs) and along the way on the
+first 50 (the training curve), with the training seconds of each point. Each
+variant trains in its own process, under --work_dir/sweep/NAME; a finished one is
+reused when the script is rerun.
+"""
+
+import argparse
+import json
+import multiprocessing
+import os
+import pathlib
+import shlex
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks.vocab_build import machine, stop_signals_passed_to, write_result  # noqa: E402
+
+# The recipe flags a row may change: they shape only the training stage.
+TRAINING_FLAGS = ("train_steps", "learning_rate", "warmup_steps", "objective", "loss_weights",
+                  "global_batch_size", "max_seq_length", "length_buckets", "pooling",
+                  "encoder_overrides", "embedding_init", "teacher_center", "eval_every",
+                  "eval_max_pairs", "mixed_precision", "seed")
+
+
+def parse_variant(text: str):
+    """'NAME=FLAGS' -> (NAME, [flags]); ValueError naming what is wrong."""
+    name, equals, flags = text.partition("=")
+    if not equals or not name or not name.replace("_", "").replace("-", "").replace(
+            ".", "").isalnum():
+        raise ValueError(f"--variant={text!r}: write NAME=FLAGS, NAME of letters, digits, "
+                         "'_', '-' or '.' (FLAGS may be empty: the main job's own student)")
+    argv = shlex.split(flags)
+    from lealla_tf.recipe import build_parser
+
+    defaults = vars(build_parser().parse_args([]))
+    parsed = vars(build_parser().parse_args(argv))
+    changed = sorted(k for k in parsed if parsed[k] != defaults[k])
+    refused = [k for k in changed if k not in TRAINING_FLAGS]
+    if refused:
+        raise ValueError(f"--variant={text!r}: {', '.join('--' + k for k in refused)} would "
+                         "need another teacher, vocabulary or sample than the main job's; "
+                         f"a row may change only --{', --'.join(TRAINING_FLAGS)}")
+    from lealla_tf.objectives import OBJECTIVES, parse_objective
+    from lealla_tf.recipe import config_from_args, teacher_in_step
+
+    config = config_from_args(build_parser().parse_args(argv))
+    needs_vectors = any(OBJECTIVES[t].needs_teacher for t in parse_objective(config.objective))
+    if needs_vectors and not teacher_in_step(config):
+        raise ValueError(f"--variant={text!r}: --objective={config.objective} needs teacher "
+                         "vectors, which only an hd objective takes from the teacher in the "
+                         "step; the main job's Beam teacher-vectors stage is not run here")
+    return name, argv
+
+
+def finished_stage(work_dir: str, name: str) -> dict:
+    path = os.path.join(work_dir, "stages", f"{name}.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} is missing: run the main job (make main) with "
+                                f"--work_dir={work_dir} first; this benchmark reuses its "
+                                "teacher, vocabulary and sample")
+    with open(path) as f:
+        return json.load(f)["result"]
+
+
+def resolved_recipe(argv) -> dict:
+    """The main job's training settings with `argv` (what a row trained with,
+    whatever the defaults were then: a finished row is reused only while they
+    are the same)."""
+    import dataclasses
+
+    from lealla_tf.recipe import build_parser, config_from_args
+
+    settings = dataclasses.asdict(config_from_args(build_parser().parse_args(argv)))
+    return json.loads(json.dumps({k: settings[k] for k in TRAINING_FLAGS}))
+
+
+def train_variant(name, argv, work_dir, data_dir, result_file):
+    """Runs in a fresh process: the main job's training stage with `argv`, then
+    the evaluation; writes `result_file`."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import time
+
+    from lealla_tf.configs import recipe_loss_weights
+    from lealla_tf.embedder import load_embedder
+    from lealla_tf.evaluation import (TATOEBA_PRIMARY_METRIC, embed_tatoeba, first_pairs,
+                                      tatoeba_metrics_with_margin)
+    from lealla_tf.model_dir import read_model_config
+    from lealla_tf.recipe import build_parser, config_from_args, teacher_in_step, train_config
+    from lealla_tf.training import train
+
+    config = config_from_args(build_parser().parse_args(argv))
+    teacher = finished_stage(work_dir, "teacher")
+    vocabulary = finished_stage(work_dir, "vocabulary")
+    weights = (config.loss_weights if config.loss_weights is not None
+               else recipe_loss_weights(config.objective))
+    data_dir = pathlib.Path(data_dir)
+    in_step = teacher_in_step(config)
+    train_settings = train_config(config, data_dir, teacher, os.path.join(work_dir, "teacher"),
+                                  os.path.join(work_dir, "sample"), config.objective, weights,
+                                  in_step)
+    model_dir = os.path.join(work_dir, "sweep", name)
+    summary = train(train_settings, model_dir, vocabulary["output"], progress=False)
+    if summary["final_step"] < train_settings.train_steps:  # stopped by a signal
+        sys.exit(130)
+    start = time.time()
+    embedded = embed_tatoeba(load_embedder(model_dir), str(data_dir / "tatoeba_dev"))
+    all_pairs = tatoeba_metrics_with_margin(embedded, time.time() - start)
+    first_300 = tatoeba_metrics_with_margin(first_pairs(embedded, 300), 1.0)
+    optimizer = read_model_config(model_dir)["optimizer"]  # as resolved for the run
+    result = {"flags": argv, "recipe": resolved_recipe(argv),
+              "objective": config.objective, "loss_weights": weights,
+              "learning_rate": optimizer["learning_rate"],
+              "warmup_steps": optimizer["warmup_steps"],
+              "steps": summary["final_step"], "train_seconds": summary["train_seconds"],
+              "stage_seconds": summary["seconds"],
+              "pairs_per_second": summary["final_step"] * train_settings.global_batch_size
+              / max(summary["train_seconds"], 1e-9),
+              "p_at_1_all_pairs": all_pairs[TATOEBA_PRIMARY_METRIC],
+              "p_at_1_first_300": first_300[TATOEBA_PRIMARY_METRIC],
+              "sentences_per_second": all_pairs["tatoeba/sentences_per_second"],
+              "curve_first_50": summary["evaluations"]}
+    with open(result_file, "w") as f:
+        json.dump(result, f, indent=2, default=str)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work_dir", default="runs/recipe", help="a finished main job's")
+    parser.add_argument("--data_dir", default=None, help="default: ../shared/data")
+    parser.add_argument("--variant", action="append", default=[], required=True,
+                        help="NAME=FLAGS (repeat); FLAGS are the main job's training flags")
+    parser.add_argument("--output_json", required=True)
+    args = parser.parse_args(argv)
+    from lealla_tf.recipe import find_data_dir
+
+    try:
+        variants = [parse_variant(v) for v in args.variant]
+        data_dir = find_data_dir(args.data_dir)
+        finished_stage(args.work_dir, "teacher")
+        finished_stage(args.work_dir, "vocabulary")
+        finished_stage(args.work_dir, "sample")
+    except (ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    names = [n for n, _ in variants]
+    if len(set(names)) != len(names):
+        print(f"error: --variant names repeat: {names}", file=sys.stderr)
+        return 2
+    results = {}
+    context = multiprocessing.get_context("spawn")
+    os.makedirs(os.path.join(args.work_dir, "sweep"), exist_ok=True)
+    for name, flags in variants:
+        result_file = os.path.join(args.work_dir, "sweep", f"{name}.json")
+        if os.path.exists(result_file):
+            with open(result_file) as f:
+                trained = json.load(f)
+            if trained.get("recipe") != resolved_recipe(flags):
+                print(f"error: {result_file} was trained with other settings (flags "
+                      f"{trained['flags']}, defaults of its day) than --variant={name}="
+                      f"{' '.join(flags)} now gives; name the variant otherwise or delete "
+                      "the file", file=sys.stderr)
+                return 2
+        if not os.path.exists(result_file):
+            process = context.Process(target=train_variant, args=(
+                name, flags, args.work_dir, str(data_dir), result_file))
+            process.start()
+            with stop_signals_passed_to(process.pid) as stopped:
+                process.join()
+            if stopped or process.exitcode == 130:
+                print(f"{name}: stopped before its last step; rerun to go on", file=sys.stderr)
+                return 130
+            if process.exitcode != 0:
+                print(f"{name}: failed (exit {process.exitcode})", file=sys.stderr)
+                continue
+        with open(result_file) as f:
+            results[name] = json.load(f)
+        row = results[name]
+        print(f"{name}: P@1 {100 * row['p_at_1_all_pairs']:.2f} all pairs, "
+              f"{100 * row['p_at_1_first_300']:.2f} first 300, {row['steps']} steps in "
+              f"{row['train_seconds']:.0f} s ({row['pairs_per_second']:.1f} pairs/s)", flush=True)
+    previous = {}
+    if os.path.exists(args.output_json):
+        with open(args.output_json) as f:
+            previous = json.load(f).get("results", {})
+    write_result(args.output_json, {"benchmark": "recipe_sweep", "machine": machine(),
+                                    "work_dir": args.work_dir, "results": {**previous, **results}})
+    return 0 if len(results) == len(variants) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
