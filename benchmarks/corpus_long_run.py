@@ -5,7 +5,8 @@
         --train_steps=1500 --output_json=benchmarks/results/corpus_long_run.json
 
 The main job's student (lealla_small, mean pooling, the pruned teacher vocabulary,
-teacher-PCA embeddings, 64 x 32) trains with --objective (default AMS, which needs
+teacher-PCA embeddings, 64 x 32; at the width's default peak rate, 5e-4, not
+the 2e-3 of the main job's 200 steps since 36830e7) trains with --objective (default AMS, which needs
 no teacher vectors, nor does `ams+hd`, whose teacher runs inside the step, nor
 does the main job's `lealla+hd` with --teacher_in_step; so the data is every pair
 of `parallel/`, sampled across languages, with tatoeba_dev removed) and is

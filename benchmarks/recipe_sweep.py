@@ -48,26 +48,55 @@ def parse_variant(text: str):
         raise ValueError(f"--variant={text!r}: write NAME=FLAGS, NAME of letters, digits, "
                          "'_', '-' or '.' (FLAGS may be empty: the main job's own student)")
     argv = shlex.split(flags)
-    from lealla_tf.recipe import build_parser
-
-    defaults = vars(build_parser().parse_args([]))
-    parsed = vars(build_parser().parse_args(argv))
+    defaults = vars(recipe_parser().parse_args([]))
+    try:
+        parsed = vars(recipe_parser().parse_args(argv))
+    except ValueError as error:
+        raise ValueError(f"--variant={text!r}: {error}") from None
     changed = sorted(k for k in parsed if parsed[k] != defaults[k])
     refused = [k for k in changed if k not in TRAINING_FLAGS]
     if refused:
         raise ValueError(f"--variant={text!r}: {', '.join('--' + k for k in refused)} would "
                          "need another teacher, vocabulary or sample than the main job's; "
                          f"a row may change only --{', --'.join(TRAINING_FLAGS)}")
+    from lealla_tf.configs import recipe_loss_weights
     from lealla_tf.objectives import OBJECTIVES, parse_objective
-    from lealla_tf.recipe import config_from_args, teacher_in_step
+    from lealla_tf.recipe import (check_learning_rates, config_from_args, teacher_in_step,
+                                  train_config)
 
-    config = config_from_args(build_parser().parse_args(argv))
-    needs_vectors = any(OBJECTIVES[t].needs_teacher for t in parse_objective(config.objective))
-    if needs_vectors and not teacher_in_step(config):
-        raise ValueError(f"--variant={text!r}: --objective={config.objective} needs teacher "
-                         "vectors, which only an hd objective takes from the teacher in the "
-                         "step; the main job's Beam teacher-vectors stage is not run here")
+    try:
+        config = config_from_args(recipe_parser().parse_args(argv))
+        check_learning_rates(config)
+        needs_vectors = any(OBJECTIVES[t].needs_teacher
+                            for t in parse_objective(config.objective))
+        if needs_vectors and not teacher_in_step(config):
+            raise ValueError(f"--objective={config.objective} needs teacher vectors, which only "
+                             "an hd objective takes from the teacher in the step; the main "
+                             "job's Beam teacher-vectors stage is not run here")
+        # The training settings checked now, as the main job checks them (steps,
+        # overrides, weights...), not in the child after minutes.
+        weights = (config.loss_weights if config.loss_weights is not None
+                   else recipe_loss_weights(config.objective))
+        train_config(config, pathlib.Path("data"), {"tokenizer": "sentencepiece",
+                                                    "multilingual": True},
+                     "teacher", "sample", config.objective, weights, teacher_in_step(config))
+    except ValueError as error:
+        raise ValueError(f"--variant={text!r}: {error}") from None
     return name, argv
+
+
+class _QuietParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise ValueError(message)
+
+
+def recipe_parser():
+    """The main job's flags; a mistake is a ValueError, not argparse's usage and exit."""
+    from lealla_tf.recipe import build_parser
+
+    parser = build_parser()
+    parser.__class__ = _QuietParser
+    return parser
 
 
 def finished_stage(work_dir: str, name: str) -> dict:
@@ -106,6 +135,8 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
     from lealla_tf.recipe import build_parser, config_from_args, teacher_in_step, train_config
     from lealla_tf.training import train
 
+    from benchmarks.vocab_build import machine as this_machine
+
     config = config_from_args(build_parser().parse_args(argv))
     teacher = finished_stage(work_dir, "teacher")
     vocabulary = finished_stage(work_dir, "vocabulary")
@@ -117,7 +148,11 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
                                   os.path.join(work_dir, "sample"), config.objective, weights,
                                   in_step)
     model_dir = os.path.join(work_dir, "sweep", name)
-    summary = train(train_settings, model_dir, vocabulary["output"], progress=False)
+    try:
+        summary = train(train_settings, model_dir, vocabulary["output"], progress=False)
+    except (ValueError, FileNotFoundError) as error:  # the trainer's own refusals
+        print(f"error: {name}: {error}".replace("\n", "; "), file=sys.stderr)
+        sys.exit(2)
     if summary["final_step"] < train_settings.train_steps:  # stopped by a signal
         sys.exit(130)
     start = time.time()
@@ -131,14 +166,28 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
               "warmup_steps": optimizer["warmup_steps"],
               "steps": summary["final_step"], "train_seconds": summary["train_seconds"],
               "stage_seconds": summary["seconds"],
-              "pairs_per_second": summary["final_step"] * train_settings.global_batch_size
-              / max(summary["train_seconds"], 1e-9),
+              # A row stopped and rerun resumes: its time, speed and curve are then
+              # the last part's only, and say so.
+              "resumed_from_step": summary["start_step"],
+              "pairs_per_second": (summary["final_step"] - summary["start_step"])
+              * train_settings.global_batch_size / max(summary["train_seconds"], 1e-9),
               "p_at_1_all_pairs": all_pairs[TATOEBA_PRIMARY_METRIC],
               "p_at_1_first_300": first_300[TATOEBA_PRIMARY_METRIC],
               "sentences_per_second": all_pairs["tatoeba/sentences_per_second"],
-              "curve_first_50": summary["evaluations"]}
-    with open(result_file, "w") as f:
+              "curve_first_50": summary["evaluations"], "machine": this_machine()}
+    with open(result_file + ".tmp", "w") as f:
         json.dump(result, f, indent=2, default=str)
+    os.replace(result_file + ".tmp", result_file)  # a killed child leaves no half file
+
+
+def read_json(path: str) -> dict:
+    """A JSON file of this benchmark's; ValueError naming it when it cannot be read."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} cannot be read ({error}); delete it to start it over") \
+            from None
 
 
 def main(argv=None) -> int:
@@ -170,15 +219,17 @@ def main(argv=None) -> int:
     os.makedirs(os.path.join(args.work_dir, "sweep"), exist_ok=True)
     for name, flags in variants:
         result_file = os.path.join(args.work_dir, "sweep", f"{name}.json")
-        if os.path.exists(result_file):
-            with open(result_file) as f:
-                trained = json.load(f)
-            if trained.get("recipe") != resolved_recipe(flags):
-                print(f"error: {result_file} was trained with other settings (flags "
-                      f"{trained['flags']}, defaults of its day) than --variant={name}="
-                      f"{' '.join(flags)} now gives; name the variant otherwise or delete "
-                      "the file", file=sys.stderr)
-                return 2
+        try:
+            trained = read_json(result_file) if os.path.exists(result_file) else None
+        except ValueError as error:
+            print(f"error: {error} (and {result_file[:-5]}/)", file=sys.stderr)
+            return 2
+        if trained is not None and trained.get("recipe") != resolved_recipe(flags):
+            print(f"error: {result_file} was trained with other settings (flags "
+                  f"{trained.get('flags')}, the defaults of its day) than --variant={name}="
+                  f"{' '.join(flags)} gives now; name the variant otherwise, or delete "
+                  f"{result_file} and {result_file[:-5]}/", file=sys.stderr)
+            return 2
         if not os.path.exists(result_file):
             process = context.Process(target=train_variant, args=(
                 name, flags, args.work_dir, str(data_dir), result_file))
@@ -188,19 +239,26 @@ def main(argv=None) -> int:
             if stopped or process.exitcode == 130:
                 print(f"{name}: stopped before its last step; rerun to go on", file=sys.stderr)
                 return 130
+            if process.exitcode == 2:  # refused, said why in one line
+                return 2
             if process.exitcode != 0:
                 print(f"{name}: failed (exit {process.exitcode})", file=sys.stderr)
                 continue
-        with open(result_file) as f:
-            results[name] = json.load(f)
+        results[name] = read_json(result_file)
         row = results[name]
         print(f"{name}: P@1 {100 * row['p_at_1_all_pairs']:.2f} all pairs, "
               f"{100 * row['p_at_1_first_300']:.2f} first 300, {row['steps']} steps in "
               f"{row['train_seconds']:.0f} s ({row['pairs_per_second']:.1f} pairs/s)", flush=True)
     previous = {}
     if os.path.exists(args.output_json):
-        with open(args.output_json) as f:
-            previous = json.load(f).get("results", {})
+        try:
+            previous = read_json(args.output_json).get("results", {})
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+    # Each row keeps the machine it ran on; rows that failed this run are not kept
+    # from an earlier one.
+    previous = {k: v for k, v in previous.items() if k not in names}
     write_result(args.output_json, {"benchmark": "recipe_sweep", "machine": machine(),
                                     "work_dir": args.work_dir, "results": {**previous, **results}})
     return 0 if len(results) == len(variants) else 1

@@ -102,8 +102,11 @@ CONFIGURATIONS["select_lealla_hdsrc20"] = {
 # in-step teacher's) pieces are the teacher's own on every corpus word.
 CONFIGURATIONS["select_lealla_hd300_all_pieces"] = {
     **CONFIGURATIONS["select_lealla_hd300"], "vocabulary": "pruned_all"}
-# The main job's student at other peak learning rates (default: 5e-4, the
-# paper's for d < 384 at batch 8192); the --only=lr_* runs sweep it.
+# The teacher-PCA student of 2026-11-23 at other peak learning rates (default:
+# 5e-4, the paper's for d < 384 at batch 8192); the --only=lr_* runs sweep it.
+# Every row here trains at 5e-4 unless it says otherwise; the main job's
+# student has trained at 2e-3 since 36830e7 (benchmarks/recipe_sweep.py), so its
+# main_job_* rows compare with these only when that job ran at 5e-4.
 for _rate in (2.5e-4, 1e-3, 2e-3):
     CONFIGURATIONS[f"lr_{_rate:g}"] = {"vocabulary": "pruned", "init": "teacher_pca",
                                        "objective": LEALLA, "learning_rate": _rate}

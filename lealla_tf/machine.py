@@ -43,7 +43,8 @@ def vector_extensions(cpuinfo: str = "/proc/cpuinfo") -> list:
 
 
 def usable_cpus() -> int:
-    """The cores this process may run on (its affinity), not the host's count."""
+    """The cores this process may run on (its affinity), not the host's count
+    (a cgroup CPU quota, as docker --cpus sets, is not read)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -60,5 +61,6 @@ def machine() -> dict:
 def describe(record: dict) -> str:
     """One line for a summary: 'AMD EPYC, 2 cores (avx2, avx512f, ...)'."""
     extensions = ", ".join(record.get("vector_extensions") or [])
-    return (f"{record.get('processor') or 'unknown processor'}, {record.get('cpus')} cores"
+    cores = f", {record['cpus']} cores" if record.get("cpus") else ""
+    return (f"{record.get('processor') or 'unknown processor'}{cores}"
             + (f" ({extensions})" if extensions else ""))

