@@ -161,15 +161,20 @@ def test_two_workers_step_equals_one_process_on_the_global_batch(
         for path, value in flatten(part):
             np.testing.assert_array_equal(worker[f"batch/{path}"], value.numpy(), err_msg=path)
     _, total, gradients = task.replica_gradients(batch)  # one process, eager
-    figures = {"loss": 0.0, "gradients": 0.0, "gradients_relative": 0.0}
+    # Gradients agree to float32 round-off at their own scale: each tensor within
+    # 1e-5 plus 1e-6 of its largest entry. (The two processes sum the batch's
+    # rows in another order; with AVX-512 kernels the embedding gradients, whose
+    # entries reach 30, differ by 1.5e-5, a relative 5e-7.)
+    figures = {"loss": 0.0, "gradients": 0.0, "gradients_over_tolerance": 0.0}
     for worker in probes:
         figures["loss"] = max(figures["loss"], abs(float(worker["total"]) - float(total)))
         for i, gradient in enumerate(gradients):
-            difference = np.abs(worker[f"gradient/{i}"] - gradient.numpy())
-            figures["gradients"] = max(figures["gradients"], float(np.max(difference)))
-            figures["gradients_relative"] = max(figures["gradients_relative"], float(
-                np.max(difference) / max(np.max(np.abs(gradient.numpy())), 1e-12)))
-    assert figures["loss"] < 1e-5 and figures["gradients"] < 1e-5, figures
+            difference = float(np.max(np.abs(worker[f"gradient/{i}"] - gradient.numpy())))
+            tolerance = 1e-5 + 1e-6 * float(np.max(np.abs(gradient.numpy())))
+            figures["gradients"] = max(figures["gradients"], difference)
+            figures["gradients_over_tolerance"] = max(figures["gradients_over_tolerance"],
+                                                      difference / tolerance)
+    assert figures["loss"] < 1e-5 and figures["gradients_over_tolerance"] < 1, figures
     # Negatives come from both workers: each worker's half alone gives another loss.
     halves = sum(float(task.loss_terms(part)["ams"]) for part in parts)
     assert abs(halves - float(task.loss_terms(batch)["ams"])) > 1e-3
