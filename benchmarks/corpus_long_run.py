@@ -6,10 +6,11 @@
 
 The main job's student (lealla_small, mean pooling, the pruned teacher vocabulary,
 teacher-PCA embeddings, 64 x 32; at the width's default peak rate, 5e-4, not
-the 2e-3 of the main job's 200 steps since 36830e7) trains with --objective (default AMS, which needs
-no teacher vectors, nor does `ams+hd`, whose teacher runs inside the step, nor
-does the main job's `lealla+hd` with --teacher_in_step; so the data is every pair
-of `parallel/`, sampled across languages, with tatoeba_dev removed) and is
+the 2e-3 of the main job's 200 steps since 36830e7) trains with --objective
+(default AMS, which needs no teacher vectors, nor does `ams+hd`, whose teacher
+runs inside the step, nor does the main job's `lealla+hd` with --teacher_in_step;
+so the data is every pair of `parallel/`, sampled across languages, with
+tatoeba_dev removed) and is
 evaluated on the first 50 pairs a language every --eval_every steps, then on all
 of tatoeba_dev. The question it answers: is the main job's plateau (31-32 % on
 the subset after 250 steps on 13,984 pairs) the sample's size? Rerunning

@@ -1,4 +1,4 @@
-"""Benchmark: the main job's student trained with other training flags, scored as the main job scores it.
+"""Benchmark: the main job's student retrained with other training flags, scored as the main job.
 
     make main   # once: the teacher, vocabulary and sample this reuses
     python benchmarks/recipe_sweep.py --work_dir=runs/recipe \
@@ -59,13 +59,12 @@ def parse_variant(text: str):
         raise ValueError(f"--variant={text!r}: {', '.join('--' + k for k in refused)} would "
                          "need another teacher, vocabulary or sample than the main job's; "
                          f"a row may change only --{', --'.join(TRAINING_FLAGS)}")
-    from lealla_tf.configs import recipe_loss_weights
     from lealla_tf.objectives import OBJECTIVES, parse_objective
-    from lealla_tf.recipe import (check_learning_rates, config_from_args, teacher_in_step,
-                                  train_config)
+    from lealla_tf.recipe import (check_learning_rates, config_from_args, student_loss_weights,
+                                  teacher_in_step, train_config)
 
     try:
-        config = config_from_args(recipe_parser().parse_args(argv))
+        config = config_from_args(argparse.Namespace(**parsed))
         check_learning_rates(config)
         needs_vectors = any(OBJECTIVES[t].needs_teacher
                             for t in parse_objective(config.objective))
@@ -75,11 +74,10 @@ def parse_variant(text: str):
                              "job's Beam teacher-vectors stage is not run here")
         # The training settings checked now, as the main job checks them (steps,
         # overrides, weights...), not in the child after minutes.
-        weights = (config.loss_weights if config.loss_weights is not None
-                   else recipe_loss_weights(config.objective))
         train_config(config, pathlib.Path("data"), {"tokenizer": "sentencepiece",
                                                     "multilingual": True},
-                     "teacher", "sample", config.objective, weights, teacher_in_step(config))
+                     "teacher", "sample", config.objective, student_loss_weights(config),
+                     teacher_in_step(config))
     except ValueError as error:
         raise ValueError(f"--variant={text!r}: {error}") from None
     return name, argv
@@ -127,12 +125,12 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import time
 
-    from lealla_tf.configs import recipe_loss_weights
     from lealla_tf.embedder import load_embedder
     from lealla_tf.evaluation import (TATOEBA_PRIMARY_METRIC, embed_tatoeba, first_pairs,
                                       tatoeba_metrics_with_margin)
     from lealla_tf.model_dir import read_model_config
-    from lealla_tf.recipe import build_parser, config_from_args, teacher_in_step, train_config
+    from lealla_tf.recipe import (build_parser, config_from_args, student_loss_weights,
+                                  teacher_in_step, train_config)
     from lealla_tf.training import train
 
     from benchmarks.vocab_build import machine as this_machine
@@ -140,8 +138,7 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
     config = config_from_args(build_parser().parse_args(argv))
     teacher = finished_stage(work_dir, "teacher")
     vocabulary = finished_stage(work_dir, "vocabulary")
-    weights = (config.loss_weights if config.loss_weights is not None
-               else recipe_loss_weights(config.objective))
+    weights = student_loss_weights(config)
     data_dir = pathlib.Path(data_dir)
     in_step = teacher_in_step(config)
     train_settings = train_config(config, data_dir, teacher, os.path.join(work_dir, "teacher"),

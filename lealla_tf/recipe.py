@@ -305,6 +305,13 @@ class StageInterrupted(Exception):
     the same command resumes it."""
 
 
+def student_loss_weights(config: RecipeConfig) -> Dict[str, float]:
+    """The student's per-term weights: `--loss_weights`, or the recipe's for its
+    objective's terms (`RECIPE_LOSS_WEIGHTS`)."""
+    return (config.loss_weights if config.loss_weights is not None
+            else recipe_loss_weights(config.objective))
+
+
 def check_learning_rates(config: RecipeConfig) -> None:
     """ValueError naming the flag of a peak rate that is negative or not a number
     (0 is kept as given: a student that does not move)."""
@@ -335,8 +342,7 @@ def check_started_rate(model_dir: str, rate: Optional[float], flag: str) -> None
     from lealla_tf.model_dir import latest_checkpoint
 
     started = trained_rate(model_dir)
-    if (started is None or rate is None or latest_checkpoint(model_dir) is None
-            or abs(started - rate) <= 1e-12 * max(abs(rate), 1e-12)):
+    if started is None or rate is None or started == rate or latest_checkpoint(model_dir) is None:
         return
     raise ValueError(f"the student in {model_dir} was started at peak rate {started:g}, not "
                      f"{rate:g}: pass {flag}={started:g} to resume it, or --fresh to start over")
@@ -567,8 +573,7 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
     print(f"data: {data_dir}\nwork: {work}")
     stages, models = Stages(work), Models()
     teacher = stages.run("teacher", lambda: teacher_stage(config, paths["teacher"]))
-    weights = (config.loss_weights if config.loss_weights is not None
-               else recipe_loss_weights(config.objective))
+    weights = student_loss_weights(config)
     runs = {STUDENT: (config.objective, weights, config.learning_rate)}
     if config.comparison_objective:
         runs[COMPARISON] = (config.comparison_objective, {}, config.comparison_learning_rate)
