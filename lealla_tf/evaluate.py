@@ -18,6 +18,8 @@ import os
 import sys
 import time
 
+from lealla_tf.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
+
 
 def check_writable(path: str, flag: str) -> None:
     """ValueError now, before a long evaluation, when `path` cannot be written."""
@@ -40,7 +42,9 @@ def main(argv=None) -> int:
     parser.add_argument("--output_json", required=True)
     parser.add_argument("--plot", default=None, help="PNG path (default: next to the JSON)")
     parser.add_argument("--max_pairs", type=int, default=0, help="pairs per language (0: all)")
-    parser.add_argument("--batch_size", type=int, default=128)
+    parser.add_argument("--batch_size", type=int, default=PIPELINE_BATCH_SIZE,
+                        help="sentences per call, at most (each call also holds at most "
+                             f"{PIPELINE_MAX_TOKENS} padded tokens)")
     parser.add_argument("--bucc_dir", default=None, help="BUCC-format directory")
     parser.add_argument("--bucc_languages", default="", help="comma-separated, e.g. deu,fra")
     parser.add_argument("--no_progress", action="store_true")

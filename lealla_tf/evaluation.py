@@ -8,6 +8,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from lealla_tf.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
 from lealla_tf.parallel_corpus import find_tatoeba_languages, read_tatoeba
 
 # The metric names, spelled here and nowhere else.
@@ -16,10 +17,13 @@ TATOEBA_MARGIN_METRIC = "tatoeba_margin/average_p_at_1"
 TATOEBA_SENTENCES = "tatoeba/sentences"
 BUCC_AVERAGE_F1 = "bucc/average_f1"
 UN_AVERAGE_P_AT_1 = "un/average_p_at_1"
+# Sentences per call for a plain callable (no token lengths to cap a batch by).
+PLAIN_BATCH_SIZE = 128
 
 
-def embed_sentences(embed: Callable, sentences: Sequence, batch_size: int = 128,
-                    progress: bool = False, description: str = "embedding") -> np.ndarray:
+def embed_sentences(embed: Callable, sentences: Sequence, batch_size: int = PIPELINE_BATCH_SIZE,
+                    progress: bool = False, description: str = "embedding",
+                    max_tokens: Optional[int] = PIPELINE_MAX_TOKENS) -> np.ndarray:
     """Embeds `sentences` in batches of similar length; rows in input order.
 
     Sorting by length before batching means little padding (each batch is
@@ -31,16 +35,20 @@ def embed_sentences(embed: Callable, sentences: Sequence, batch_size: int = 128,
         sentences: str or bytes. No sentences give `[0, d]` from an
             `Embedder`; from a plain callable, whose width is unknown until it
             runs, they raise ValueError.
-        batch_size: sentences per call.
+        batch_size: sentences per call (at most).
+        max_tokens: padded tokens per call (at most; `Embedder`s only, which
+            know token lengths; a plain callable, whose sentences may be long,
+            gets at most `PLAIN_BATCH_SIZE` sentences per call instead).
     """
     from lealla_tf.embedder import Embedder, encode_in_length_order
 
     if isinstance(embed, Embedder):
-        return embed.encode(sentences, batch_size, progress, description)
+        return embed.encode(sentences, batch_size, progress, description, max_tokens)
     import tensorflow as tf
 
     embeddings, _ = encode_in_length_order(lambda batch: embed(tf.constant(batch)), sentences,
-                                           batch_size, show_progress_bar=progress,
+                                           min(batch_size, PLAIN_BATCH_SIZE),
+                                           show_progress_bar=progress,
                                            description=description)
     return embeddings
 
@@ -71,7 +79,7 @@ def tatoeba_accuracy(source: np.ndarray, english: np.ndarray) -> Dict[str, float
 
 
 def embed_tatoeba(embed: Callable, tatoeba_dir: str, languages: Optional[List[str]] = None,
-                  max_pairs: Optional[int] = None, batch_size: int = 128,
+                  max_pairs: Optional[int] = None, batch_size: int = PIPELINE_BATCH_SIZE,
                   progress: bool = False):
     """Embeds every Tatoeba language in one length-sorted pass.
 
@@ -113,7 +121,7 @@ def tatoeba_metrics(embedded) -> Dict[str, float]:
 
 
 def evaluate_tatoeba(embed: Callable, tatoeba_dir: str, languages: Optional[List[str]] = None,
-                     max_pairs: Optional[int] = None, batch_size: int = 128,
+                     max_pairs: Optional[int] = None, batch_size: int = PIPELINE_BATCH_SIZE,
                      progress: bool = False) -> Dict[str, float]:
     """Tatoeba P@1 per language and averaged (the primary metric).
 
@@ -279,7 +287,7 @@ def score_against_gold(scores, sources, englishes, gold, threshold: float) -> Di
 
 
 def evaluate_bucc(embed: Callable, bucc_dir: str, languages: Sequence[str],
-                  batch_size: int = 128, progress: bool = False) -> Dict[str, float]:
+                  batch_size: int = PIPELINE_BATCH_SIZE, progress: bool = False) -> Dict[str, float]:
     """The BUCC 2018 protocol (LASER tasks/bucc): mine with ratio margin (k=4,
     retrieval max), choose the threshold with the best F1 on the `training`
     split's gold, report precision / recall / F1 on `test` at that threshold.
@@ -326,7 +334,7 @@ def retrieval_accuracy(queries: np.ndarray, pool: np.ndarray, gold: np.ndarray,
 
 
 def evaluate_un_style(embed: Callable, pairs_by_language: Dict[str, list],
-                      distractor_english: Sequence[str], batch_size: int = 128,
+                      distractor_english: Sequence[str], batch_size: int = PIPELINE_BATCH_SIZE,
                       index_type: str = "flat", progress: bool = False) -> Dict[str, float]:
     """UN-style P@1 (LaBSE / LEALLA's UN task): each source sentence retrieves
     its translation among ALL English sentences of the pool (every language's
@@ -354,7 +362,7 @@ def evaluate_un_style(embed: Callable, pairs_by_language: Dict[str, list],
 # === Tatoeba in one pass, as reports use it ===
 
 def tatoeba_with_margin(embed: Callable, tatoeba_dir: str, max_pairs: Optional[int] = None,
-                        progress: bool = True, batch_size: int = 128) -> Dict[str, float]:
+                        progress: bool = True, batch_size: int = PIPELINE_BATCH_SIZE) -> Dict[str, float]:
     """Cosine and margin Tatoeba metrics from ONE embedding pass, plus the
     sentence count and sentences/s of that pass."""
     import time

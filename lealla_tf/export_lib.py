@@ -113,13 +113,15 @@ def export_lealla_model(encoder, tokenizer, export_path: str, jit_compile: bool 
     root.vocab_file = tokenizer.vocab_file
     _attach_variables(root, encoder)
     compiled = tf.function(
-        lambda inputs: encoder(inputs, training=False)["sentence_embedding"], jit_compile=True)
+        lambda inputs: encoder.inference_outputs(inputs)["sentence_embedding"], jit_compile=True)
 
     def embed_inputs(inputs, training=False):
-        if jit_compile and not training:
+        if training:
+            return encoder(inputs, training=True)["sentence_embedding"]
+        if jit_compile:
             return compiled(pad_to_multiple(inputs, JIT_LENGTH_MULTIPLE, tokenizer.pad_id,
                                             encoder.encoder_config.max_sequence_length))
-        return encoder(inputs, training=training)["sentence_embedding"]
+        return encoder.inference_outputs(inputs)["sentence_embedding"]
 
     def embed(strings, training=False):
         return embed_inputs(tokenizer(strings), training=training)
@@ -192,7 +194,9 @@ def export_labse_pair(encoder, tokenizer, export_path: str, seq_length: int = No
     _attach_variables(module, encoder)
 
     def encode(inputs, training=False):
-        outputs = encoder({name: inputs[name] for name in INPUT_NAMES}, training=training)
+        inputs = {name: inputs[name] for name in INPUT_NAMES}
+        outputs = (encoder(inputs, training=True) if training
+                   else encoder.inference_outputs(inputs))
         return {"default": outputs["pooled_output"],
                 "pooled_output": outputs["pooled_output"],
                 "sequence_output": outputs["sequence_output"],

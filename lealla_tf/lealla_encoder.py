@@ -1,5 +1,7 @@
 """The sentence encoder: a BERT-style transformer built from keras-hub layers."""
 
+import math
+
 import keras
 from keras_hub.layers import PositionEmbedding, TransformerEncoder
 
@@ -200,13 +202,7 @@ class LeallaEncoder(keras.Model):
             x = self.transformer_layers[i % len(self.transformer_layers)](
                 x, padding_mask=mask)
             encoder_outputs.append(x)
-        if self.pooled_dense is not None:
-            pooled_output = self.pooled_dense(x[:, 0, :])
-        else:
-            pooled_output = self.mean_pooling(x, mask)
-        embedding = pooled_output
-        if self.output_dense is not None:
-            embedding = self.output_dense(pooled_output)
+        pooled_output, embedding = self._pool(x, mask)
         super().__init__(
             inputs={
                 "input_word_ids": word_ids,
@@ -269,6 +265,86 @@ class LeallaEncoder(keras.Model):
         if isinstance(config.get("dtype"), dict):
             config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
         return cls(**config)
+
+    def _pool(self, x, mask):
+        """The last layer `[b, t, d]` -> (pooled_output, the embedding before
+        normalisation)."""
+        if self.pooled_dense is not None:
+            pooled_output = self.pooled_dense(x[:, 0, :])
+        else:
+            pooled_output = self.mean_pooling(x, mask)
+        if self.output_dense is not None:
+            return pooled_output, self.output_dense(pooled_output)
+        return pooled_output, pooled_output
+
+    def inference_outputs(self, inputs) -> dict:
+        """The outputs of `self(inputs, training=False)`, computed with fewer,
+        larger ops (TensorFlow backend, float32; otherwise the Keras call).
+
+        Each layer's three attention projections run as one `[b*t, d] x [d, 3d]`
+        matmul (1/sqrt(head size) folded into the query weights), the heads as
+        two batched matmuls on `[b, heads, t, head size]`, and the feed-forward
+        block on `[b*t, d]` rows; the embeddings, layer norms and pooling are
+        this model's own layers. Same outputs within float32 round-off (tested
+        to 1e-5); the exports serve with it (benchmarks/compiled_encoder.py).
+        """
+        if (keras.backend.backend() != "tensorflow"
+                or self.token_embedding.compute_dtype != "float32"):
+            return self(inputs, training=False)
+        import tensorflow as tf
+
+        ids, mask = inputs["input_word_ids"], inputs["input_mask"]
+        x = self.token_embedding(ids)
+        if self.embedding_projection is not None:
+            x = self.embedding_projection(x)
+        x = self.embeddings_add(
+            (x, self.position_embedding(x), self.segment_embedding(inputs["input_type_ids"])))
+        x = self.embeddings_layer_norm(x)
+        batch, length = tf.shape(ids)[0], tf.shape(ids)[1]
+        heads, width = self.num_heads, self.hidden_dim
+        head_size = width // heads
+        activation = {"gelu": lambda h: tf.nn.gelu(h, approximate=False),
+                      "gelu_approximate": lambda h: tf.nn.gelu(h, approximate=True),
+                      "relu": tf.nn.relu}[self.hidden_activation]
+        # Keras' masked softmax: -1e9 added at padded keys (float32).
+        key_bias = (1.0 - tf.cast(mask, tf.float32))[:, None, None, :] * -1e9
+        rows = tf.reshape(x, [-1, width])
+        packed, encoder_outputs = {}, []
+        for i in range(self.num_layers):
+            layer = self.transformer_layers[i % len(self.transformer_layers)]
+            if layer.name not in packed:
+                attention = layer._self_attention_layer
+                scale = 1.0 / math.sqrt(head_size)
+                projections = (attention._query_dense, attention._key_dense,
+                               attention._value_dense)
+                packed[layer.name] = (
+                    tf.concat([tf.reshape(p.kernel, [width, width]) * s for p, s in
+                               zip(projections, (scale, 1.0, 1.0))], axis=1),
+                    tf.concat([tf.reshape(p.bias, [width]) * s for p, s in
+                               zip(projections, (scale, 1.0, 1.0))], axis=0),
+                    tf.reshape(attention._output_dense.kernel, [width, width]),
+                    attention._output_dense.bias)
+            kernel, bias, output_kernel, output_bias = packed[layer.name]
+            qkv = tf.reshape(tf.nn.bias_add(tf.matmul(rows, kernel), bias),
+                             [batch, length, 3, heads, head_size])
+            qkv = tf.transpose(qkv, [2, 0, 3, 1, 4])
+            scores = tf.matmul(qkv[0], qkv[1], transpose_b=True) + key_bias
+            context = tf.matmul(tf.nn.softmax(scores), qkv[2])
+            context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, width])
+            attended = tf.nn.bias_add(tf.matmul(context, output_kernel), output_bias)
+            rows = layer._self_attention_layer_norm(attended + rows)
+            intermediate, output = (layer._feedforward_intermediate_dense,
+                                    layer._feedforward_output_dense)
+            hidden = activation(tf.nn.bias_add(tf.matmul(rows, intermediate.kernel),
+                                               intermediate.bias))
+            rows = layer._feedforward_layer_norm(
+                tf.nn.bias_add(tf.matmul(hidden, output.kernel), output.bias) + rows)
+            encoder_outputs.append(tf.reshape(rows, [batch, length, width]))
+        x = encoder_outputs[-1]
+        pooled_output, embedding = self._pool(x, mask)
+        return {"sentence_embedding": self.l2_normalization(embedding),
+                "pooled_output": pooled_output, "sequence_output": x,
+                "encoder_outputs": encoder_outputs}
 
     @property
     def encoder_config(self) -> EncoderConfig:

@@ -145,6 +145,20 @@ def test_several_worker_processes(model, corpus):
     assert manifest["counts"] == {"lines_read": 11, "embedded": 8, "dead_lettered": 3}
 
 
+def test_a_token_cap_cuts_smaller_batches_with_the_same_vectors(model, corpus):
+    path, reference = model
+    output = str(corpus / "capped")
+    arguments = [f"--input={corpus / 'in' / '*'}", f"--model={path}", f"--output={output}"]
+    with pytest.raises(ValueError, match="--model_max_tokens must be at least 1"):
+        embed_corpus.run(arguments + ["--model_max_tokens=0"])
+    # 8 padded tokens a call: every sentence alone or with one other
+    embed_corpus.run(arguments + ["--model_max_tokens=8", "--num_shards=1"])
+    ids, vectors, texts = read_embeddings(output, with_text=True)
+    assert len(ids) == 8
+    for text, vector in zip(texts, vectors):
+        np.testing.assert_allclose(vector, reference[text], atol=1e-5)
+
+
 def test_missing_input_is_an_error(model, tmp_path):
     with pytest.raises(FileNotFoundError, match="no input files match"):
         embed_corpus.run([f"--input={tmp_path / 'none*.txt'}", f"--model={model[0]}",

@@ -6,7 +6,8 @@ import tensorflow as tf
 
 from lealla_tf import embedder as embedder_lib
 from lealla_tf.configs import EncoderConfig
-from lealla_tf.embedder import Embedder, TokenPath, load_embedder, pack_rows, tokenize_once
+from lealla_tf.embedder import (Embedder, TokenPath, length_batches, load_embedder, pack_rows,
+                                tokenize_once)
 from lealla_tf.export_lib import export_lealla_model
 from lealla_tf.lealla_encoder import build_encoder
 from lealla_tf.tokenizer import Tokenizer
@@ -87,6 +88,44 @@ def test_encode_tokenizes_once_and_restores_input_order(tokenizer, encoder, monk
         model.encode([], batch_size=0)
     with pytest.raises(ValueError, match="embed_fn or tokens"):
         Embedder(None, 8, "neither")
+
+
+def test_length_batches_cap_sentences_and_padded_tokens():
+    lengths = [2, 2, 3, 3, 3, 5, 9, 40]
+    assert length_batches(lengths, 3) == [(0, 3), (3, 6), (6, 8)]
+    # sentences x the batch's longest (its last) within 10: 3 x 3, 2 x 3, then 5, 9
+    # and 40 alone (40 is over the cap: a batch of its own, not an error)
+    assert length_batches(lengths, 100, max_tokens=10) == [
+        (0, 3), (3, 5), (5, 6), (6, 7), (7, 8)]
+    assert length_batches(lengths, 2, max_tokens=10) == [
+        (0, 2), (2, 4), (4, 6), (6, 7), (7, 8)]  # 2 x 5 = 10 fits
+    assert length_batches(lengths, 2, max_tokens=1000) == length_batches(lengths, 2)
+    assert length_batches([], 4, max_tokens=8) == []
+    for bad in ({"batch_size": 0}, {"batch_size": 4, "max_tokens": 0}):
+        with pytest.raises(ValueError, match=next(iter(k for k, v in bad.items() if v < 1))):
+            length_batches(lengths, **bad)
+
+
+def test_encode_with_max_tokens_packs_short_sentences_in_larger_batches(tokenizer, encoder):
+    sentences = multilingual_sentences()
+    shapes = []
+
+    def embed_inputs(inputs):
+        shapes.append(inputs["input_word_ids"].shape)
+        return encoder(inputs, training=False)["sentence_embedding"].numpy()
+
+    model = Embedder(None, 8, "test", tokens=TokenPath(numpy_tokenize(tokenizer), embed_inputs,
+                                                      tokenizer.pad_id))
+    plain = model.encode(sentences, batch_size=4)
+    shapes.clear()
+    budget = 64
+    capped = model.encode(sentences, batch_size=1000, max_tokens=budget)
+    np.testing.assert_allclose(capped, plain, atol=1e-5)  # same rows, same order
+    assert all(rows * width <= budget or rows == 1 for rows, width in shapes)
+    assert max(rows for rows, _ in shapes) > 4  # the short ones went together
+    assert model.last_stats["batches"] == len(shapes)
+    with pytest.raises(ValueError, match="max_tokens"):
+        model.encode(sentences, max_tokens=0)
 
 
 def test_lealla_export_carries_its_tokenizer_and_encoder_apart(tokenizer, encoder, tmp_path):

@@ -139,3 +139,32 @@ def test_mixed_bfloat16_returns_float32_unit_embeddings():
     out = encoder(BATCH)
     assert out["sentence_embedding"].dtype == tf.float32
     np.testing.assert_allclose(np.linalg.norm(out["sentence_embedding"], axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("changes", [
+    {},
+    {"pooling": "mean", "hidden_activation": "gelu"},
+    {"embedding_dim": 4, "num_unique_layers": 1, "hidden_activation": "relu"},
+    {"pooler_dim": 6, "output_dim": 5, "num_layers": 3, "num_heads": 4},
+])
+def test_inference_outputs_equal_the_keras_call(changes):
+    encoder = build_encoder(TINY.replace(dropout=0.3, **changes))
+    batch = inputs(np.random.default_rng(0).integers(5, 30, (3, 6)), [6, 2, 4])
+    batch["input_type_ids"][1, :2] = 1  # segments pass through too
+    ours = encoder.inference_outputs({k: tf.constant(v) for k, v in batch.items()})
+    keras_call = encoder(batch, training=False)
+    for name in ("sentence_embedding", "pooled_output", "sequence_output"):
+        np.testing.assert_allclose(ours[name], keras_call[name], atol=1e-5, err_msg=name)
+    assert len(ours["encoder_outputs"]) == len(keras_call["encoder_outputs"])
+    for a, b in zip(ours["encoder_outputs"], keras_call["encoder_outputs"]):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    # the traced function (the exports' path) gives the same
+    traced = tf.function(lambda b: encoder.inference_outputs(b)["sentence_embedding"])
+    np.testing.assert_allclose(traced({k: tf.constant(v) for k, v in batch.items()}),
+                               keras_call["sentence_embedding"], atol=1e-5)
+
+
+def test_inference_outputs_fall_back_to_the_keras_call_in_bfloat16():
+    encoder = build_encoder(TINY, dtype="mixed_bfloat16")
+    np.testing.assert_array_equal(encoder.inference_outputs(BATCH)["sentence_embedding"],
+                                  encoder(BATCH, training=False)["sentence_embedding"])

@@ -44,6 +44,7 @@ from typing import Any, Dict, Optional, Sequence
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from lealla_tf.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
 from lealla_tf.embedding_io import write_atomically
 
 NAMESPACE = "embed_corpus"
@@ -215,10 +216,11 @@ class EmbedShard(beam.DoFn):
     """
 
     def __init__(self, model: str, run_dir: str, num_shards: int, pairs: bool,
-                 english_only: bool, batch_size: int, max_seq_length: Optional[int] = None):
+                 english_only: bool, batch_size: int, max_seq_length: Optional[int] = None,
+                 max_tokens: Optional[int] = None):
         self._model, self._run_dir, self._num_shards = model, run_dir, num_shards
         self._pairs, self._english_only, self._batch_size = pairs, english_only, batch_size
-        self._max_seq_length = max_seq_length
+        self._max_seq_length, self._max_tokens = max_seq_length, max_tokens
 
     def process(self, element):
         from lealla_tf.embedding_io import embedding_example, pair_example
@@ -227,14 +229,17 @@ class EmbedShard(beam.DoFn):
         items = sorted(items, key=lambda item: item[0])  # a retry writes the same file
         embedder = _embedder(self._model, self._max_seq_length)
         if self._pairs:
-            target = embedder.encode([p["target"] for _, p in items], self._batch_size)
+            target = embedder.encode([p["target"] for _, p in items], self._batch_size,
+                                     max_tokens=self._max_tokens)
             source = (None if self._english_only else
-                      embedder.encode([p["source"] for _, p in items], self._batch_size))
+                      embedder.encode([p["source"] for _, p in items], self._batch_size,
+                                      max_tokens=self._max_tokens))
             records = [pair_example(p["source"], p["target"],
                                     None if source is None else source[i], target[i])
                        for i, (_, p) in enumerate(items)]
         else:
-            vectors = embedder.encode([text for _, text in items], self._batch_size)
+            vectors = embedder.encode([text for _, text in items], self._batch_size,
+                                      max_tokens=self._max_tokens)
             records = [embedding_example(key, vectors[i], text=text)
                        for i, (key, text) in enumerate(items)]
         name = f"{prefix}-{shard:05d}-of-{self._num_shards:05d}.tfrecord.gz"
@@ -293,8 +298,9 @@ class WriteRunSummary(beam.DoFn):
 
 def build_pipeline(pipeline, files: Sequence[str], model: str, run_dir: str,
                    input_format: str = "lines", pairs: bool = False, english_only: bool = False,
-                   num_shards: int = 4, model_batch_size: int = 64,
-                   max_seq_length: Optional[int] = None):
+                   num_shards: int = 4, model_batch_size: int = PIPELINE_BATCH_SIZE,
+                   max_seq_length: Optional[int] = None,
+                   model_max_tokens: Optional[int] = PIPELINE_MAX_TOKENS):
     """Adds the embedding steps to `pipeline`; returns the run summary's PCollection.
 
     Lines are read, parsed (dead letters aside), grouped into `num_shards`
@@ -337,7 +343,7 @@ def build_pipeline(pipeline, files: Sequence[str], model: str, run_dir: str,
                   | "GatherShards" >> beam.GroupByKey()
                   | "EmbedShards" >> beam.ParDo(EmbedShard(
                       model, run_dir, num_shards, pairs, english_only, model_batch_size,
-                      max_seq_length)))
+                      max_seq_length, model_max_tokens)))
     return (events
             | "Events" >> beam.Flatten()
             | "OneKey" >> beam.Map(lambda event: (None, event))
@@ -358,8 +364,9 @@ def expand_inputs(patterns: Sequence[str]):
 
 def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: str = "lines",
                  pairs: bool = False, english_only: bool = False, num_shards: int = 4,
-                 model_batch_size: int = 64, pipeline_args: Sequence[str] = (),
-                 test_pipeline=None, max_seq_length: Optional[int] = None) -> dict:
+                 model_batch_size: int = PIPELINE_BATCH_SIZE, pipeline_args: Sequence[str] = (),
+                 test_pipeline=None, max_seq_length: Optional[int] = None,
+                 model_max_tokens: Optional[int] = PIPELINE_MAX_TOKENS) -> dict:
     """Embeds the files matching `inputs` into `output`; returns the committed manifest.
 
     `pipeline_args` are Beam's own flags (--runner=..., --direct_num_workers=...).
@@ -376,6 +383,8 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
     if num_shards < 1 or model_batch_size < 1:
         raise ValueError(f"--num_shards and --model_batch_size must be at least 1, got "
                          f"{num_shards} and {model_batch_size}")
+    if model_max_tokens is not None and model_max_tokens < 1:
+        raise ValueError(f"--model_max_tokens must be at least 1, got {model_max_tokens}")
     if english_only and not pairs:
         raise ValueError("--english_only applies to --pairs")
     options = pipeline_options(pipeline_args, default_runner=test_pipeline is None)
@@ -386,7 +395,7 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
         run_dir = new_run_directory(output)
         pipeline = test_pipeline or beam.Pipeline(options=options)
         build_pipeline(pipeline, files, model, run_dir, input_format, pairs, english_only,
-                       num_shards, model_batch_size, max_seq_length)
+                       num_shards, model_batch_size, max_seq_length, model_max_tokens)
         run_pipeline(pipeline)
         summary_path = os.path.join(run_dir, RUN_SUMMARY)
         if not os.path.exists(summary_path):
@@ -436,7 +445,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--english_only", action="store_true",
                         help="--pairs: embed only the English side (monolingual teacher)")
     parser.add_argument("--num_shards", type=int, default=4)
-    parser.add_argument("--model_batch_size", type=int, default=64)
+    parser.add_argument("--model_batch_size", type=int, default=PIPELINE_BATCH_SIZE,
+                        help="sentences per model call, at most")
+    parser.add_argument("--model_max_tokens", type=int, default=PIPELINE_MAX_TOKENS,
+                        help="padded tokens per model call, at most (short sentences go in "
+                             "larger calls; models that hide their tokenizer ignore it)")
     parser.add_argument("--max_seq_length", type=int, default=None,
                         help="truncate sentences to this many tokens, specials included and "
                              "the in-graph prefix not (LaBSE/2-format teachers; e.g. the "
@@ -449,7 +462,8 @@ def run(argv=None, test_pipeline=None) -> dict:
     known, pipeline_args = build_parser().parse_known_args(argv)
     return embed_corpus(known.input, known.model, known.output, known.format, known.pairs,
                         known.english_only, known.num_shards, known.model_batch_size,
-                        pipeline_args, test_pipeline, known.max_seq_length)
+                        pipeline_args, test_pipeline, known.max_seq_length,
+                        known.model_max_tokens)
 
 
 def main(argv=None) -> int:
