@@ -470,7 +470,7 @@ def load_embedder(model: str, max_seq_length: Optional[int] = None) -> Embedder:
         from lealla_tf.model_dir import load_encoder, load_tokenizer
 
         encoder, tokenizer = load_encoder(model), load_tokenizer(model)
-        tokens = _token_path(tokenizer.__call__, lambda inputs: encoder.inference_outputs(
+        tokens = _token_path(tokenizer.__call__, lambda inputs: encoder.forward(
             inputs)["sentence_embedding"], tokenizer.pad_id)
         return _from_token_path(tokens, f"model directory {model}")
     loaded = tf.saved_model.load(model) if "://" not in model else __import__(

@@ -113,15 +113,13 @@ def export_lealla_model(encoder, tokenizer, export_path: str, jit_compile: bool 
     root.vocab_file = tokenizer.vocab_file
     _attach_variables(root, encoder)
     compiled = tf.function(
-        lambda inputs: encoder.inference_outputs(inputs)["sentence_embedding"], jit_compile=True)
+        lambda inputs: encoder.forward(inputs)["sentence_embedding"], jit_compile=True)
 
     def embed_inputs(inputs, training=False):
-        if training:
-            return encoder(inputs, training=True)["sentence_embedding"]
-        if jit_compile:
+        if jit_compile and not training:
             return compiled(pad_to_multiple(inputs, JIT_LENGTH_MULTIPLE, tokenizer.pad_id,
                                             encoder.encoder_config.max_sequence_length))
-        return encoder.inference_outputs(inputs)["sentence_embedding"]
+        return encoder.forward(inputs, training=training)["sentence_embedding"]
 
     def embed(strings, training=False):
         return embed_inputs(tokenizer(strings), training=training)
@@ -195,8 +193,7 @@ def export_labse_pair(encoder, tokenizer, export_path: str, seq_length: int = No
 
     def encode(inputs, training=False):
         inputs = {name: inputs[name] for name in INPUT_NAMES}
-        outputs = (encoder(inputs, training=True) if training
-                   else encoder.inference_outputs(inputs))
+        outputs = encoder.forward(inputs, training=training)
         return {"default": outputs["pooled_output"],
                 "pooled_output": outputs["pooled_output"],
                 "sequence_output": outputs["sequence_output"],

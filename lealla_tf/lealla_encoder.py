@@ -277,20 +277,22 @@ class LeallaEncoder(keras.Model):
             return pooled_output, self.output_dense(pooled_output)
         return pooled_output, pooled_output
 
-    def inference_outputs(self, inputs) -> dict:
-        """The outputs of `self(inputs, training=False)`, computed with fewer,
+    def forward(self, inputs, training=False) -> dict:
+        """The outputs of `self(inputs, training=training)`, computed with fewer,
         larger ops (TensorFlow backend, float32; otherwise the Keras call).
 
         Each layer's three attention projections run as one `[b*t, d] x [d, 3d]`
         matmul (1/sqrt(head size) folded into the query weights), the heads as
         two batched matmuls on `[b, heads, t, head size]`, and the feed-forward
-        block on `[b*t, d]` rows; the embeddings, layer norms and pooling are
-        this model's own layers. Same outputs within float32 round-off (tested
-        to 1e-5); the exports serve with it (benchmarks/compiled_encoder.py).
+        block on `[b*t, d]` rows; the embeddings, layer norms, dropout and
+        pooling are this model's own layers. Without dropout the outputs are
+        the Keras call's within float32 round-off (tested to 1e-5). The
+        exports serve with it and the students train with it
+        (benchmarks/embed_speed.py, benchmarks/train_throughput.py).
         """
         if (keras.backend.backend() != "tensorflow"
                 or self.token_embedding.compute_dtype != "float32"):
-            return self(inputs, training=False)
+            return self(inputs, training=training)
         import tensorflow as tf
 
         ids, mask = inputs["input_word_ids"], inputs["input_mask"]
@@ -299,47 +301,39 @@ class LeallaEncoder(keras.Model):
             x = self.embedding_projection(x)
         x = self.embeddings_add(
             (x, self.position_embedding(x), self.segment_embedding(inputs["input_type_ids"])))
-        x = self.embeddings_layer_norm(x)
+        x = self.embeddings_dropout(self.embeddings_layer_norm(x), training=training)
         batch, length = tf.shape(ids)[0], tf.shape(ids)[1]
-        heads, width = self.num_heads, self.hidden_dim
-        head_size = width // heads
         activation = {"gelu": lambda h: tf.nn.gelu(h, approximate=False),
                       "gelu_approximate": lambda h: tf.nn.gelu(h, approximate=True),
                       "relu": tf.nn.relu}[self.hidden_activation]
         # Keras' masked softmax: -1e9 added at padded keys (float32).
         key_bias = (1.0 - tf.cast(mask, tf.float32))[:, None, None, :] * -1e9
-        rows = tf.reshape(x, [-1, width])
+        rows = tf.reshape(x, [-1, self.hidden_dim])
         packed, encoder_outputs = {}, []
         for i in range(self.num_layers):
             layer = self.transformer_layers[i % len(self.transformer_layers)]
             if layer.name not in packed:
-                attention = layer._self_attention_layer
-                scale = 1.0 / math.sqrt(head_size)
-                projections = (attention._query_dense, attention._key_dense,
-                               attention._value_dense)
-                packed[layer.name] = (
-                    tf.concat([tf.reshape(p.kernel, [width, width]) * s for p, s in
-                               zip(projections, (scale, 1.0, 1.0))], axis=1),
-                    tf.concat([tf.reshape(p.bias, [width]) * s for p, s in
-                               zip(projections, (scale, 1.0, 1.0))], axis=0),
-                    tf.reshape(attention._output_dense.kernel, [width, width]),
-                    attention._output_dense.bias)
-            kernel, bias, output_kernel, output_bias = packed[layer.name]
+                packed[layer.name] = _packed_attention(layer._self_attention_layer)
+            kernel, bias, output_kernel, output_bias, heads, head_size = packed[layer.name]
             qkv = tf.reshape(tf.nn.bias_add(tf.matmul(rows, kernel), bias),
                              [batch, length, 3, heads, head_size])
             qkv = tf.transpose(qkv, [2, 0, 3, 1, 4])
             scores = tf.matmul(qkv[0], qkv[1], transpose_b=True) + key_bias
-            context = tf.matmul(tf.nn.softmax(scores), qkv[2])
-            context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, width])
+            probabilities = layer._self_attention_layer._dropout_layer(
+                tf.nn.softmax(scores), training=training)
+            context = tf.matmul(probabilities, qkv[2])
+            context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, heads * head_size])
             attended = tf.nn.bias_add(tf.matmul(context, output_kernel), output_bias)
-            rows = layer._self_attention_layer_norm(attended + rows)
+            rows = layer._self_attention_layer_norm(
+                layer._self_attention_dropout(attended, training=training) + rows)
             intermediate, output = (layer._feedforward_intermediate_dense,
                                     layer._feedforward_output_dense)
             hidden = activation(tf.nn.bias_add(tf.matmul(rows, intermediate.kernel),
                                                intermediate.bias))
+            hidden = tf.nn.bias_add(tf.matmul(hidden, output.kernel), output.bias)
             rows = layer._feedforward_layer_norm(
-                tf.nn.bias_add(tf.matmul(hidden, output.kernel), output.bias) + rows)
-            encoder_outputs.append(tf.reshape(rows, [batch, length, width]))
+                layer._feedforward_dropout(hidden, training=training) + rows)
+            encoder_outputs.append(tf.reshape(rows, [batch, length, self.hidden_dim]))
         x = encoder_outputs[-1]
         pooled_output, embedding = self._pool(x, mask)
         return {"sentence_embedding": self.l2_normalization(embedding),
@@ -353,6 +347,26 @@ class LeallaEncoder(keras.Model):
         for key in ("name", "trainable", "dtype"):
             values.pop(key)
         return EncoderConfig(**values)
+
+
+def _packed_attention(attention) -> tuple:
+    """A Keras MultiHeadAttention's weights for `LeallaEncoder.forward`: the
+    query, key and value kernels side by side `[d, 3 * inner]` (the query's
+    scaled by 1/sqrt(head size), as Keras scales the projected query), their
+    biases, the output kernel `[inner, d]` and bias, the heads and head size."""
+    import tensorflow as tf
+
+    heads, head_size = attention._num_heads, attention._key_dim
+    width = attention._query_dense.kernel.shape[0]
+    inner = heads * head_size
+    scales = (1.0 / math.sqrt(head_size), 1.0, 1.0)
+    projections = (attention._query_dense, attention._key_dense, attention._value_dense)
+    kernel = tf.concat([tf.reshape(p.kernel, [width, inner]) * scale
+                        for p, scale in zip(projections, scales)], axis=1)
+    bias = tf.concat([tf.reshape(p.bias, [inner]) * scale
+                      for p, scale in zip(projections, scales)], axis=0)
+    return (kernel, bias, tf.reshape(attention._output_dense.kernel, [inner, width]),
+            attention._output_dense.bias, heads, head_size)
 
 
 def build_encoder(config: EncoderConfig, dtype=None, name="lealla_encoder") -> LeallaEncoder:

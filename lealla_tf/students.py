@@ -90,7 +90,7 @@ class EncoderStudent:
     def embed_function(self, tokenizer, teacher=None):
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
         def embed(strings):
-            return self.encoder.inference_outputs(tokenizer(strings))["sentence_embedding"]
+            return self.encoder.forward(tokenizer(strings))["sentence_embedding"]
 
         return embed
 

@@ -147,11 +147,11 @@ def test_mixed_bfloat16_returns_float32_unit_embeddings():
     {"embedding_dim": 4, "num_unique_layers": 1, "hidden_activation": "relu"},
     {"pooler_dim": 6, "output_dim": 5, "num_layers": 3, "num_heads": 4},
 ])
-def test_inference_outputs_equal_the_keras_call(changes):
+def test_forward_equals_the_keras_call(changes):
     encoder = build_encoder(TINY.replace(dropout=0.3, **changes))
     batch = inputs(np.random.default_rng(0).integers(5, 30, (3, 6)), [6, 2, 4])
     batch["input_type_ids"][1, :2] = 1  # segments pass through too
-    ours = encoder.inference_outputs({k: tf.constant(v) for k, v in batch.items()})
+    ours = encoder.forward({k: tf.constant(v) for k, v in batch.items()})
     keras_call = encoder(batch, training=False)
     for name in ("sentence_embedding", "pooled_output", "sequence_output"):
         np.testing.assert_allclose(ours[name], keras_call[name], atol=1e-5, err_msg=name)
@@ -159,12 +159,29 @@ def test_inference_outputs_equal_the_keras_call(changes):
     for a, b in zip(ours["encoder_outputs"], keras_call["encoder_outputs"]):
         np.testing.assert_allclose(a, b, atol=1e-5)
     # the traced function (the exports' path) gives the same
-    traced = tf.function(lambda b: encoder.inference_outputs(b)["sentence_embedding"])
+    traced = tf.function(lambda b: encoder.forward(b)["sentence_embedding"])
     np.testing.assert_allclose(traced({k: tf.constant(v) for k, v in batch.items()}),
                                keras_call["sentence_embedding"], atol=1e-5)
 
 
-def test_inference_outputs_fall_back_to_the_keras_call_in_bfloat16():
+def test_forward_falls_back_to_the_keras_call_in_bfloat16():
     encoder = build_encoder(TINY, dtype="mixed_bfloat16")
-    np.testing.assert_array_equal(encoder.inference_outputs(BATCH)["sentence_embedding"],
+    np.testing.assert_array_equal(encoder.forward(BATCH)["sentence_embedding"],
                                   encoder(BATCH, training=False)["sentence_embedding"])
+
+
+def test_forward_in_training_drops_out_and_reaches_every_weight():
+    batch = {k: tf.constant(v) for k, v in BATCH.items()}
+    still = build_encoder(TINY.replace(dropout=0.0))
+    np.testing.assert_allclose(still.forward(batch, training=True)["sentence_embedding"],
+                               still(batch, training=True)["sentence_embedding"], atol=1e-5)
+    encoder = build_encoder(TINY.replace(dropout=0.3))
+    with tf.GradientTape() as tape:
+        a = encoder.forward(batch, training=True)["sentence_embedding"]
+        loss = tf.reduce_sum(a[0] * a[1])
+    b = encoder.forward(batch, training=True)["sentence_embedding"]
+    assert np.abs(np.asarray(a) - np.asarray(b)).max() > 1e-3  # dropout masks differ
+    gradients = tape.gradient(loss, encoder.trainable_weights)
+    for weight, gradient in zip(encoder.trainable_weights, gradients):
+        assert gradient is not None, weight.path
+        assert float(tf.reduce_max(tf.abs(tf.convert_to_tensor(gradient)))) > 0, weight.path
