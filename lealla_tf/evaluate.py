@@ -44,7 +44,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max_pairs", type=int, default=0, help="pairs per language (0: all)")
     parser.add_argument("--batch_size", type=int, default=PIPELINE_BATCH_SIZE,
                         help="sentences per call, at most (each call also holds at most "
-                             f"{PIPELINE_MAX_TOKENS} padded tokens)")
+                             f"{PIPELINE_MAX_TOKENS} padded tokens where the model's tokens "
+                             "are known)")
     parser.add_argument("--bucc_dir", default=None, help="BUCC-format directory")
     parser.add_argument("--bucc_languages", default="", help="comma-separated, e.g. deu,fra")
     parser.add_argument("--no_progress", action="store_true")

@@ -17,8 +17,6 @@ TATOEBA_MARGIN_METRIC = "tatoeba_margin/average_p_at_1"
 TATOEBA_SENTENCES = "tatoeba/sentences"
 BUCC_AVERAGE_F1 = "bucc/average_f1"
 UN_AVERAGE_P_AT_1 = "un/average_p_at_1"
-# Sentences per call for a plain callable (no token lengths to cap a batch by).
-PLAIN_BATCH_SIZE = 128
 
 
 def embed_sentences(embed: Callable, sentences: Sequence, batch_size: int = PIPELINE_BATCH_SIZE,
@@ -47,9 +45,8 @@ def embed_sentences(embed: Callable, sentences: Sequence, batch_size: int = PIPE
     import tensorflow as tf
 
     embeddings, _ = encode_in_length_order(lambda batch: embed(tf.constant(batch)), sentences,
-                                           min(batch_size, PLAIN_BATCH_SIZE),
-                                           show_progress_bar=progress,
-                                           description=description)
+                                           batch_size, show_progress_bar=progress,
+                                           description=description, max_tokens=max_tokens)
     return embeddings
 
 
@@ -287,7 +284,8 @@ def score_against_gold(scores, sources, englishes, gold, threshold: float) -> Di
 
 
 def evaluate_bucc(embed: Callable, bucc_dir: str, languages: Sequence[str],
-                  batch_size: int = PIPELINE_BATCH_SIZE, progress: bool = False) -> Dict[str, float]:
+                  batch_size: int = PIPELINE_BATCH_SIZE,
+                  progress: bool = False) -> Dict[str, float]:
     """The BUCC 2018 protocol (LASER tasks/bucc): mine with ratio margin (k=4,
     retrieval max), choose the threshold with the best F1 on the `training`
     split's gold, report precision / recall / F1 on `test` at that threshold.
@@ -362,7 +360,8 @@ def evaluate_un_style(embed: Callable, pairs_by_language: Dict[str, list],
 # === Tatoeba in one pass, as reports use it ===
 
 def tatoeba_with_margin(embed: Callable, tatoeba_dir: str, max_pairs: Optional[int] = None,
-                        progress: bool = True, batch_size: int = PIPELINE_BATCH_SIZE) -> Dict[str, float]:
+                        progress: bool = True,
+                        batch_size: int = PIPELINE_BATCH_SIZE) -> Dict[str, float]:
     """Cosine and margin Tatoeba metrics from ONE embedding pass, plus the
     sentence count and sentences/s of that pass."""
     import time

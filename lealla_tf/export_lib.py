@@ -81,10 +81,11 @@ def _ids_spec():
     return {name: tf.TensorSpec([None, None], tf.int32, name=name) for name in INPUT_NAMES}
 
 
-# A compiled encoder sees ids padded to a multiple of this: XLA compiles one
-# program per (batch size, padded length), so with a fixed batch size a few
-# lengths cover every batch.
+# A compiled encoder sees ids padded to a multiple of JIT_LENGTH_MULTIPLE and
+# batches padded to a multiple of JIT_ROWS_MULTIPLE rows: XLA compiles one program
+# per (batch size, padded length), and batches cut by a token budget vary in both.
 JIT_LENGTH_MULTIPLE = 8
+JIT_ROWS_MULTIPLE = 32
 
 
 def pad_to_multiple(inputs, multiple: int, pad_id: int, limit: int = None):
@@ -101,12 +102,23 @@ def pad_to_multiple(inputs, multiple: int, pad_id: int, limit: int = None):
             for name, value in inputs.items()}
 
 
+def pad_rows_to_multiple(inputs, multiple: int, pad_id: int):
+    """Adds all-padding rows to BERT inputs up to a multiple of `multiple` rows
+    (their embeddings are to be dropped: `[:rows]`)."""
+    rows = tf.shape(inputs["input_word_ids"])[0]
+    extra = (rows + multiple - 1) // multiple * multiple - rows
+    return {name: tf.pad(value, [[0, extra], [0, 0]],
+                         constant_values=pad_id if name == "input_word_ids" else 0)
+            for name, value in inputs.items()}
+
+
 def export_lealla_model(encoder, tokenizer, export_path: str, jit_compile: bool = False) -> str:
     """Exports raw strings -> L2-normalised embeddings (see the module contract).
 
     `jit_compile`: inference (`training=False`) runs the encoder, after the
     in-graph tokenizer, as an XLA-compiled function on ids padded to a multiple
-    of `JIT_LENGTH_MULTIPLE` (same outputs; benchmarks/compiled_encoder.py).
+    of `JIT_LENGTH_MULTIPLE` and `JIT_ROWS_MULTIPLE` rows (same outputs;
+    benchmarks/compiled_encoder.py).
     """
     root = _new_root()
     root.tokenizer = tokenizer
@@ -117,8 +129,11 @@ def export_lealla_model(encoder, tokenizer, export_path: str, jit_compile: bool 
 
     def embed_inputs(inputs, training=False):
         if jit_compile and not training:
-            return compiled(pad_to_multiple(inputs, JIT_LENGTH_MULTIPLE, tokenizer.pad_id,
-                                            encoder.encoder_config.max_sequence_length))
+            rows = tf.shape(inputs["input_word_ids"])[0]
+            padded = pad_to_multiple(inputs, JIT_LENGTH_MULTIPLE, tokenizer.pad_id,
+                                     encoder.encoder_config.max_sequence_length)
+            return compiled(pad_rows_to_multiple(padded, JIT_ROWS_MULTIPLE,
+                                                 tokenizer.pad_id))[:rows]
         return encoder.forward(inputs, training=training)["sentence_embedding"]
 
     def embed(strings, training=False):

@@ -287,8 +287,8 @@ class LeallaEncoder(keras.Model):
         block on `[b*t, d]` rows; the embeddings, layer norms, dropout and
         pooling are this model's own layers. Without dropout the outputs are
         the Keras call's within float32 round-off (tested to 1e-5). The
-        exports serve with it and the students train with it
-        (benchmarks/embed_speed.py, benchmarks/train_throughput.py).
+        exports and embedders serve with it (benchmarks/embed_speed.py); the
+        students train through the Keras call, whose backward measured faster.
         """
         if (keras.backend.backend() != "tensorflow"
                 or self.token_embedding.compute_dtype != "float32"):

@@ -149,14 +149,32 @@ def test_a_token_cap_cuts_smaller_batches_with_the_same_vectors(model, corpus):
     path, reference = model
     output = str(corpus / "capped")
     arguments = [f"--input={corpus / 'in' / '*'}", f"--model={path}", f"--output={output}"]
-    with pytest.raises(ValueError, match="--model_max_tokens must be at least 1"):
-        embed_corpus.run(arguments + ["--model_max_tokens=0"])
+    with pytest.raises(ValueError, match="--model_max_tokens must be at least 0"):
+        embed_corpus.run(arguments + ["--model_max_tokens=-1"])
     # 8 padded tokens a call: every sentence alone or with one other
     embed_corpus.run(arguments + ["--model_max_tokens=8", "--num_shards=1"])
     ids, vectors, texts = read_embeddings(output, with_text=True)
     assert len(ids) == 8
     for text, vector in zip(texts, vectors):
         np.testing.assert_allclose(vector, reference[text], atol=1e-5)
+
+
+def test_the_shard_step_hands_the_token_cap_to_the_model(model, tmp_path, monkeypatch):
+    from lealla_tf import embedder as embedder_lib
+
+    calls, encode = [], embedder_lib.Embedder.encode
+
+    def recorded(self, sentences, batch_size=64, show_progress_bar=False,
+                 description="embedding", max_tokens=None):
+        calls.append((len(sentences), batch_size, max_tokens))
+        return encode(self, sentences, batch_size, show_progress_bar, description, max_tokens)
+
+    monkeypatch.setattr(embedder_lib.Embedder, "encode", recorded)
+    shard = embed_corpus.EmbedShard(model[0], str(tmp_path), 1, False, False, 16, None, 8)
+    events = list(shard.process((("embeddings", 0), [(f"k{i}", s) for i, s in
+                                                     enumerate(SENTENCES)])))
+    assert ("embedded", len(SENTENCES)) in events
+    assert calls == [(len(SENTENCES), 16, 8)]
 
 
 def test_missing_input_is_an_error(model, tmp_path):

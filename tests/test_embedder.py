@@ -106,6 +106,21 @@ def test_length_batches_cap_sentences_and_padded_tokens():
             length_batches(lengths, **bad)
 
 
+def test_a_token_cap_without_token_lengths_falls_back_to_plain_batches():
+    sizes = []
+
+    def embed_batch(batch):
+        sizes.append(len(batch))
+        return np.ones((len(batch), 2), np.float32)
+
+    sentences = ["x" * (i % 50 + 1) for i in range(300)]
+    embedder_lib.encode_in_length_order(embed_batch, sentences, 1000, max_tokens=4)
+    assert sizes == [embedder_lib.PLAIN_BATCH_SIZE] * 2 + [300 - 2 * embedder_lib.PLAIN_BATCH_SIZE]
+    sizes.clear()
+    embedder_lib.encode_in_length_order(embed_batch, sentences, 1000)  # no cap asked: as given
+    assert sizes == [300]
+
+
 def test_encode_with_max_tokens_packs_short_sentences_in_larger_batches(tokenizer, encoder):
     sentences = multilingual_sentences()
     shapes = []

@@ -383,8 +383,10 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
     if num_shards < 1 or model_batch_size < 1:
         raise ValueError(f"--num_shards and --model_batch_size must be at least 1, got "
                          f"{num_shards} and {model_batch_size}")
-    if model_max_tokens is not None and model_max_tokens < 1:
-        raise ValueError(f"--model_max_tokens must be at least 1, got {model_max_tokens}")
+    if model_max_tokens is not None and model_max_tokens < 0:
+        raise ValueError(f"--model_max_tokens must be at least 0 (0: no cap), got "
+                         f"{model_max_tokens}")
+    model_max_tokens = model_max_tokens or None
     if english_only and not pairs:
         raise ValueError("--english_only applies to --pairs")
     options = pipeline_options(pipeline_args, default_runner=test_pipeline is None)
@@ -449,7 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="sentences per model call, at most")
     parser.add_argument("--model_max_tokens", type=int, default=PIPELINE_MAX_TOKENS,
                         help="padded tokens per model call, at most (short sentences go in "
-                             "larger calls; models that hide their tokenizer ignore it)")
+                             "larger calls; 0: no cap; a model that hides its tokenizer gets "
+                             "at most 128 sentences a call instead)")
     parser.add_argument("--max_seq_length", type=int, default=None,
                         help="truncate sentences to this many tokens, specials included and "
                              "the in-graph prefix not (LaBSE/2-format teachers; e.g. the "
