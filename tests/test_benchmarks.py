@@ -159,3 +159,23 @@ def test_a_recipe_sweep_row_changes_only_training_flags(tmp_path, capsys):
     assert main(common + ["--variant=cut="]) == 2
     assert "cut.json cannot be read" in capsys.readouterr().err
     assert not os.path.exists(out)
+
+
+def test_the_roofline_benchmark_times_matmuls_and_both_encoder_paths(tmp_path, monkeypatch):
+    import json
+
+    from benchmarks import encoder_roofline
+
+    output = tmp_path / "roofline.json"
+    monkeypatch.setattr(sys, "argv", [
+        "encoder_roofline.py", f"--output_json={output}", "--rows=8", "--batch=2",
+        "--length=4", "--layers=2", "--repeats=1"])
+    encoder_roofline.main()
+    result = json.loads(output.read_text())
+    shapes = [(r["model_width"], r["rows"], r["k"], r["n"]) for r in result["matmuls"]]
+    assert shapes[0] == ("peak", 2048, 2048, 2048) and ("d=128", 8, 128, 384) in shapes
+    assert all(r["gflops"] > 0 for r in result["matmuls"])
+    layers = result["layers"]
+    assert layers["layers"] == 2 and layers["matmuls_alone_ms_a_layer"] > 0
+    for path in ("keras", "fused"):
+        assert layers[path]["ms_a_layer"] > 0 and layers[path]["sentences_per_second"] > 0
