@@ -96,18 +96,20 @@ def pad_to_multiple(inputs, multiple: int, pad_id: int, limit: int = None):
     target = (length + multiple - 1) // multiple * multiple
     if limit is not None:
         target = tf.maximum(tf.minimum(target, limit), length)
-    extra = target - length
-    return {name: tf.pad(value, [[0, 0], [0, extra]],
-                         constant_values=pad_id if name == "input_word_ids" else 0)
-            for name, value in inputs.items()}
+    return _pad_inputs(inputs, [[0, 0], [0, target - length]], pad_id)
 
 
 def pad_rows_to_multiple(inputs, multiple: int, pad_id: int):
     """Adds all-padding rows to BERT inputs up to a multiple of `multiple` rows
     (their embeddings are to be dropped: `[:rows]`)."""
     rows = tf.shape(inputs["input_word_ids"])[0]
-    extra = (rows + multiple - 1) // multiple * multiple - rows
-    return {name: tf.pad(value, [[0, extra], [0, 0]],
+    return _pad_inputs(inputs, [[0, (rows + multiple - 1) // multiple * multiple - rows],
+                                [0, 0]], pad_id)
+
+
+def _pad_inputs(inputs, paddings, pad_id: int):
+    """BERT inputs padded by `paddings`: ids with `pad_id`, mask and types with 0."""
+    return {name: tf.pad(value, paddings,
                          constant_values=pad_id if name == "input_word_ids" else 0)
             for name, value in inputs.items()}
 

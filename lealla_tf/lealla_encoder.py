@@ -303,9 +303,6 @@ class LeallaEncoder(keras.Model):
             (x, self.position_embedding(x), self.segment_embedding(inputs["input_type_ids"])))
         x = self.embeddings_dropout(self.embeddings_layer_norm(x), training=training)
         batch, length = tf.shape(ids)[0], tf.shape(ids)[1]
-        activation = {"gelu": lambda h: tf.nn.gelu(h, approximate=False),
-                      "gelu_approximate": lambda h: tf.nn.gelu(h, approximate=True),
-                      "relu": tf.nn.relu}[self.hidden_activation]
         # Keras' masked softmax: -1e9 added at padded keys (float32).
         key_bias = (1.0 - tf.cast(mask, tf.float32))[:, None, None, :] * -1e9
         rows = tf.reshape(x, [-1, self.hidden_dim])
@@ -328,8 +325,8 @@ class LeallaEncoder(keras.Model):
                 layer._self_attention_dropout(attended, training=training) + rows)
             intermediate, output = (layer._feedforward_intermediate_dense,
                                     layer._feedforward_output_dense)
-            hidden = activation(tf.nn.bias_add(tf.matmul(rows, intermediate.kernel),
-                                               intermediate.bias))
+            hidden = intermediate.activation(tf.nn.bias_add(
+                tf.matmul(rows, intermediate.kernel), intermediate.bias))
             hidden = tf.nn.bias_add(tf.matmul(hidden, output.kernel), output.bias)
             rows = layer._feedforward_layer_norm(
                 layer._feedforward_dropout(hidden, training=training) + rows)

@@ -11,18 +11,24 @@ import platform
 from typing import Optional
 
 
-def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> Optional[str]:
-    """The processor's model name (Linux), or `platform.processor()` elsewhere;
-    None when neither says."""
+def _cpuinfo_value(field: str, cpuinfo: str) -> Optional[str]:
+    """The first non-empty value of `field` in a /proc/cpuinfo-format file, or
+    None (no such field, or no such file)."""
     try:
         with open(cpuinfo, encoding="utf-8", errors="replace") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() == "model name" and value.strip():
+                if key.strip() == field and value.strip():
                     return value.strip()
     except OSError:
         pass
-    return platform.processor() or None
+    return None
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> Optional[str]:
+    """The processor's model name (Linux), or `platform.processor()` elsewhere;
+    None when neither says."""
+    return _cpuinfo_value("model name", cpuinfo) or platform.processor() or None
 
 
 def vector_extensions(cpuinfo: str = "/proc/cpuinfo") -> list:
@@ -30,16 +36,8 @@ def vector_extensions(cpuinfo: str = "/proc/cpuinfo") -> list:
     kernels here (avx2, avx512f, avx512_bf16, amx_tile, ...), as the kernel lists them."""
     wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile",
               "amx_bf16", "amx_int8")
-    try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "flags":
-                    present = set(value.split())
-                    return [w for w in wanted if w in present]
-    except OSError:
-        pass
-    return []
+    present = set((_cpuinfo_value("flags", cpuinfo) or "").split())
+    return [w for w in wanted if w in present]
 
 
 def usable_cpus() -> int:
