@@ -6,7 +6,7 @@ import keras
 from keras_hub.layers import PositionEmbedding, TransformerEncoder
 
 from lealla_tf.configs import EncoderConfig, config_to_dict
-from lealla_tf.layers import L2Normalization, MaskedMeanPooling
+from lealla_tf.layers import L2Normalization, MaskedMeanPooling, hash_dropout
 
 
 def _bert_initializer():
@@ -284,16 +284,20 @@ class LeallaEncoder(keras.Model):
         Each layer's three attention projections run as one `[b*t, d] x [d, 3d]`
         matmul (1/sqrt(head size) folded into the query weights), the heads as
         two batched matmuls on `[b, heads, t, head size]`, and the feed-forward
-        block on `[b*t, d]` rows; the embeddings, layer norms, dropout and
-        pooling are this model's own layers. Without dropout the outputs are
-        the Keras call's within float32 round-off (tested to 1e-5). The
-        exports and embedders serve with it (benchmarks/embed_speed.py); the
-        students train through the Keras call, whose backward measured faster.
+        block on `[b*t, d]` rows; the embeddings, layer norms and pooling are
+        this model's own layers, and dropout has their rates and seed generators
+        with a cheaper mask (`lealla_tf.layers.hash_dropout`). Without dropout
+        the outputs are the Keras call's within float32 round-off (tested to
+        1e-5). The exports and embedders serve with it, and the students train
+        through it (benchmarks/embed_speed.py, benchmarks/train_throughput.py).
         """
-        if (keras.backend.backend() != "tensorflow"
-                or self.token_embedding.compute_dtype != "float32"):
+        compute = self.token_embedding.compute_dtype
+        if keras.backend.backend() != "tensorflow" or compute not in ("float32", "bfloat16"):
             return self(inputs, training=training)
         import tensorflow as tf
+
+        def weight(variable):  # as the Keras layers use it: in the compute dtype
+            return tf.cast(variable, compute)
 
         ids, mask = inputs["input_word_ids"], inputs["input_mask"]
         x = self.token_embedding(ids)
@@ -301,35 +305,38 @@ class LeallaEncoder(keras.Model):
             x = self.embedding_projection(x)
         x = self.embeddings_add(
             (x, self.position_embedding(x), self.segment_embedding(inputs["input_type_ids"])))
-        x = self.embeddings_dropout(self.embeddings_layer_norm(x), training=training)
+        x = _dropout(self.embeddings_dropout, self.embeddings_layer_norm(x), training)
         batch, length = tf.shape(ids)[0], tf.shape(ids)[1]
         # Keras' masked softmax: -1e9 added at padded keys (float32).
-        key_bias = (1.0 - tf.cast(mask, tf.float32))[:, None, None, :] * -1e9
+        key_bias = tf.cast((1.0 - tf.cast(mask, tf.float32))[:, None, None, :] * -1e9, compute)
         rows = tf.reshape(x, [-1, self.hidden_dim])
         packed, encoder_outputs = {}, []
         for i in range(self.num_layers):
             layer = self.transformer_layers[i % len(self.transformer_layers)]
             if layer.name not in packed:
                 packed[layer.name] = _packed_attention(layer._self_attention_layer)
-            kernel, bias, output_kernel, output_bias, heads, head_size = packed[layer.name]
-            qkv = tf.reshape(tf.nn.bias_add(tf.matmul(rows, kernel), bias),
-                             [batch, length, 3, heads, head_size])
-            qkv = tf.transpose(qkv, [2, 0, 3, 1, 4])
-            scores = tf.matmul(qkv[0], qkv[1], transpose_b=True) + key_bias
-            probabilities = layer._self_attention_layer._dropout_layer(
-                tf.nn.softmax(scores), training=training)
-            context = tf.matmul(probabilities, qkv[2])
+            kernel, bias, output_kernel, output_bias, heads, head_size = (
+                weight(w) if i < 4 else w for i, w in enumerate(packed[layer.name]))
+            # [b, 3 * heads, t, head]; split (not indexed: an index's gradient
+            # writes a zero tensor of the whole input) into query, key and value.
+            qkv = tf.transpose(tf.reshape(tf.nn.bias_add(tf.matmul(rows, kernel), bias),
+                                          [batch, length, 3 * heads, head_size]), [0, 2, 1, 3])
+            query, key, value = tf.split(qkv, 3, axis=1)
+            scores = tf.matmul(query, key, transpose_b=True) + key_bias
+            probabilities = _dropout(layer._self_attention_layer._dropout_layer,
+                                     tf.nn.softmax(scores), training)
+            context = tf.matmul(probabilities, value)
             context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, heads * head_size])
             attended = tf.nn.bias_add(tf.matmul(context, output_kernel), output_bias)
             rows = layer._self_attention_layer_norm(
-                layer._self_attention_dropout(attended, training=training) + rows)
+                _dropout(layer._self_attention_dropout, attended, training) + rows)
             intermediate, output = (layer._feedforward_intermediate_dense,
                                     layer._feedforward_output_dense)
             hidden = intermediate.activation(tf.nn.bias_add(
-                tf.matmul(rows, intermediate.kernel), intermediate.bias))
-            hidden = tf.nn.bias_add(tf.matmul(hidden, output.kernel), output.bias)
+                tf.matmul(rows, weight(intermediate.kernel)), weight(intermediate.bias)))
+            hidden = tf.nn.bias_add(tf.matmul(hidden, weight(output.kernel)), weight(output.bias))
             rows = layer._feedforward_layer_norm(
-                layer._feedforward_dropout(hidden, training=training) + rows)
+                _dropout(layer._feedforward_dropout, hidden, training) + rows)
             encoder_outputs.append(tf.reshape(rows, [batch, length, self.hidden_dim]))
         x = encoder_outputs[-1]
         pooled_output, embedding = self._pool(x, mask)
@@ -344,6 +351,17 @@ class LeallaEncoder(keras.Model):
         for key in ("name", "trainable", "dtype"):
             values.pop(key)
         return EncoderConfig(**values)
+
+
+def _dropout(layer, x, training):
+    """What the Keras `Dropout` layer `layer` does to `x`, with its rate and its
+    seed generator, by `lealla_tf.layers.hash_dropout` (the same distribution, a
+    mask several times cheaper than Keras' Philox draw)."""
+    if not training or layer.rate == 0:
+        return x
+    if layer.noise_shape is not None:
+        return layer(x, training=training)
+    return hash_dropout.dropout(x, layer.rate, layer.seed_generator.next())
 
 
 def _packed_attention(attention) -> tuple:

@@ -49,8 +49,8 @@ class EncoderStudent:
         self.embedding_size = config.encoder.embedding_size
 
     def __call__(self, batch, teacher_vectors=None, training=True) -> StudentOutputs:
-        source = self.encoder(batch["source"], training=training)
-        target = self.encoder(batch["target"], training=training)
+        source = self.encoder.forward(batch["source"], training=training)
+        target = self.encoder.forward(batch["target"], training=training)
         return StudentOutputs(source["sentence_embedding"], target["sentence_embedding"],
                               source["pooled_output"], target["pooled_output"],
                               list(source["encoder_outputs"]), list(target["encoder_outputs"]))

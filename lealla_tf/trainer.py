@@ -1,7 +1,9 @@
 """The trainer: runs a `DistillationTask`'s steps, checkpoints and logs (nothing else).
 
-The optimizer is AdamW with linear warmup and decay; gradients (already summed
-over replicas by the task) are clipped by their GLOBAL norm and applied.
+The optimizer is AdamW (`lealla_tf.optimizers.FusedAdamW`: Keras' AdamW, one
+fused kernel a variable) with linear warmup and decay; gradients (already summed
+over replicas by the task; a lookup table's sparse on one replica) are clipped by
+their GLOBAL norm and applied.
 
 Resuming: the checkpoint holds student, heads, optimizer (with its step), the
 step counter and dropout's random state; the data stream is a pure function of
@@ -24,14 +26,15 @@ import tempfile
 import time
 from typing import Optional
 
-import keras
 import tensorflow as tf
 
 from lealla_tf.distribution import any_worker, worker_role
 from lealla_tf.evaluation import TATOEBA_PRIMARY_METRIC
 from lealla_tf.model_dir import CHECKPOINT_DIR
+from lealla_tf.optimizers import FusedAdamW
 from lealla_tf.run_logs import RunLogs, truncate_log
 from lealla_tf.schedules import WarmupLinearDecay
+from lealla_tf.task import scale_gradient
 
 
 class Trainer:
@@ -58,7 +61,7 @@ class Trainer:
         with self.strategy.scope():
             schedule = WarmupLinearDecay(optimizer.learning_rate, optimizer.warmup_steps,
                                          config.train_steps, optimizer.end_learning_rate_fraction)
-            self.optimizer = keras.optimizers.AdamW(
+            self.optimizer = FusedAdamW(
                 learning_rate=schedule, weight_decay=optimizer.weight_decay,
                 beta_1=optimizer.beta_1, beta_2=optimizer.beta_2, epsilon=optimizer.epsilon)
             self.optimizer.exclude_from_weight_decay(var_names=["gamma", "beta", "bias"])
@@ -85,7 +88,7 @@ class Trainer:
                                                   use_norm=norm)
         # Keras' optimizer SUMs gradients over replicas again: hand it 1/R of the
         # already reduced (and globally clipped) gradient.
-        gradients = [g / replicas for g in gradients]
+        gradients = [scale_gradient(g, 1.0 / replicas) for g in gradients]
         self.optimizer.apply_gradients(zip(gradients, self.task.trainable))
         ids = batch["source"]["input_word_ids"]
         fingerprint = tf.reduce_sum(tf.cast(ids, tf.int64) * tf.range(

@@ -14,9 +14,10 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "lealla_tf"
 LAYERS = [
     {"losses", "mining", "tokenizer", "parallel_corpus", "embedding_io", "sentencepiece_model",
      "e5_checkpoint", "distribution", "beam_options", "reload_check", "layers",
-     "layers.l2_normalization", "layers.masked_mean_pooling", "pipelines", "json_files",
-     "machine"},
-    {"objectives", "configs", "presets", "lealla_encoder", "vocabulary", "flags", "schedules"},
+     "layers.l2_normalization", "layers.masked_mean_pooling", "layers.hash_dropout",
+     "pipelines", "json_files", "machine"},
+    {"objectives", "configs", "presets", "lealla_encoder", "vocabulary", "flags", "schedules",
+     "optimizers"},
     {"model_dir", "data", "checkpoint_conversion", "vocab_pruning"},
     {"export_lib", "embedder", "teachers", "students"},
     {"teacher_conversion", "evaluation", "embedding_init", "plots", "heads"},

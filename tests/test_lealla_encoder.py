@@ -164,10 +164,36 @@ def test_forward_equals_the_keras_call(changes):
                                keras_call["sentence_embedding"], atol=1e-5)
 
 
-def test_forward_falls_back_to_the_keras_call_in_bfloat16():
-    encoder = build_encoder(TINY, dtype="mixed_bfloat16")
-    np.testing.assert_array_equal(encoder.forward(BATCH)["sentence_embedding"],
-                                  encoder(BATCH, training=False)["sentence_embedding"])
+def test_forward_in_bfloat16_matches_the_keras_call():
+    encoder = build_encoder(TINY.replace(num_layers=3), dtype="mixed_bfloat16")
+    batch = {k: tf.constant(v) for k, v in BATCH.items()}
+    ours = encoder.forward(batch)["sentence_embedding"]
+    assert ours.dtype == tf.float32
+    # bfloat16 keeps 8 bits of mantissa: both paths round, in different places.
+    np.testing.assert_allclose(ours, encoder(batch, training=False)["sentence_embedding"],
+                               atol=3e-2)
+    assert encoder.forward(batch)["sequence_output"].dtype == tf.bfloat16
+
+
+@pytest.mark.parametrize("dtype", [None, "mixed_bfloat16"])
+def test_forward_in_training_has_the_keras_calls_gradients_without_dropout(dtype):
+    encoder = build_encoder(TINY.replace(dropout=0.0, pooling="mean", num_layers=3),
+                            dtype=dtype)
+    batch = {k: tf.constant(v) for k, v in BATCH.items()}
+    weights = tf.range(8, dtype=tf.float32)
+
+    def gradients(call):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(call(batch, training=True)["sentence_embedding"] * weights)
+        return [tf.convert_to_tensor(g).numpy()
+                for g in tape.gradient(loss, encoder.trainable_weights)]
+
+    tolerance = 1e-5 if dtype is None else 5e-2
+    for ours, theirs, weight in zip(gradients(encoder.forward), gradients(encoder),
+                                    encoder.trainable_weights):
+        scale = max(float(np.abs(theirs).max()), 1.0)
+        np.testing.assert_allclose(ours / scale, theirs / scale, atol=tolerance,
+                                   err_msg=weight.path)
 
 
 def test_forward_in_training_drops_out_and_reaches_every_weight():
@@ -181,6 +207,13 @@ def test_forward_in_training_drops_out_and_reaches_every_weight():
         loss = tf.reduce_sum(a[0] * a[1])
     b = encoder.forward(batch, training=True)["sentence_embedding"]
     assert np.abs(np.asarray(a) - np.asarray(b)).max() > 1e-3  # dropout masks differ
+    # the masks come from the dropout layers' seed generators: the same state, the same masks
+    states = [v for v in encoder.variables if "seed_generator" in v.path]
+    saved = [v.numpy() for v in states]
+    c = encoder.forward(batch, training=True)["sentence_embedding"]
+    for variable, value in zip(states, saved):
+        variable.assign(value)
+    np.testing.assert_array_equal(encoder.forward(batch, training=True)["sentence_embedding"], c)
     gradients = tape.gradient(loss, encoder.trainable_weights)
     for weight, gradient in zip(encoder.trainable_weights, gradients):
         assert gradient is not None, weight.path
