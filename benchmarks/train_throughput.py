@@ -25,6 +25,17 @@ oneDNN kernels off and on; the same step compiled with XLA (`jit_compile`);
 and the whole loop on real pairs before (oneDNN off,
 tf.data autotuned on the step's cores) and after (oneDNN on, the input pipeline
 on one thread of its own).
+
+    python benchmarks/train_throughput.py --levers --rounds=2 \
+        --output_json=benchmarks/results/train_levers.json
+
+measures the step at 64 x 32 (LaBSE's 501k vocabulary) as each lever of the
+training step is added, each in a fresh process, round-robin over `--rounds`
+(the fastest round of each kept, the machine's speed drifts): Keras' AdamW on a
+dense table gradient through the Keras call (the step before them), then
+`FusedAdamW`, the table's gradient kept sparse, the fused forward (with Keras'
+Philox dropout), the hash-mask dropout (today's float32 step), and bfloat16. The
+"before" levers are rebuilt here by putting the old pieces back in the child.
 """
 
 import argparse
@@ -92,13 +103,17 @@ def measure(preset, vocab, batch_size, length, warmup, steps, mixed_precision,
                            jit_compile=jit_compile)
         for _ in range(warmup):
             float(step(batch)["total"])
-        start = time.perf_counter()
+        times = []
         for _ in range(steps):
+            start = time.perf_counter()
             float(step(batch)["total"])
-        seconds = (time.perf_counter() - start) / steps
+            times.append(time.perf_counter() - start)
+        # The median step: one step slowed by another tenant does not move it.
+        seconds = float(np.median(times))
         parameters = task.student.encoder.count_params()
     return {"preset": preset, "mixed_precision": mixed_precision, "parameters": parameters,
             "seconds_per_step": seconds, "pairs_per_second": batch_size / seconds,
+            "mean_seconds_per_step": float(np.mean(times)),
             "warmup_steps": warmup, "timed_steps": steps}
 
 
@@ -147,8 +162,41 @@ def measure_real_data(train_data, vocab, buckets, steps, batch_size, length):
             "final_loss": rows[-1].get("total") if rows else None}
 
 
+# Each lever adds one piece to the step; the child puts back the old piece of
+# every lever not yet added (what the step did before it).
+LEVERS = ["keras_adamw_dense_keras_call", "fused_adamw", "sparse_table_gradient",
+          "fused_forward", "hash_dropout", "bfloat16"]
+
+
+def restore_old_pieces(levers: int) -> None:
+    """In this child process: the training step as it was before LEVERS[1:levers]."""
+    import keras
+    import tensorflow as tf
+
+    import lealla_tf.lealla_encoder as encoder_module
+    import lealla_tf.task as task_module
+    import lealla_tf.trainer as trainer_module
+
+    if levers < 2:
+        trainer_module.FusedAdamW = keras.optimizers.AdamW
+    if levers < 3:
+        task_module.unique_rows = tf.convert_to_tensor
+    if levers < 4:
+        encoder_module.LeallaEncoder.forward = (
+            lambda self, inputs, training=False: self(inputs, training=training))
+    if levers < 5:  # Keras' own dropout: Philox floats, compare, select
+        encoder_module.hash_dropout = type("KerasDropout", (), {"dropout": staticmethod(
+            lambda x, rate, seed: tf.nn.experimental.stateless_dropout(x, rate, seed))})
+
+
 def child(spec: dict) -> dict:
-    """One measurement of `--speedups`, in this (fresh) process."""
+    """One measurement of `--speedups` or `--levers`, in this (fresh) process."""
+    if "levers" in spec:
+        restore_old_pieces(spec["levers"])
+        with tempfile.TemporaryDirectory() as tmp:
+            vocab = synthetic_vocabulary(os.path.join(tmp, "vocab.txt"))
+            return measure("lealla_small", vocab, spec["batch_size"], spec["length"],
+                           spec["warmup"], spec["steps"], spec["levers"] >= 6)
     if not spec["lean_input"]:
         import lealla_tf.data
 
@@ -163,17 +211,49 @@ def child(spec: dict) -> dict:
                              spec["batch_size"], spec["length"])
 
 
-def speedups(args) -> dict:
-    """Every speed-up of the training loop, each measured in a fresh process."""
+def run_child(spec: dict, environment=None) -> dict:
+    """`child(spec)` in a fresh process; its result with the spec."""
     import subprocess
 
+    done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec),
+                           "--output_json", "-"], env=environment or dict(os.environ),
+                          check=True, capture_output=True, text=True)
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), **spec}
+
+
+def levers(args) -> dict:
+    """The step as each lever is added, each in a fresh process, `--rounds` rounds."""
+    rounds = {name: [] for name in LEVERS}
+    for round_index in range(args.rounds):
+        for count, name in enumerate(LEVERS, start=1):
+            result = run_child({"levers": count, "batch_size": args.batch_size,
+                                "length": args.length, "warmup": args.warmup,
+                                "steps": args.steps})
+            rounds[name].append(result)
+            print(f"round {round_index + 1}, + {name}: {result['seconds_per_step']:.3f} s/step, "
+                  f"{result['pairs_per_second']:.1f} pairs/s", flush=True)
+    rows = []
+    for name in LEVERS:
+        best = min(rounds[name], key=lambda r: r["seconds_per_step"])
+        rows.append({"lever": name, "pairs_per_second": best["pairs_per_second"],
+                     "seconds_per_step": best["seconds_per_step"],
+                     "mixed_precision": best["mixed_precision"],
+                     "rounds_pairs_per_second": [r["pairs_per_second"] for r in rounds[name]]})
+    for previous, row in zip(rows, rows[1:]):
+        row["over_previous"] = row["pairs_per_second"] / previous["pairs_per_second"]
+    return {"benchmark": "train_levers", "machine": machine(), "preset": "lealla_small",
+            "objective": "ams+fd+ld", "batch_size": args.batch_size, "length": args.length,
+            "vocabulary_size": VOCABULARY_SIZE, "timed_steps": args.steps,
+            "rounds": args.rounds, "levers": rows,
+            "after_over_before_float32": rows[4]["pairs_per_second"] / rows[0]["pairs_per_second"],
+            "after_over_before_bfloat16": rows[5]["pairs_per_second"] / rows[0]["pairs_per_second"]}
+
+
+def speedups(args) -> dict:
+    """Every speed-up of the training loop, each measured in a fresh process."""
     def run(spec, onednn):
-        environment = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "1" if onednn else "0"}
-        done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec),
-                               "--output_json", "-"], env=environment, check=True,
-                              capture_output=True, text=True)
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        result.update(spec, onednn=onednn)
+        result = run_child(spec, {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "1" if onednn else "0"})
+        result["onednn"] = onednn
         print(json.dumps({k: result[k] for k in ("kind", "onednn", "lean_input", "jit_compile",
                                                   "pairs_per_second")
                           if k in result}), flush=True)
@@ -220,10 +300,17 @@ def main():
                         help="--speedups: steps of the whole loop on real pairs")
     parser.add_argument("--speedup_groups", default="step,xla,real_data",
                         help="--speedups: which of step,xla,real_data to measure")
+    parser.add_argument("--levers", action="store_true",
+                        help="measure the step as each lever is added, each in a fresh process")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="--levers: rounds over the list (the fastest of each kept)")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
+        return
+    if args.levers:
+        write_result(args.output_json, levers(args))
         return
     if args.speedups:
         write_result(args.output_json, speedups(args))

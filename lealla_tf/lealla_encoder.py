@@ -317,11 +317,12 @@ class LeallaEncoder(keras.Model):
                 packed[layer.name] = _packed_attention(layer._self_attention_layer)
             kernel, bias, output_kernel, output_bias, heads, head_size = (
                 weight(w) if i < 4 else w for i, w in enumerate(packed[layer.name]))
-            # [b, 3 * heads, t, head]; split (not indexed: an index's gradient
-            # writes a zero tensor of the whole input) into query, key and value.
-            qkv = tf.transpose(tf.reshape(tf.nn.bias_add(tf.matmul(rows, kernel), bias),
-                                          [batch, length, 3 * heads, head_size]), [0, 2, 1, 3])
-            query, key, value = tf.split(qkv, 3, axis=1)
+            # [3, b, heads, t, head], unstacked along its first axis: views of one
+            # buffer, no copy (tf.split on another axis copies), and the gradient is
+            # one stack (an index's would write a zero tensor of the whole input).
+            qkv = tf.reshape(tf.nn.bias_add(tf.matmul(rows, kernel), bias),
+                             [batch, length, 3, heads, head_size])
+            query, key, value = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]))
             scores = tf.matmul(query, key, transpose_b=True) + key_bias
             probabilities = _dropout(layer._self_attention_layer._dropout_layer,
                                      tf.nn.softmax(scores), training)

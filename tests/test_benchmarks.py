@@ -1,5 +1,5 @@
-"""Tests of the benchmarks' shared helpers (benchmarks/vocab_build.py) and of
-benchmarks/in_step_teacher.py."""
+"""Tests of the benchmarks' shared helpers (benchmarks/vocab_build.py), of
+benchmarks/in_step_teacher.py and of train_throughput.py's levers."""
 
 import os
 import pathlib
@@ -179,3 +179,36 @@ def test_the_roofline_benchmark_times_matmuls_and_both_encoder_paths(tmp_path, m
     assert layers["layers"] == 2 and layers["matmuls_alone_ms_a_layer"] > 0
     for path in ("keras", "fused"):
         assert layers[path]["ms_a_layer"] > 0 and layers[path]["sentences_per_second"] > 0
+
+
+LEVERS_PROBE = textwrap.dedent(f"""
+    import sys
+    sys.path.insert(0, {str(REPO)!r})
+    import keras, tensorflow as tf
+    from benchmarks import train_throughput
+    import lealla_tf.lealla_encoder as encoder_module, lealla_tf.task as task, lealla_tf.trainer as trainer
+    from lealla_tf.optimizers import FusedAdamW
+    levers = int(sys.argv[1])
+    forward, dropout = encoder_module.LeallaEncoder.forward, encoder_module.hash_dropout.dropout
+    train_throughput.restore_old_pieces(levers)
+    print("adamw", trainer.FusedAdamW is keras.optimizers.AdamW,
+          "dense", task.unique_rows is tf.convert_to_tensor,
+          "keras_call", encoder_module.LeallaEncoder.forward is not forward,
+          "philox", encoder_module.hash_dropout.dropout is not dropout)
+""")
+
+
+def test_the_levers_benchmark_puts_back_the_old_pieces_in_order():
+    """`train_throughput.py --levers` measures each lever by putting back, in its
+    child process, the pieces of the step not yet added (before: all of them)."""
+    def probe(levers):
+        done = subprocess.run([sys.executable, "-c", LEVERS_PROBE, str(levers)], text=True,
+                              capture_output=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        words = done.stdout.split()
+        return dict(zip(words[::2], [w == "True" for w in words[1::2]]))
+
+    assert probe(1) == {"adamw": True, "dense": True, "keras_call": True, "philox": True}
+    assert probe(3) == {"adamw": False, "dense": False, "keras_call": True, "philox": True}
+    assert probe(4) == {"adamw": False, "dense": False, "keras_call": False, "philox": True}
+    assert probe(6) == {"adamw": False, "dense": False, "keras_call": False, "philox": False}
