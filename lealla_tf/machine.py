@@ -3,7 +3,10 @@
 The same command takes very different times on machines of one nominal size
 (2 cores): the main job took 36.9–58.5 min on the machines of 2026-11-24 and
 14.7 min (recipe) on an AMD EPYC with AVX-512 on 2026-11-25. A figure of time is
-only comparable with the processor named beside it, so it is recorded.
+only comparable with the processor named beside it, so it is recorded, with its
+family and model: two "AMD EPYC" machines with AVX-512 of 2026-11-25 were a
+Zen 5 (family 26, 441 GFLOP/s on a 2,048-cube matmul) and a Zen 4 (family 25,
+model 17, 186 GFLOP/s), and the model name alone did not tell them apart.
 """
 
 import os
@@ -31,6 +34,14 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> Optional[str]:
     return _cpuinfo_value("model name", cpuinfo) or platform.processor() or None
 
 
+def cpu_generation(cpuinfo: str = "/proc/cpuinfo") -> Optional[str]:
+    """'family F, model M' of the processor (Linux x86), or None."""
+    family, model = _cpuinfo_value("cpu family", cpuinfo), _cpuinfo_value("model", cpuinfo)
+    if family is None or model is None:
+        return None
+    return f"family {family}, model {model}"
+
+
 def vector_extensions(cpuinfo: str = "/proc/cpuinfo") -> list:
     """The SIMD extensions that set the speed of TensorFlow's and oneDNN's
     kernels here (avx2, avx512f, avx512_bf16, amx_tile, ...), as the kernel lists them."""
@@ -52,13 +63,14 @@ def usable_cpus() -> int:
 def machine() -> dict:
     """Where this process runs: platform, processor, cores, SIMD, Python."""
     return {"platform": platform.platform(), "processor": cpu_model(),
-            "cpus": usable_cpus(), "vector_extensions": vector_extensions(),
-            "python": platform.python_version()}
+            "cpu_generation": cpu_generation(), "cpus": usable_cpus(),
+            "vector_extensions": vector_extensions(), "python": platform.python_version()}
 
 
 def describe(record: dict) -> str:
-    """One line for a summary: 'AMD EPYC, 2 cores (avx2, avx512f, ...)'."""
+    """One line for a summary: 'AMD EPYC (family 25, model 17), 2 cores (avx2, ...)'."""
     extensions = ", ".join(record.get("vector_extensions") or [])
     cores = f", {record['cpus']} cores" if record.get("cpus") else ""
-    return (f"{record.get('processor') or 'unknown processor'}{cores}"
+    generation = f" ({record['cpu_generation']})" if record.get("cpu_generation") else ""
+    return (f"{record.get('processor') or 'unknown processor'}{generation}{cores}"
             + (f" ({extensions})" if extensions else ""))
