@@ -61,8 +61,11 @@ def synthetic_vocabulary(path, size=VOCABULARY_SIZE):
     return path
 
 
-def measure(preset, vocab, batch_size, length, warmup, steps, mixed_precision,
-            vocabulary_size=VOCABULARY_SIZE, jit_compile=False):
+def build_step(preset, vocab, batch_size, length, mixed_precision, model_dir,
+               vocabulary_size=VOCABULARY_SIZE, jit_compile=False):
+    """The real train step of `lealla_tf.trainer.Trainer` and one batch of random
+    ids (`batch_size` pairs x `length` tokens a side, 768-d teacher vectors):
+    (step function, batch, task). Ids do not change the speed."""
     import keras
     import numpy as np
     import tensorflow as tf
@@ -82,25 +85,34 @@ def measure(preset, vocab, batch_size, length, warmup, steps, mixed_precision,
         tokenizer=TokenizerConfig(max_seq_length=length), loss=LossConfig(objective="lealla"),
         optimizer=OptimizerConfig(), global_batch_size=batch_size, train_steps=10_000,
         mixed_precision=mixed_precision), vocabulary_size, 768)
+    strategy = make_strategy("default")
+    task = DistillationTask(config, strategy, Tokenizer(vocab, length),
+                            PrecomputedTeacher(768, True))
+    trainer = Trainer(task, model_dir, progress=False)
+    rng = np.random.default_rng(0)
+
+    def side():
+        ids = rng.integers(5, vocabulary_size, size=(batch_size, length)).astype("int32")
+        ids[:, 0], ids[:, -1] = 2, 3
+        return {"input_word_ids": tf.constant(ids),
+                "input_mask": tf.ones((batch_size, length), tf.int32),
+                "input_type_ids": tf.zeros((batch_size, length), tf.int32)}
+
+    batch = {"source": side(), "target": side(),
+             "teacher_source": tf.constant(rng.normal(size=(batch_size, 768)), tf.float32),
+             "teacher_target": tf.constant(rng.normal(size=(batch_size, 768)), tf.float32)}
+    step = tf.function(lambda b: trainer.strategy.run(trainer.replica_step, args=(b,)),
+                       jit_compile=jit_compile)
+    return step, batch, task
+
+
+def measure(preset, vocab, batch_size, length, warmup, steps, mixed_precision,
+            vocabulary_size=VOCABULARY_SIZE, jit_compile=False):
+    import numpy as np
+
     with tempfile.TemporaryDirectory() as model_dir:
-        strategy = make_strategy("default")
-        task = DistillationTask(config, strategy, Tokenizer(vocab, length),
-                                PrecomputedTeacher(768, True))
-        trainer = Trainer(task, model_dir, progress=False)
-        rng = np.random.default_rng(0)
-
-        def side():
-            ids = rng.integers(5, vocabulary_size, size=(batch_size, length)).astype("int32")
-            ids[:, 0], ids[:, -1] = 2, 3
-            return {"input_word_ids": tf.constant(ids),
-                    "input_mask": tf.ones((batch_size, length), tf.int32),
-                    "input_type_ids": tf.zeros((batch_size, length), tf.int32)}
-
-        batch = {"source": side(), "target": side(),
-                 "teacher_source": tf.constant(rng.normal(size=(batch_size, 768)), tf.float32),
-                 "teacher_target": tf.constant(rng.normal(size=(batch_size, 768)), tf.float32)}
-        step = tf.function(lambda b: trainer.strategy.run(trainer.replica_step, args=(b,)),
-                           jit_compile=jit_compile)
+        step, batch, task = build_step(preset, vocab, batch_size, length, mixed_precision,
+                                       model_dir, vocabulary_size, jit_compile)
         for _ in range(warmup):
             float(step(batch)["total"])
         times = []

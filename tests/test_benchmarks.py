@@ -212,3 +212,34 @@ def test_the_levers_benchmark_puts_back_the_old_pieces_in_order():
     assert probe(3) == {"adamw": False, "dense": False, "keras_call": True, "philox": True}
     assert probe(4) == {"adamw": False, "dense": False, "keras_call": False, "philox": True}
     assert probe(6) == {"adamw": False, "dense": False, "keras_call": False, "philox": False}
+
+
+def test_step_profile_counts_each_op_once_and_groups_it(tmp_path):
+    """benchmarks/step_profile.py: an op's own event counts, not the executor's
+    wrapper around it nor a kernel's events nested inside it; python is left out."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    from benchmarks.step_profile import group_of, op_times
+
+    space = xplane_pb2.XSpace()
+    plane = space.planes.add(name="/host:CPU")
+    names = ["Process", "dense/MatMul:_MklMatMul", "ParallelFor", "ln/mul:Mul",
+             "adam:ResourceApplyAdam", "lambda"]
+    for index, name in enumerate(names, start=1):
+        plane.event_metadata[index].name = name
+    compute = plane.lines.add(name="tf_Compute/1")
+    for metadata, start, duration in [(1, 0, 100), (2, 1, 49), (3, 2, 40), (1, 100, 60),
+                                      (4, 101, 39), (5, 150, 5)]:
+        compute.events.add(metadata_id=metadata, offset_ps=start * 10**9,
+                           duration_ps=duration * 10**9)
+    python = plane.lines.add(name="python")
+    python.events.add(metadata_id=6, offset_ps=0, duration_ps=10**12)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "host.xplane.pb").write_bytes(space.SerializeToString())
+    assert op_times(str(tmp_path), calls=1) == {"_MklMatMul": 49.0, "Mul": 39.0,
+                                                "ResourceApplyAdam": 5.0}
+    assert [group_of(op) for op in ("_MklNativeFusedMatMul", "_MklBatchMatMulV2", "Mul",
+                                    "TanhGrad", "ResourceApplyAdam", "_MklSoftmax", "Unpack",
+                                    "GatherV2", "_XlaRun", "NoOp")] == [
+        "matmul", "matmul", "elementwise", "elementwise", "optimizer", "attention_layout",
+        "attention_layout", "embedding_lookup", "compiled_dropout", "other"]

@@ -164,6 +164,23 @@ def test_forward_equals_the_keras_call(changes):
                                keras_call["sentence_embedding"], atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_forward_in_parts_equals_one_call_for_any_batch_size(rows):
+    """Inference embeds a batch as INFERENCE_PARTS independent parts; one row
+    leaves a part empty."""
+    from lealla_tf import lealla_encoder
+
+    encoder = build_encoder(TINY.replace(pooling="mean"))
+    batch = inputs(np.random.default_rng(1).integers(5, 30, (rows, 6)), [6, 2, 4, 5, 1][:rows])
+    batch = {k: tf.constant(v) for k, v in batch.items()}
+    assert lealla_encoder.INFERENCE_PARTS == 2
+    ours = encoder.forward(batch)
+    np.testing.assert_allclose(ours["sentence_embedding"],
+                               encoder(batch, training=False)["sentence_embedding"], atol=1e-5)
+    assert ours["sequence_output"].shape[0] == rows
+    assert len(ours["encoder_outputs"]) == TINY.num_layers
+
+
 def test_forward_in_bfloat16_matches_the_keras_call():
     encoder = build_encoder(TINY.replace(num_layers=3), dtype="mixed_bfloat16")
     batch = {k: tf.constant(v) for k, v in BATCH.items()}
