@@ -13,10 +13,11 @@ TensorFlow's profiler over `--calls` calls (after warm-up) of
 
 Each op's own time is summed over the threads that ran it (ops nested in an op,
 such as a kernel's ParallelFor, are not counted twice) and grouped by what it
-does: matmul (oneDNN MatMul / BatchMatMul / Einsum, their fused bias, GELU and
-residual add), elementwise (layer norm, GELU and residual ops, their gradients,
-casts, bias gradients), attention_layout (softmax, transposes, unstack, concat),
-compiled_dropout (the XLA-compiled hash dropout), optimizer (the Adam kernels,
+does: dense_matmul (oneDNN MatMul / Einsum with their fused bias, GELU and
+residual add: the attention projections and the feed-forward block), attention
+(the per-head batched matmuls, softmax, transposes, unstack, concat),
+elementwise (layer norm, GELU and residual ops, their gradients, casts, bias
+gradients), compiled_dropout (the XLA-compiled hash dropout), optimizer (the Adam kernels,
 weight decay, the sparse table gradient), embedding_lookup, other. Shares are of
 the summed op time; wall ms are the calls' own.
 """
@@ -38,12 +39,12 @@ from benchmarks.vocab_build import machine, write_result  # noqa: E402
 import lealla_tf  # noqa: E402,F401  (oneDNN default before TensorFlow loads)
 
 GROUPS = [
-    ("matmul", r"MatMul|Einsum"),
+    ("attention", r"BatchMatMul|Softmax|Transpose|Unpack|Pack|Concat|Split|Reshape"),
+    ("dense_matmul", r"MatMul|Einsum"),
     ("compiled_dropout", r"^_?Xla|XlaLaunch|XlaRun|Xla"),
     ("optimizer", r"ApplyAdam|AssignSubVariableOp|AssignAddVariableOp|UnsortedSegmentSum|"
                   r"^Unique|L2Loss"),
     ("embedding_lookup", r"Gather|ResourceGather"),
-    ("attention_layout", r"Softmax|Transpose|Unpack|Pack|Concat|Split|Reshape"),
     ("elementwise", r"^(Mul|AddV2|Add|AddN|Sub|Sum|Mean|SquaredDifference|Square|Rsqrt|Sqrt|"
                     r"RsqrtGrad|Tanh|TanhGrad|Pow|RealDiv|Neg|BiasAdd|BiasAddGrad|Tile|SelectV2|"
                     r"Select|Cast|GreaterEqual|Maximum|Minimum|Erf|Exp|Relu|ReluGrad|"

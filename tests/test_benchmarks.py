@@ -241,5 +241,5 @@ def test_step_profile_counts_each_op_once_and_groups_it(tmp_path):
     assert [group_of(op) for op in ("_MklNativeFusedMatMul", "_MklBatchMatMulV2", "Mul",
                                     "TanhGrad", "ResourceApplyAdam", "_MklSoftmax", "Unpack",
                                     "GatherV2", "_XlaRun", "NoOp")] == [
-        "matmul", "matmul", "elementwise", "elementwise", "optimizer", "attention_layout",
-        "attention_layout", "embedding_lookup", "compiled_dropout", "other"]
+        "dense_matmul", "attention", "elementwise", "elementwise", "optimizer", "attention",
+        "attention", "embedding_lookup", "compiled_dropout", "other"]
