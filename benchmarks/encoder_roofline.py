@@ -12,6 +12,12 @@ One process, nothing else running:
   `--batch` x `--length` tokens, through the Keras call and through
   `LeallaEncoder.forward`: milliseconds a layer, and the share of it that its four
   matmuls alone take (timed alone at the same rows).
+- `parts`: `LeallaEncoder.forward` at inference with the batch cut into 1, 2 and 4
+  independent parts (`--parts`), for random lealla_small and labse encoders (a
+  1,000-piece vocabulary: the lookup is not what is timed) on batches shaped like
+  the pipelines' (`--part_shapes`, sentences x tokens: 4,096 tokens of short
+  sentences, of long ones), the parts' functions called in turn, best of
+  `--repeats` calls each.
 """
 
 import argparse
@@ -87,6 +93,47 @@ def layer_table(num_layers: int, batch: int, length: int, repeats: int) -> dict:
     return result
 
 
+def parts_table(presets, shapes, part_counts, repeats: int) -> list:
+    import numpy as np
+    import tensorflow as tf
+
+    from lealla_tf.lealla_encoder import build_encoder
+    from lealla_tf.presets import get_preset
+
+    rows = []
+    for preset in presets:
+        encoder = build_encoder(get_preset(preset).encoder.replace(vocabulary_size=1000))
+        for batch, length in shapes:
+            ids = np.random.default_rng(0).integers(5, 1000, (batch, length)).astype("int32")
+            inputs = {"input_word_ids": tf.constant(ids),
+                      "input_mask": tf.ones_like(ids), "input_type_ids": tf.zeros_like(ids)}
+            functions = {count: tf.function(
+                lambda x, count=count: encoder.forward(x, parts=count)["sentence_embedding"])
+                for count in part_counts}
+            for fn in functions.values():  # trace and warm up each
+                fn(inputs).numpy()
+            fastest = {count: float("inf") for count in part_counts}
+            for _ in range(repeats):  # in turn, so drift hits each count alike
+                for count, fn in functions.items():
+                    start = time.perf_counter()
+                    fn(inputs).numpy()
+                    fastest[count] = min(fastest[count], time.perf_counter() - start)
+            for count in part_counts:
+                rows.append({"preset": preset, "batch": batch, "length": length,
+                             "parts": count, "milliseconds": 1e3 * fastest[count],
+                             "sentences_per_second": batch / fastest[count],
+                             "over_one_part": fastest[part_counts[0]] / fastest[count]})
+    return rows
+
+
+def parse_shapes(text: str) -> list:
+    shapes = []
+    for item in text.split(","):
+        batch, _, length = item.strip().partition("x")
+        shapes.append((int(batch), int(length)))
+    return shapes
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--output_json", required=True)
@@ -95,17 +142,35 @@ def main():
     parser.add_argument("--length", type=int, default=16)
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--parts", default="1,2,4",
+                        help="part counts for the parts table, the first the reference")
+    parser.add_argument("--part_presets", default="lealla_small,labse")
+    parser.add_argument("--part_shapes", default="340x12,100x40",
+                        help="sentences x tokens, comma-separated")
     args = parser.parse_args()
     try:
         row_counts = [int(r) for r in args.rows.split(",") if r.strip()]
+        part_counts = [int(p) for p in args.parts.split(",") if p.strip()]
+        part_shapes = parse_shapes(args.part_shapes) if args.part_shapes.strip() else []
     except ValueError:
-        parser.error(f"--rows must be comma-separated integers, got {args.rows!r}")
-    if not row_counts or min(row_counts + [args.batch, args.length, args.layers,
-                                           args.repeats]) < 1:
-        parser.error("--rows, --batch, --length, --layers and --repeats must be at least 1")
+        parser.error("--rows and --parts must be comma-separated integers and --part_shapes "
+                     f"like 340x12,100x40; got {args.rows!r}, {args.parts!r}, "
+                     f"{args.part_shapes!r}")
+    presets = [p.strip() for p in args.part_presets.split(",") if p.strip()]
+    from lealla_tf.presets import PRESETS
+
+    unknown = [p for p in presets if p not in PRESETS]
+    if unknown:
+        parser.error(f"unknown --part_presets {unknown}; known: {sorted(PRESETS)}")
+    sizes = row_counts + part_counts + [n for shape in part_shapes for n in shape]
+    if not row_counts or not part_counts or min(sizes + [args.batch, args.length, args.layers,
+                                                         args.repeats]) < 1:
+        parser.error("--rows, --parts, --part_shapes, --batch, --length, --layers and "
+                     "--repeats must be at least 1")
     result = {"benchmark": "encoder_roofline", "machine": machine(),
               "matmuls": matmul_table(row_counts, args.repeats),
-              "layers": layer_table(args.layers, args.batch, args.length, args.repeats)}
+              "layers": layer_table(args.layers, args.batch, args.length, args.repeats),
+              "parts": parts_table(presets, part_shapes, part_counts, args.repeats)}
     write_result(args.output_json, result)
 
 

@@ -1,6 +1,7 @@
 """The sentence encoder: a BERT-style transformer built from keras-hub layers."""
 
 import math
+from typing import Optional
 
 import keras
 from keras_hub.layers import PositionEmbedding, TransformerEncoder
@@ -280,7 +281,7 @@ class LeallaEncoder(keras.Model):
             return pooled_output, self.output_dense(pooled_output)
         return pooled_output, pooled_output
 
-    def forward(self, inputs, training=False) -> dict:
+    def forward(self, inputs, training=False, parts: Optional[int] = None) -> dict:
         """The outputs of `self(inputs, training=training)`, computed with fewer,
         larger ops (TensorFlow backend, float32 or bfloat16; otherwise the Keras call).
 
@@ -294,25 +295,28 @@ class LeallaEncoder(keras.Model):
         1e-5). The exports and embedders serve with it, and the students train
         through it (benchmarks/embed_speed.py, benchmarks/train_throughput.py).
 
-        Inference runs the batch as `INFERENCE_PARTS` independent parts, which
-        TensorFlow's executor threads run side by side: on 2 cores that made
-        lealla_small 6-9 % faster (each op's data stays in one core's cache and
-        no op waits for the other thread) and the labse preset 1-2 %
-        (benchmarks/embed_speed.py, "Export" in the README).
+        Inference runs the batch as `parts` (default `INFERENCE_PARTS`)
+        independent parts, which TensorFlow's executor threads run side by side:
+        on 2 cores that made lealla_small 6-9 % faster (each op's data stays in
+        one core's cache and no op waits for the other thread) and the labse
+        preset 1-2 % (`benchmarks/encoder_roofline.py`, its "parts" table).
         """
         compute = self.token_embedding.compute_dtype
         if keras.backend.backend() != "tensorflow" or compute not in ("float32", "bfloat16"):
             return self(inputs, training=training)
         import tensorflow as tf
 
-        if training or INFERENCE_PARTS == 1:
+        parts = INFERENCE_PARTS if parts is None else parts
+        if parts < 1:
+            raise ValueError(f"parts must be at least 1, got {parts}")
+        if training or parts == 1:
             return self._forward(inputs, training, compute)
         inputs = {name: tf.convert_to_tensor(value) for name, value in inputs.items()}
         rows = tf.shape(inputs["input_word_ids"])[0]
-        cuts = [rows * i // INFERENCE_PARTS for i in range(INFERENCE_PARTS + 1)]
-        parts = [self._forward({name: value[start:stop] for name, value in inputs.items()},
+        cuts = [rows * i // parts for i in range(parts + 1)]
+        pieces = [self._forward({name: value[start:stop] for name, value in inputs.items()},
                                False, compute) for start, stop in zip(cuts, cuts[1:])]
-        return tf.nest.map_structure(lambda *pieces: tf.concat(pieces, axis=0), *parts)
+        return tf.nest.map_structure(lambda *part: tf.concat(part, axis=0), *pieces)
 
     def _forward(self, inputs, training, compute) -> dict:
         """`forward` on one batch (see there)."""

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from test_heads import teacher  # noqa: F401  (a converted teacher with a SentencePiece vocabulary)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -169,7 +171,8 @@ def test_the_roofline_benchmark_times_matmuls_and_both_encoder_paths(tmp_path, m
     output = tmp_path / "roofline.json"
     monkeypatch.setattr(sys, "argv", [
         "encoder_roofline.py", f"--output_json={output}", "--rows=8", "--batch=2",
-        "--length=4", "--layers=2", "--repeats=1"])
+        "--length=4", "--layers=2", "--repeats=1", "--parts=1,2",
+        "--part_presets=lealla_small", "--part_shapes=3x4"])
     encoder_roofline.main()
     result = json.loads(output.read_text())
     shapes = [(r["model_width"], r["rows"], r["k"], r["n"]) for r in result["matmuls"]]
@@ -179,6 +182,24 @@ def test_the_roofline_benchmark_times_matmuls_and_both_encoder_paths(tmp_path, m
     assert layers["layers"] == 2 and layers["matmuls_alone_ms_a_layer"] > 0
     for path in ("keras", "fused"):
         assert layers[path]["ms_a_layer"] > 0 and layers[path]["sentences_per_second"] > 0
+    parts = result["parts"]
+    assert [(r["preset"], r["batch"], r["length"], r["parts"]) for r in parts] == [
+        ("lealla_small", 3, 4, 1), ("lealla_small", 3, 4, 2)]
+    assert parts[0]["over_one_part"] == 1.0 and parts[1]["milliseconds"] > 0
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--part_shapes=3by4", "--part_shapes"), ("--parts=0", "at least 1"),
+    ("--part_presets=tiny_bert", "unknown --part_presets")])
+def test_the_roofline_benchmark_rejects_bad_part_flags(tmp_path, monkeypatch, capsys, flag,
+                                                        message):
+    from benchmarks import encoder_roofline
+
+    monkeypatch.setattr(sys, "argv", [
+        "encoder_roofline.py", f"--output_json={tmp_path / 'r.json'}", flag])
+    with pytest.raises(SystemExit):
+        encoder_roofline.main()
+    assert message in capsys.readouterr().err
 
 
 LEVERS_PROBE = textwrap.dedent(f"""

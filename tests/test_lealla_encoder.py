@@ -179,6 +179,11 @@ def test_forward_in_parts_equals_one_call_for_any_batch_size(rows):
                                encoder(batch, training=False)["sentence_embedding"], atol=1e-5)
     assert ours["sequence_output"].shape[0] == rows
     assert len(ours["encoder_outputs"]) == TINY.num_layers
+    # any number of parts, more parts than rows included, gives the same rows
+    np.testing.assert_allclose(encoder.forward(batch, parts=3)["sentence_embedding"],
+                               ours["sentence_embedding"], atol=1e-5)
+    with pytest.raises(ValueError, match="parts must be at least 1"):
+        encoder.forward(batch, parts=0)
 
 
 def test_forward_in_bfloat16_matches_the_keras_call():
