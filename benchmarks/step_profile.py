@@ -81,10 +81,11 @@ def op_times(logdir: str, calls: int) -> dict:
                 start, end = event.offset_ps, event.offset_ps + event.duration_ps
                 while open_ops and open_ops[-1] <= start:
                     open_ops.pop()
-                if name in WRAPPERS or ":" not in name:
+                op_type = name.rsplit(":", 1)[-1]
+                if ":" not in name or op_type in WRAPPERS:  # e.g. "Process", "x:Process"
                     continue
                 if not open_ops:  # an op's own event, not one nested in an op
-                    totals[name.rsplit(":", 1)[1]] += event.duration_ps
+                    totals[op_type] += event.duration_ps
                 open_ops.append(end)
     return {op: ps / 1e9 / calls for op, ps in totals.items()}
 
