@@ -145,6 +145,46 @@ def test_several_worker_processes(model, corpus):
     assert manifest["counts"] == {"lines_read": 11, "embedded": 8, "dead_lettered": 3}
 
 
+def test_local_worker_processes_share_the_cores_out():
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from lealla_tf.data import usable_cores
+
+    def threads(args, asked=None):
+        return embed_corpus.threads_per_worker(PipelineOptions(args), asked)
+
+    multi = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+    assert threads(multi) == max(1, usable_cores() // 2)
+    assert threads(["--direct_num_workers=64", "--direct_running_mode=multi_processing"]) == 1
+    assert threads(["--direct_num_workers=2"]) is None  # threads of one process: its own pool
+    assert threads([]) is None
+    assert threads(multi, asked=3) == 3 and threads(multi, asked=0) is None
+    with pytest.raises(ValueError, match="--threads_per_worker must be at least 0"):
+        threads(multi, asked=-1)
+
+
+def test_a_worker_caps_its_tensorflow_threads_before_it_loads_the_model(model, tmp_path,
+                                                                         capsys):
+    """In a fresh process, as a multi-processing worker is; once TensorFlow runs
+    there, the pools stay as they are (False)."""
+    import subprocess
+
+    code = ("import tensorflow as tf\n"
+            "from lealla_tf.pipelines import embed_corpus as e\n"
+            f"e._embedder({model[0]!r}, None, 1).encode(['a dog'])\n"
+            "print(tf.config.threading.get_intra_op_parallelism_threads(),"
+            " tf.config.threading.get_inter_op_parallelism_threads(), e.limit_threads(2))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-3:] == ["1", "1", "False"]
+    assert "already started" in done.stderr
+    # a bad value is the user's mistake: a message and exit code 2
+    assert embed_corpus.main([f"--input={tmp_path}/*.txt", f"--model={model[0]}",
+                              f"--output={tmp_path / 'o'}", "--threads_per_worker=-1"]) == 2
+    assert "--threads_per_worker must be at least 0" in capsys.readouterr().err
+
+
 def test_a_token_cap_cuts_smaller_batches_with_the_same_vectors(model, corpus):
     path, reference = model
     output = str(corpus / "capped")

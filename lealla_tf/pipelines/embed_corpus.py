@@ -58,12 +58,56 @@ DEAD_LETTER_FILE = "dead_letter.jsonl"
 _MODELS: Dict[str, Any] = {}
 
 
-def _embedder(model: str, max_seq_length: Optional[int] = None):
+def _embedder(model: str, max_seq_length: Optional[int] = None,
+              threads: Optional[int] = None):
     if (model, max_seq_length) not in _MODELS:
         from lealla_tf.embedder import load_embedder
 
+        if threads:
+            limit_threads(threads)
         _MODELS[model, max_seq_length] = load_embedder(model, max_seq_length)
     return _MODELS[model, max_seq_length]
+
+
+def limit_threads(threads: int) -> bool:
+    """Caps this process's TensorFlow thread pools (intra- and inter-op) at
+    `threads`; False, with a warning, where TensorFlow already runs here (its pools
+    are fixed at start-up: an in-process runner's worker is the caller's process)."""
+    import tensorflow as tf
+
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    except RuntimeError:
+        logging.warning("embed_corpus: TensorFlow already started in this process; "
+                        "its thread pools stay as they are (threads per worker: %d asked)",
+                        threads)
+        return False
+    return True
+
+
+def threads_per_worker(options, asked: Optional[int] = None) -> Optional[int]:
+    """TensorFlow threads for each worker's model: `asked` when given (0: TensorFlow's
+    own default, all cores), else, when the local runner starts several worker
+    processes (--direct_num_workers=N --direct_running_mode=multi_processing), this
+    host's cores shared out among them, so N workers do not each start a pool of
+    every core (on 2 cores and 2 workers: Beam 0.73x the bare model with
+    TensorFlow's default pools, 0.96x with one thread each; benchmarks/beam_throughput.py);
+    else None (TensorFlow's default)."""
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    from lealla_tf.data import usable_cores
+
+    if asked is not None:
+        if asked < 0:
+            raise ValueError(f"--threads_per_worker must be at least 0 (0: TensorFlow's "
+                             f"default), got {asked}")
+        return asked or None
+    direct = options.view_as(DirectOptions)
+    workers = direct.direct_num_workers or 1
+    if workers > 1 and direct.direct_running_mode == "multi_processing":
+        return max(1, usable_cores() // workers)
+    return None
 
 
 # Steps emit (kind, value) pairs and `_kind` splits them, where Beam would use tagged
@@ -217,17 +261,18 @@ class EmbedShard(beam.DoFn):
 
     def __init__(self, model: str, run_dir: str, num_shards: int, pairs: bool,
                  english_only: bool, batch_size: int, max_seq_length: Optional[int] = None,
-                 max_tokens: Optional[int] = None):
+                 max_tokens: Optional[int] = None, threads: Optional[int] = None):
         self._model, self._run_dir, self._num_shards = model, run_dir, num_shards
         self._pairs, self._english_only, self._batch_size = pairs, english_only, batch_size
         self._max_seq_length, self._max_tokens = max_seq_length, max_tokens
+        self._threads = threads
 
     def process(self, element):
         from lealla_tf.embedding_io import embedding_example, pair_example
 
         (prefix, shard), items = element
         items = sorted(items, key=lambda item: item[0])  # a retry writes the same file
-        embedder = _embedder(self._model, self._max_seq_length)
+        embedder = _embedder(self._model, self._max_seq_length, self._threads)
         if self._pairs:
             target = embedder.encode([p["target"] for _, p in items], self._batch_size,
                                      max_tokens=self._max_tokens)
@@ -300,7 +345,8 @@ def build_pipeline(pipeline, files: Sequence[str], model: str, run_dir: str,
                    input_format: str = "lines", pairs: bool = False, english_only: bool = False,
                    num_shards: int = 4, model_batch_size: int = PIPELINE_BATCH_SIZE,
                    max_seq_length: Optional[int] = None,
-                   model_max_tokens: Optional[int] = PIPELINE_MAX_TOKENS):
+                   model_max_tokens: Optional[int] = PIPELINE_MAX_TOKENS,
+                   threads: Optional[int] = None):
     """Adds the embedding steps to `pipeline`; returns the run summary's PCollection.
 
     Lines are read, parsed (dead letters aside), grouped into `num_shards`
@@ -343,7 +389,7 @@ def build_pipeline(pipeline, files: Sequence[str], model: str, run_dir: str,
                   | "GatherShards" >> beam.GroupByKey()
                   | "EmbedShards" >> beam.ParDo(EmbedShard(
                       model, run_dir, num_shards, pairs, english_only, model_batch_size,
-                      max_seq_length, model_max_tokens)))
+                      max_seq_length, model_max_tokens, threads)))
     return (events
             | "Events" >> beam.Flatten()
             | "OneKey" >> beam.Map(lambda event: (None, event))
@@ -366,11 +412,14 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
                  pairs: bool = False, english_only: bool = False, num_shards: int = 4,
                  model_batch_size: int = PIPELINE_BATCH_SIZE, pipeline_args: Sequence[str] = (),
                  test_pipeline=None, max_seq_length: Optional[int] = None,
-                 model_max_tokens: Optional[int] = PIPELINE_MAX_TOKENS) -> dict:
+                 model_max_tokens: Optional[int] = PIPELINE_MAX_TOKENS,
+                 threads_per_worker_asked: Optional[int] = None) -> dict:
     """Embeds the files matching `inputs` into `output`; returns the committed manifest.
 
     `pipeline_args` are Beam's own flags (--runner=..., --direct_num_workers=...).
     `max_seq_length` truncates what the model embeds (see `load_embedder`).
+    `threads_per_worker_asked`: TensorFlow threads of each worker's model (see
+    `threads_per_worker`; None: shared out among local worker processes).
     Raises FileNotFoundError / ValueError for bad arguments, RuntimeError when
     lines went missing or ids collide (naming a few duplicated ids and the
     "file:line" of each) or when another run holds a local `output` (the
@@ -390,6 +439,7 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
     if english_only and not pairs:
         raise ValueError("--english_only applies to --pairs")
     options = pipeline_options(pipeline_args, default_runner=test_pipeline is None)
+    threads = threads_per_worker(options, threads_per_worker_asked)
     model_kind(model)  # a wrong --model is refused here, not inside a worker
     files = expand_inputs(inputs)
     FileSystems.mkdirs(output) if not FileSystems.exists(output) else None
@@ -397,7 +447,8 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
         run_dir = new_run_directory(output)
         pipeline = test_pipeline or beam.Pipeline(options=options)
         build_pipeline(pipeline, files, model, run_dir, input_format, pairs, english_only,
-                       num_shards, model_batch_size, max_seq_length, model_max_tokens)
+                       num_shards, model_batch_size, max_seq_length, model_max_tokens,
+                       threads)
         run_pipeline(pipeline)
         summary_path = os.path.join(run_dir, RUN_SUMMARY)
         if not os.path.exists(summary_path):
@@ -457,6 +508,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="truncate sentences to this many tokens, specials included and "
                              "the in-graph prefix not (LaBSE/2-format teachers; e.g. the "
                              "student's length, so the teacher sees what the student sees)")
+    parser.add_argument("--threads_per_worker", type=int, default=None,
+                        help="TensorFlow threads of each worker's model (0: TensorFlow's "
+                             "default, all cores; default: the cores shared out among "
+                             "--direct_num_workers local worker processes)")
     return parser
 
 
@@ -466,7 +521,7 @@ def run(argv=None, test_pipeline=None) -> dict:
     return embed_corpus(known.input, known.model, known.output, known.format, known.pairs,
                         known.english_only, known.num_shards, known.model_batch_size,
                         pipeline_args, test_pipeline, known.max_seq_length,
-                        known.model_max_tokens)
+                        known.model_max_tokens, known.threads_per_worker)
 
 
 def main(argv=None) -> int:
