@@ -167,6 +167,8 @@ def main():
                                                          args.repeats]) < 1:
         parser.error("--rows, --parts, --part_shapes, --batch, --length, --layers and "
                      "--repeats must be at least 1")
+    if part_counts[0] != 1:
+        parser.error(f"--parts must start with 1 (the reference), got {args.parts!r}")
     result = {"benchmark": "encoder_roofline", "machine": machine(),
               "matmuls": matmul_table(row_counts, args.repeats),
               "layers": layer_table(args.layers, args.batch, args.length, args.repeats),

@@ -28,6 +28,7 @@ import glob
 import os
 import pathlib
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -106,7 +107,10 @@ def profile(function, calls: int, warmup: int = 2) -> dict:
     for _ in range(calls):
         function()
     tf.profiler.experimental.stop()
-    ops = op_times(logdir, calls)
+    try:
+        ops = op_times(logdir, calls)
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
     total = sum(ops.values()) or 1.0
     groups = collections.Counter()
     for op, ms in ops.items():
@@ -147,7 +151,24 @@ def main():
     parser.add_argument("--embed_presets", default="lealla_small,labse")
     parser.add_argument("--embed_shapes", default="256x16,100x40")
     args = parser.parse_args()
-    wanted = args.what.split(",")
+    wanted = [w.strip() for w in args.what.split(",") if w.strip()]
+    unknown = sorted(set(wanted) - {"train_float32", "train_bfloat16", "embed"})
+    if unknown or not wanted:
+        parser.error(f"--what takes train_float32, train_bfloat16 and embed; got {args.what!r}")
+    if args.calls < 1:
+        parser.error(f"--calls must be at least 1, got {args.calls}")
+    from lealla_tf.presets import PRESETS
+
+    presets = [p.strip() for p in args.embed_presets.split(",") if p.strip()]
+    if [p for p in presets if p not in PRESETS]:
+        parser.error(f"unknown --embed_presets in {args.embed_presets!r}; known: {sorted(PRESETS)}")
+    try:
+        shapes = [tuple(int(v) for v in s.strip().split("x")) for s in args.embed_shapes.split(",")]
+        if any(len(s) != 2 or min(s) < 1 for s in shapes):
+            raise ValueError
+    except ValueError:
+        parser.error(f"--embed_shapes are rows x tokens like 256x16,100x40, each at least 1; "
+                     f"got {args.embed_shapes!r}")
     result = {"benchmark": "step_profile", "machine": machine(), "calls": args.calls,
               "profiles": {}}
     with tempfile.TemporaryDirectory() as work:
@@ -166,10 +187,9 @@ def main():
         import keras
 
         keras.mixed_precision.set_dtype_policy("float32")
-        for preset in args.embed_presets.split(","):
-            for shape in args.embed_shapes.split(","):
-                rows, length = (int(v) for v in shape.split("x"))
-                name = f"embed_{preset}_{shape}"
+        for preset in presets:
+            for rows, length in shapes:
+                name = f"embed_{preset}_{rows}x{length}"
                 result["profiles"][name] = profile(embed_function(preset, rows, length),
                                                    args.calls)
                 print(name, round(result["profiles"][name]["wall_ms"], 1), "ms",

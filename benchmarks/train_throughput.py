@@ -232,7 +232,9 @@ def run_child(spec: dict, environment=None) -> dict:
 
     done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec),
                            "--output_json", "-"], env=environment or dict(os.environ),
-                          check=True, capture_output=True, text=True)
+                          capture_output=True, text=True)
+    if done.returncode != 0:  # the child's own error, not only its exit status
+        raise RuntimeError(f"the measurement {spec} failed:\n{done.stderr[-3000:]}")
     return {**json.loads(done.stdout.strip().splitlines()[-1]), **spec}
 
 
@@ -321,6 +323,10 @@ def main():
                         help="--levers: rounds over the list (the fastest of each kept)")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if min(args.batch_size, args.length, args.steps, args.rounds, args.real_steps) < 1 or (
+            args.warmup < 0):
+        parser.error("--batch_size, --length, --steps, --rounds and --real_steps must be at "
+                     "least 1 and --warmup at least 0")
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return

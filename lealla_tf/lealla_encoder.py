@@ -300,15 +300,18 @@ class LeallaEncoder(keras.Model):
         on 2 cores that made lealla_small 6-9 % faster (each op's data stays in
         one core's cache and no op waits for the other thread) and the labse
         preset 1-2 % (`benchmarks/encoder_roofline.py`, its "parts" table).
+        Where one thread runs the graph (a Beam worker capped at one, an
+        XLA-compiled function, which the XLA exports call with `parts=1`) the
+        parts run one after the other.
         """
+        parts = INFERENCE_PARTS if parts is None else parts
+        if parts < 1:
+            raise ValueError(f"parts must be at least 1, got {parts}")
         compute = self.token_embedding.compute_dtype
         if keras.backend.backend() != "tensorflow" or compute not in ("float32", "bfloat16"):
             return self(inputs, training=training)
         import tensorflow as tf
 
-        parts = INFERENCE_PARTS if parts is None else parts
-        if parts < 1:
-            raise ValueError(f"parts must be at least 1, got {parts}")
         if training or parts == 1:
             return self._forward(inputs, training, compute)
         inputs = {name: tf.convert_to_tensor(value) for name, value in inputs.items()}

@@ -9,8 +9,9 @@ variable: the decoupled weight decay, then `ResourceApplyAdam`, whose formula is
 Keras' Adam's term for term (alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t);
 m += (g - m)(1 - beta_1); v += (g^2 - v)(1 - beta_2); w -= alpha m / (sqrt(v) + eps)).
 The one difference is float32 rounding: the kernel forms 1 - beta_2 in float32
-(1 - 0.999f = 0.00100005), Keras in double (0.001), so the velocities differ by
-5e-5 relative and the weights by about 1e-6 after a step (tests/test_optimizers.py).
+(1 - 0.999f = 0.000999987), Keras in double (0.001), so the velocities differ by
+about 1.3e-5 relative and the weights by about 1e-6 after a step
+(tests/test_optimizers.py).
 Its variables (iterations, momentums, velocities) are AdamW's, with AdamW's
 names, so checkpoints of either restore into the other.
 
@@ -48,7 +49,8 @@ class FusedAdamW(keras.optimizers.AdamW):
 
         dtype = variable.dtype
         lr = tf.cast(learning_rate, dtype)
-        if self.weight_decay is not None and self._var_key(variable) in self._decayed:
+        decayed = getattr(self, "_decayed", ())  # set by `_apply_weight_decay` each step
+        if self.weight_decay is not None and self._var_key(variable) in decayed:
             variable.assign_sub(variable * tf.cast(self.weight_decay, dtype) * lr)
         local_step = tf.cast(self.iterations + 1, dtype)
         index = self._get_variable_index(variable)

@@ -269,3 +269,26 @@ def test_step_profile_counts_each_op_once_and_groups_it(tmp_path):
                                     "GatherV2", "_XlaRun", "NoOp")] == [
         "dense_matmul", "attention", "elementwise", "elementwise", "optimizer", "attention",
         "attention", "embedding_lookup", "compiled_dropout", "other"]
+
+
+@pytest.mark.parametrize("module, flags, message", [
+    ("train_throughput", ["--rounds=0"], "must be at least 1"),
+    ("train_throughput", ["--steps=0"], "must be at least 1"),
+    ("train_throughput", ["--warmup=-1"], "--warmup at least 0"),
+    ("step_profile", ["--calls=0"], "--calls must be at least 1"),
+    ("step_profile", ["--what=embedd"], "--what takes"),
+    ("step_profile", ["--embed_shapes=256by16"], "--embed_shapes are rows x tokens"),
+    ("step_profile", ["--embed_presets=lealla_tiny"], "unknown --embed_presets"),
+    ("encoder_roofline", ["--parts=2,1"], "--parts must start with 1"),
+])
+def test_the_profiling_benchmarks_refuse_bad_flags_with_a_message(tmp_path, monkeypatch, capsys,
+                                                                   module, flags, message):
+    import importlib
+
+    benchmark = importlib.import_module(f"benchmarks.{module}")
+    monkeypatch.setattr(sys, "argv", [f"{module}.py", f"--output_json={tmp_path / 'r.json'}",
+                                      *flags])
+    with pytest.raises(SystemExit):
+        benchmark.main()
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()

@@ -157,6 +157,8 @@ def test_local_worker_processes_share_the_cores_out():
     assert threads(multi) == max(1, usable_cores() // 2)
     assert threads(["--direct_num_workers=64", "--direct_running_mode=multi_processing"]) == 1
     assert threads(["--direct_num_workers=2"]) is None  # threads of one process: its own pool
+    # 0 is Beam's "a worker a core"
+    assert threads(["--direct_num_workers=0", "--direct_running_mode=multi_processing"]) == 1
     assert threads([]) is None
     assert threads(multi, asked=3) == 3 and threads(multi, asked=0) is None
     with pytest.raises(ValueError, match="--threads_per_worker must be at least 0"):

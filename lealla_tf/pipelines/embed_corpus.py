@@ -105,6 +105,8 @@ def threads_per_worker(options, asked: Optional[int] = None) -> Optional[int]:
         return asked or None
     direct = options.view_as(DirectOptions)
     workers = direct.direct_num_workers or 1
+    if direct.direct_num_workers == 0:  # Beam's "a worker a core"
+        workers = usable_cores()
     if workers > 1 and direct.direct_running_mode == "multi_processing":
         return max(1, usable_cores() // workers)
     return None
