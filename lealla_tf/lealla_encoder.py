@@ -297,7 +297,7 @@ class LeallaEncoder(keras.Model):
 
         Inference runs the batch as `parts` (default `INFERENCE_PARTS`)
         independent parts, which TensorFlow's executor threads run side by side:
-        on 2 cores that made lealla_small 6-9 % faster (each op's data stays in
+        on 2 cores that made lealla_small 5-8 % faster (each op's data stays in
         one core's cache and no op waits for the other thread) and the labse
         preset 1-2 % (`benchmarks/encoder_roofline.py`, its "parts" table).
         Where one thread runs the graph (a Beam worker capped at one, an
