@@ -35,6 +35,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from benchmarks.encoder_roofline import parse_shapes  # noqa: E402
 from benchmarks.train_throughput import build_step, synthetic_vocabulary  # noqa: E402
 from benchmarks.vocab_build import machine, write_result  # noqa: E402
 import lealla_tf  # noqa: E402,F401  (oneDNN default before TensorFlow loads)
@@ -163,8 +164,8 @@ def main():
     if [p for p in presets if p not in PRESETS]:
         parser.error(f"unknown --embed_presets in {args.embed_presets!r}; known: {sorted(PRESETS)}")
     try:
-        shapes = [tuple(int(v) for v in s.strip().split("x")) for s in args.embed_shapes.split(",")]
-        if any(len(s) != 2 or min(s) < 1 for s in shapes):
+        shapes = parse_shapes(args.embed_shapes)
+        if any(min(s) < 1 for s in shapes):
             raise ValueError
     except ValueError:
         parser.error(f"--embed_shapes are rows x tokens like 256x16,100x40, each at least 1; "

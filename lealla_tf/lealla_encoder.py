@@ -317,12 +317,14 @@ class LeallaEncoder(keras.Model):
         inputs = {name: tf.convert_to_tensor(value) for name, value in inputs.items()}
         rows = tf.shape(inputs["input_word_ids"])[0]
         cuts = [rows * i // parts for i in range(parts + 1)]
+        packed = {}  # the parts share one packing of each layer's attention weights
         pieces = [self._forward({name: value[start:stop] for name, value in inputs.items()},
-                               False, compute) for start, stop in zip(cuts, cuts[1:])]
+                                False, compute, packed) for start, stop in zip(cuts, cuts[1:])]
         return tf.nest.map_structure(lambda *part: tf.concat(part, axis=0), *pieces)
 
-    def _forward(self, inputs, training, compute) -> dict:
-        """`forward` on one batch (see there)."""
+    def _forward(self, inputs, training, compute, packed=None) -> dict:
+        """`forward` on one batch (see there). `packed`: layer name -> its packed
+        attention weights, filled here on first use (shared by the parts of a batch)."""
         import tensorflow as tf
 
         def weight(variable):  # as the Keras layers use it: in the compute dtype
@@ -339,7 +341,8 @@ class LeallaEncoder(keras.Model):
         # Keras' masked softmax: -1e9 added at padded keys (float32).
         key_bias = tf.cast((1.0 - tf.cast(mask, tf.float32))[:, None, None, :] * -1e9, compute)
         rows = tf.reshape(x, [-1, self.hidden_dim])
-        packed, encoder_outputs = {}, []
+        packed = {} if packed is None else packed
+        encoder_outputs = []
         for i in range(self.num_layers):
             layer = self.transformer_layers[i % len(self.transformer_layers)]
             if layer.name not in packed:

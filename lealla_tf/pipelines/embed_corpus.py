@@ -104,9 +104,8 @@ def threads_per_worker(options, asked: Optional[int] = None) -> Optional[int]:
                              f"default), got {asked}")
         return asked or None
     direct = options.view_as(DirectOptions)
-    workers = direct.direct_num_workers or 1
-    if direct.direct_num_workers == 0:  # Beam's "a worker a core"
-        workers = usable_cores()
+    # 0 is Beam's "a worker a core"
+    workers = usable_cores() if direct.direct_num_workers == 0 else direct.direct_num_workers or 1
     if workers > 1 and direct.direct_running_mode == "multi_processing":
         return max(1, usable_cores() // workers)
     return None
