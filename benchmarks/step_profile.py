@@ -41,6 +41,7 @@ from benchmarks.vocab_build import machine, write_result  # noqa: E402
 import lealla_tf  # noqa: E402,F401  (oneDNN default before TensorFlow loads)
 
 GROUPS = [
+    ("fused_kernels", r"^Lealla"),
     ("attention", r"BatchMatMul|Softmax|Transpose|Unpack|Pack|Concat|Split|Reshape"),
     ("dense_matmul", r"MatMul|Einsum"),
     ("compiled_dropout", r"^_?Xla|XlaLaunch|XlaRun|Xla"),

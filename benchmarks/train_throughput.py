@@ -34,9 +34,12 @@ training step is added, each in a fresh process, round-robin over `--rounds`
 (the fastest round of each kept, the machine's speed drifts): Keras' AdamW on a
 dense table gradient through the Keras call (the step before them), then
 `FusedAdamW`, the table's gradient kept sparse, the fused forward (with Keras'
-Philox dropout), the hash-mask dropout (today's float32 step), bfloat16 (GELU
-in bfloat16 as the Keras layers compute it), and GELU computed in float32 within
-the bfloat16 step (today's bfloat16 step). The "before" levers are rebuilt here by putting the old pieces back in the child.
+Philox dropout), the hash-mask dropout, the fused layer kernels of
+`lealla_tf.kernels` (attention, bias + GELU, bias + dropout + residual + layer
+norm, each with its gradient), the table's AdamW in one pass from its sparse
+gradient (today's float32 step), bfloat16 (the Keras Embedding call casting the
+whole table), and the rows looked up before the cast (today's bfloat16 step).
+The "before" levers are rebuilt here by putting the old pieces back in the child.
 """
 
 import argparse
@@ -176,32 +179,49 @@ def measure_real_data(train_data, vocab, buckets, steps, batch_size, length):
 
 
 # Each lever adds one piece to the step; the child puts back the old piece of
-# every lever not yet added (what the step did before it).
+# every lever not yet added (what the step did before it). The float32 levers
+# come first, then bfloat16 and what only it needs.
 LEVERS = ["keras_adamw_dense_keras_call", "fused_adamw", "sparse_table_gradient",
-          "fused_forward", "hash_dropout", "bfloat16", "float32_activation"]
+          "fused_forward", "hash_dropout", "fused_layers", "sparse_adamw_kernel",
+          "bfloat16", "row_lookup"]
+FLOAT32_STEP, BFLOAT16_STEP = "sparse_adamw_kernel", "row_lookup"
 
 
 def restore_old_pieces(levers: int) -> None:
     """In this child process: the training step as it was before LEVERS[1:levers]."""
+    import types
+
     import keras
     import tensorflow as tf
 
     import lealla_tf.lealla_encoder as encoder_module
+    import lealla_tf.optimizers as optimizers_module
+    import lealla_tf.students as students_module
     import lealla_tf.task as task_module
     import lealla_tf.trainer as trainer_module
 
-    if levers < 2:
+    def added(name):
+        return LEVERS.index(name) < levers
+
+    never = types.SimpleNamespace(usable=lambda strategy=None: False)
+    if not added("fused_adamw"):
         trainer_module.FusedAdamW = keras.optimizers.AdamW
-    if levers < 3:
+    if not added("sparse_table_gradient"):
         task_module.unique_rows = tf.convert_to_tensor
-    if levers < 4:
-        encoder_module.LeallaEncoder.forward = (
-            lambda self, inputs, training=False: self(inputs, training=training))
-    if levers < 5:  # Keras' own dropout: Philox floats, compare, select
+    if not added("fused_forward"):
+        encoder_module.LeallaEncoder.forward_batches = (
+            lambda self, batches, training=False, fused_kernels=False:
+            [self(inputs, training=training) for inputs in batches])
+    if not added("hash_dropout"):  # Keras' own dropout: Philox floats, compare, select
         encoder_module.hash_dropout = type("KerasDropout", (), {"dropout": staticmethod(
             lambda x, rate, seed: tf.nn.experimental.stateless_dropout(x, rate, seed))})
-    if levers < 7:  # bfloat16's GELU computed in bfloat16
-        encoder_module._activate = lambda activation, x: activation(x)
+    if not added("fused_layers"):  # attention, GELU, layer norms op by op
+        students_module.kernels = never
+    if not added("sparse_adamw_kernel"):  # densify, decay, then TensorFlow's fused Adam
+        optimizers_module.kernels = never
+    if not added("row_lookup"):  # the Keras Embedding call (casts the whole table)
+        encoder_module.LeallaEncoder._token_rows = (
+            lambda self, ids, compute: self.token_embedding(ids))
 
 
 def child(spec: dict) -> dict:
@@ -263,9 +283,10 @@ def levers(args) -> dict:
             "objective": "ams+fd+ld", "batch_size": args.batch_size, "length": args.length,
             "vocabulary_size": VOCABULARY_SIZE, "timed_steps": args.steps,
             "rounds": args.rounds, "levers": rows,
-            "after_over_before_float32": rows[LEVERS.index("hash_dropout")]["pairs_per_second"]
+            "after_over_before_float32": rows[LEVERS.index(FLOAT32_STEP)]["pairs_per_second"]
             / rows[0]["pairs_per_second"],
-            "after_over_before_bfloat16": rows[-1]["pairs_per_second"] / rows[0]["pairs_per_second"]}
+            "after_over_before_bfloat16": rows[LEVERS.index(BFLOAT16_STEP)]["pairs_per_second"]
+            / rows[0]["pairs_per_second"]}
 
 
 def speedups(args) -> dict:

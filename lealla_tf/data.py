@@ -23,6 +23,7 @@ from google.protobuf.message import DecodeError
 from lealla_tf.configs import DataConfig
 from lealla_tf.embedding_io import (PAIR_SOURCE, PAIR_TARGET, PAIR_TEACHER_SOURCE,
                                     PAIR_TEACHER_TARGET, pair_example, pair_features)
+from lealla_tf.machine import usable_cpus
 from lealla_tf.parallel_corpus import (ParallelFile, find_parallel_files,
                                        find_tatoeba_languages, language_of,
                                        language_sampling_probabilities, read_tatoeba)
@@ -357,14 +358,6 @@ def tokenize_batches(pairs, batch_size: int, tokenizer, teacher=None, length_buc
 FEW_CORES = 4
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (a container's CPU set, not the host's count)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def input_pipeline_options(cpu_count: Optional[int] = None) -> tf.data.Options:
     """tf.data options for a training input pipeline on this host.
 
@@ -375,7 +368,7 @@ def input_pipeline_options(cpu_count: Optional[int] = None) -> tf.data.Options:
     TensorFlow's defaults.
     """
     options = tf.data.Options()
-    if (cpu_count or usable_cores()) <= FEW_CORES:
+    if (cpu_count or usable_cpus()) <= FEW_CORES:
         options.autotune.enabled = False
         options.threading.private_threadpool_size = 1
         options.threading.max_intra_op_parallelism = 1

@@ -387,10 +387,10 @@ def _load_tflite(model: str) -> Embedder:
                                 os.path.join(model, info["vocab_file"]))
     import threading
 
-    from lealla_tf.data import usable_cores
+    from lealla_tf.machine import usable_cpus
 
     interpreter = tf.lite.Interpreter(os.path.join(model, TFLITE_FILE),
-                                      num_threads=usable_cores())
+                                      num_threads=usable_cpus())
     runner = interpreter.get_signature_runner("serving_default")  # resizes to each batch
     # One interpreter per process; Beam and Dask call it from several threads.
     lock = threading.Lock()

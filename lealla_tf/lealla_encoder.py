@@ -1,7 +1,7 @@
 """The sentence encoder: a BERT-style transformer built from keras-hub layers."""
 
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import keras
 from keras_hub.layers import PositionEmbedding, TransformerEncoder
@@ -281,7 +281,8 @@ class LeallaEncoder(keras.Model):
             return pooled_output, self.output_dense(pooled_output)
         return pooled_output, pooled_output
 
-    def forward(self, inputs, training=False, parts: Optional[int] = None) -> dict:
+    def forward(self, inputs, training=False, parts: Optional[int] = None,
+                fused_kernels: bool = False) -> dict:
         """The outputs of `self(inputs, training=training)`, computed with fewer,
         larger ops (TensorFlow backend, float32 or bfloat16; otherwise the Keras call).
 
@@ -303,35 +304,55 @@ class LeallaEncoder(keras.Model):
         Where one thread runs the graph (a Beam worker capped at one, an
         XLA-compiled function, which the XLA exports call with `parts=1`) the
         parts run one after the other.
+
+        `fused_kernels=True` (the students' training step on a CPU, when
+        `lealla_tf.kernels.available()`) runs each layer's attention core, its
+        bias + GELU and its two bias + dropout + residual + layer norm blocks as
+        the fused ops of `lealla_tf.kernels`: the same outputs within round-off
+        and the same dropout masks from the same seeds, in a fraction of the ops.
+        Exports never use them (a SavedModel must load without this library).
         """
         parts = INFERENCE_PARTS if parts is None else parts
         if parts < 1:
             raise ValueError(f"parts must be at least 1, got {parts}")
-        compute = self.token_embedding.compute_dtype
-        if keras.backend.backend() != "tensorflow" or compute not in ("float32", "bfloat16"):
+        if not self._forward_supported():
             return self(inputs, training=training)
         import tensorflow as tf
 
         if training or parts == 1:
-            return self._forward(inputs, training, compute)
+            return self.forward_batches([inputs], training, fused_kernels)[0]
         inputs = {name: tf.convert_to_tensor(value) for name, value in inputs.items()}
         rows = tf.shape(inputs["input_word_ids"])[0]
         cuts = [rows * i // parts for i in range(parts + 1)]
-        packed = {}  # the parts share one packing of each layer's attention weights
-        pieces = [self._forward({name: value[start:stop] for name, value in inputs.items()},
-                                False, compute, packed) for start, stop in zip(cuts, cuts[1:])]
+        pieces = self.forward_batches(
+            [{name: value[start:stop] for name, value in inputs.items()}
+             for start, stop in zip(cuts, cuts[1:])], False, fused_kernels)
         return tf.nest.map_structure(lambda *part: tf.concat(part, axis=0), *pieces)
 
-    def _forward(self, inputs, training, compute, packed=None) -> dict:
-        """`forward` on one batch (see there). `packed`: layer name -> its packed
-        attention weights, filled here on first use (shared by the parts of a batch)."""
+    def forward_batches(self, batches: list, training=False, fused_kernels: bool = False) -> list:
+        """`forward` (without parts) of each batch in `batches`, the weights packed
+        and cast to the compute dtype once for all of them: a pair's two sides in
+        the students' training step, the parts of an inference batch."""
+        if not self._forward_supported():
+            return [self(inputs, training=training) for inputs in batches]
+        compute = self.token_embedding.compute_dtype
+        weights = {}  # layer name -> its _LayerWeights, filled on first use
+        return [self._forward(inputs, training, compute, weights, fused_kernels)
+                for inputs in batches]
+
+    def _forward_supported(self) -> bool:
+        return (keras.backend.backend() == "tensorflow"
+                and self.token_embedding.compute_dtype in ("float32", "bfloat16"))
+
+    def _forward(self, inputs, training, compute, weights, fused=False) -> dict:
+        """`forward` on one batch (see there). `weights`: layer name -> its
+        `_LayerWeights`, filled here on first use (shared by the batches of one
+        `forward_batches`); `fused`: run the layers with `lealla_tf.kernels` where
+        they allow it."""
         import tensorflow as tf
 
-        def weight(variable):  # as the Keras layers use it: in the compute dtype
-            return tf.cast(variable, compute)
-
         ids, mask = inputs["input_word_ids"], inputs["input_mask"]
-        x = self.token_embedding(ids)
+        x = self._token_rows(ids, compute)
         if self.embedding_projection is not None:
             x = self.embedding_projection(x)
         x = self.embeddings_add(
@@ -341,33 +362,37 @@ class LeallaEncoder(keras.Model):
         # Keras' masked softmax: -1e9 added at padded keys (float32).
         key_bias = tf.cast((1.0 - tf.cast(mask, tf.float32))[:, None, None, :] * -1e9, compute)
         rows = tf.reshape(x, [-1, self.hidden_dim])
-        packed = {} if packed is None else packed
         encoder_outputs = []
         for i in range(self.num_layers):
             layer = self.transformer_layers[i % len(self.transformer_layers)]
-            if layer.name not in packed:
-                packed[layer.name] = _packed_attention(layer._self_attention_layer)
-            kernel, bias, output_kernel, output_bias, heads, head_size = (
-                weight(w) if i < 4 else w for i, w in enumerate(packed[layer.name]))
+            if layer.name not in weights:
+                weights[layer.name] = _layer_weights(layer, compute)
+            w = weights[layer.name]
+            if fused and _fusable(layer, self.hidden_activation):
+                rows = self._fused_layer(layer, w, rows, mask, training)
+                encoder_outputs.append(tf.reshape(rows, [batch, length, self.hidden_dim]))
+                continue
             # [3, b, heads, t, head], unstacked along its first axis: views of one
             # buffer, no copy (tf.split on another axis copies), and the gradient is
             # one stack (an index's would write a zero tensor of the whole input).
-            qkv = tf.reshape(tf.nn.bias_add(tf.matmul(rows, kernel), bias),
-                             [batch, length, 3, heads, head_size])
+            qkv = tf.reshape(tf.nn.bias_add(tf.matmul(rows, w.qkv_kernel),
+                                            tf.cast(w.qkv_bias, compute)),
+                             [batch, length, 3, w.heads, w.head_size])
             query, key, value = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]))
             scores = tf.matmul(query, key, transpose_b=True) + key_bias
             probabilities = _dropout(layer._self_attention_layer._dropout_layer,
                                      tf.nn.softmax(scores), training)
             context = tf.matmul(probabilities, value)
-            context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, heads * head_size])
-            attended = tf.nn.bias_add(tf.matmul(context, output_kernel), output_bias)
+            context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]),
+                                 [-1, w.heads * w.head_size])
+            attended = tf.nn.bias_add(tf.matmul(context, w.output_kernel),
+                                      tf.cast(w.output_bias, compute))
             rows = _layer_norm(layer._self_attention_layer_norm,
                                _dropout(layer._self_attention_dropout, attended, training) + rows)
-            intermediate, output = (layer._feedforward_intermediate_dense,
-                                    layer._feedforward_output_dense)
-            hidden = _activate(intermediate.activation, tf.nn.bias_add(
-                tf.matmul(rows, weight(intermediate.kernel)), weight(intermediate.bias)))
-            hidden = tf.nn.bias_add(tf.matmul(hidden, weight(output.kernel)), weight(output.bias))
+            hidden = _activate(layer._feedforward_intermediate_dense.activation, tf.nn.bias_add(
+                tf.matmul(rows, w.intermediate_kernel), tf.cast(w.intermediate_bias, compute)))
+            hidden = tf.nn.bias_add(tf.matmul(hidden, w.feedforward_kernel),
+                                    tf.cast(w.feedforward_bias, compute))
             rows = _layer_norm(layer._feedforward_layer_norm,
                                _dropout(layer._feedforward_dropout, hidden, training) + rows)
             encoder_outputs.append(tf.reshape(rows, [batch, length, self.hidden_dim]))
@@ -377,6 +402,39 @@ class LeallaEncoder(keras.Model):
                 "pooled_output": pooled_output, "sequence_output": x,
                 "encoder_outputs": encoder_outputs}
 
+    def _token_rows(self, ids, compute):
+        """The token embeddings of `ids`, looked up, then cast to `compute`: under a
+        mixed policy the layer's own call would cast the whole table to bfloat16
+        first (LaBSE's 64M values, twice a training step)."""
+        import tensorflow as tf
+
+        return tf.cast(tf.gather(self.token_embedding.embeddings.value, ids), compute)
+
+    def _fused_layer(self, layer, w, rows, mask, training):
+        """One transformer layer on rows `[b*t, d]` with `lealla_tf.kernels`' fused
+        ops: the four matmuls stay TensorFlow's (without their bias, which each
+        fused op adds), dropout seeds are drawn in the order `_forward` draws them."""
+        import tensorflow as tf
+
+        from lealla_tf import kernels
+
+        def seed(dropout):
+            return dropout.seed_generator.next() if training and dropout.rate > 0 else None
+
+        def rate(dropout):
+            return float(dropout.rate) if training else 0.0
+
+        probabilities = layer._self_attention_layer._dropout_layer
+        context = kernels.attention(tf.matmul(rows, w.qkv_kernel), w.qkv_bias, mask,
+                                    seed(probabilities), w.heads, rate(probabilities))
+        rows = _fused_norm(layer._self_attention_layer_norm, layer._self_attention_dropout,
+                           tf.matmul(context, w.output_kernel), w.output_bias, rows, seed, rate)
+        hidden = kernels.bias_gelu(tf.matmul(rows, w.intermediate_kernel), w.intermediate_bias,
+                                   approximate=self.hidden_activation == "gelu_approximate")
+        return _fused_norm(layer._feedforward_layer_norm, layer._feedforward_dropout,
+                           tf.matmul(hidden, w.feedforward_kernel), w.feedforward_bias, rows,
+                           seed, rate)
+
     @property
     def encoder_config(self) -> EncoderConfig:
         """This encoder's architecture as an `EncoderConfig`."""
@@ -384,6 +442,30 @@ class LeallaEncoder(keras.Model):
         for key in ("name", "trainable", "dtype"):
             values.pop(key)
         return EncoderConfig(**values)
+
+
+def _fusable(layer, activation: str) -> bool:
+    """Whether `LeallaEncoder._fused_layer` computes this layer as it is built:
+    a GELU feed-forward block, plain layer norms, dropout without a noise shape."""
+    norms = (layer._self_attention_layer_norm, layer._feedforward_layer_norm)
+    dropouts = (layer._self_attention_layer._dropout_layer, layer._self_attention_dropout,
+                layer._feedforward_dropout)
+    return (activation in ("gelu", "gelu_approximate")
+            and all(_plain_norm(norm) for norm in norms)
+            and all(dropout.noise_shape is None for dropout in dropouts))
+
+
+def _plain_norm(layer) -> bool:
+    return (not layer.rms_scaling and layer.center and layer.scale
+            and layer.axis in (-1, [-1]))
+
+
+def _fused_norm(norm, dropout, x, bias, residual, seed, rate):
+    """`norm(dropout(x + bias) + residual)` as one `lealla_tf.kernels` op."""
+    from lealla_tf import kernels
+
+    return kernels.bias_dropout_add_norm(x, bias, residual, norm.gamma, norm.beta,
+                                         seed(dropout), rate(dropout), norm.epsilon)
 
 
 def _activate(activation, x):
@@ -405,7 +487,7 @@ def _layer_norm(layer, x):
     fewer ops than its own call: 0.80 against 0.96 ms on 4,096 x 128 on 2 cores."""
     import tensorflow as tf
 
-    if layer.rms_scaling or not (layer.center and layer.scale) or layer.axis not in (-1, [-1]):
+    if not _plain_norm(layer):
         return layer(x)
     dtype = x.dtype
     x = tf.cast(x, tf.float32)
@@ -427,13 +509,31 @@ def _dropout(layer, x, training):
     return hash_dropout.dropout(x, layer.rate, layer.seed_generator.next())
 
 
-def _packed_attention(attention) -> tuple:
-    """A Keras MultiHeadAttention's weights for `LeallaEncoder.forward`: the
-    query, key and value kernels side by side `[d, 3 * inner]` (the query's
-    scaled by 1/sqrt(head size), as Keras scales the projected query), their
-    biases, the output kernel `[inner, d]` and bias, the heads and head size."""
+class _LayerWeights(NamedTuple):
+    """One transformer layer's weights as `LeallaEncoder._forward` uses them:
+    kernels in the compute dtype, biases in float32 (the fused ops add them in
+    float32; the op-by-op layer casts them as the Keras layers would)."""
+
+    qkv_kernel: object  # [d, 3 * inner]: query (scaled), key, value side by side
+    qkv_bias: object  # [3 * inner]
+    output_kernel: object  # [inner, d]
+    output_bias: object
+    intermediate_kernel: object  # [d, d_ff]
+    intermediate_bias: object
+    feedforward_kernel: object  # [d_ff, d]
+    feedforward_bias: object
+    heads: int
+    head_size: int
+
+
+def _layer_weights(layer, compute) -> _LayerWeights:
+    """A keras-hub TransformerEncoder's weights for `LeallaEncoder._forward`: the
+    attention's query, key and value kernels side by side `[d, 3 * inner]` (the
+    query's scaled by 1/sqrt(head size), as Keras scales the projected query)
+    and their biases, its output projection, and the feed-forward block."""
     import tensorflow as tf
 
+    attention = layer._self_attention_layer
     heads, head_size = attention._num_heads, attention._key_dim
     width = attention._query_dense.kernel.shape[0]
     inner = heads * head_size
@@ -443,8 +543,18 @@ def _packed_attention(attention) -> tuple:
                         for p, scale in zip(projections, scales)], axis=1)
     bias = tf.concat([tf.reshape(p.bias, [inner]) * scale
                       for p, scale in zip(projections, scales)], axis=0)
-    return (kernel, bias, tf.reshape(attention._output_dense.kernel, [inner, width]),
-            attention._output_dense.bias, heads, head_size)
+    intermediate, output = layer._feedforward_intermediate_dense, layer._feedforward_output_dense
+
+    def cast(kernel):
+        return tf.cast(kernel, compute)
+
+    def float32(bias):
+        return tf.cast(bias, tf.float32)
+
+    return _LayerWeights(
+        cast(kernel), bias, cast(tf.reshape(attention._output_dense.kernel, [inner, width])),
+        float32(attention._output_dense.bias), cast(intermediate.kernel),
+        float32(intermediate.bias), cast(output.kernel), float32(output.bias), heads, head_size)
 
 
 def build_encoder(config: EncoderConfig, dtype=None, name="lealla_encoder") -> LeallaEncoder:

@@ -18,6 +18,7 @@ from typing import Optional
 import keras
 import tensorflow as tf
 
+from lealla_tf import kernels
 from lealla_tf.configs import TrainConfig, read_json
 from lealla_tf.model_dir import CONFIG_FILE, encoder_config_of, latest_checkpoint
 
@@ -47,10 +48,13 @@ class EncoderStudent:
         self.encoder = build_encoder(
             config.encoder, dtype="mixed_bfloat16" if config.mixed_precision else None)
         self.embedding_size = config.encoder.embedding_size
+        # The fused CPU kernels (lealla_tf.kernels) where this strategy can run them.
+        self.fused_kernels = kernels.usable()
 
     def __call__(self, batch, teacher_vectors=None, training=True) -> StudentOutputs:
-        source = self.encoder.forward(batch["source"], training=training)
-        target = self.encoder.forward(batch["target"], training=training)
+        source, target = self.encoder.forward_batches(
+            [batch["source"], batch["target"]], training=training,
+            fused_kernels=self.fused_kernels)
         return StudentOutputs(source["sentence_embedding"], target["sentence_embedding"],
                               source["pooled_output"], target["pooled_output"],
                               list(source["encoder_outputs"]), list(target["encoder_outputs"]))

@@ -15,7 +15,7 @@ LAYERS = [
     {"losses", "mining", "tokenizer", "parallel_corpus", "embedding_io", "sentencepiece_model",
      "e5_checkpoint", "distribution", "beam_options", "reload_check", "layers",
      "layers.l2_normalization", "layers.masked_mean_pooling", "layers.hash_dropout",
-     "pipelines", "json_files", "machine"},
+     "pipelines", "json_files", "machine", "kernels"},
     {"objectives", "configs", "presets", "lealla_encoder", "vocabulary", "flags", "schedules",
      "optimizers"},
     {"model_dir", "data", "checkpoint_conversion", "vocab_pruning"},
@@ -24,9 +24,9 @@ LAYERS = [
     {"run_logs"},
     {"task", "trainer", "pipelines.embed_corpus", "pipelines.mine_bitext"},
     {"training"},
-    {"train", "evaluate", "vocab", "recipe"},
+    {"train", "evaluate", "vocab", "recipe", "kernels.__main__"},
 ]
-COMMAND_LINES = {"train", "evaluate", "vocab", "recipe"}
+COMMAND_LINES = {"train", "evaluate", "vocab", "recipe", "kernels.__main__"}
 
 
 def import_graph():

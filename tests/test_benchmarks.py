@@ -208,22 +208,28 @@ LEVERS_PROBE = textwrap.dedent(f"""
     import keras, tensorflow as tf
     from benchmarks import train_throughput
     import lealla_tf.lealla_encoder as encoder_module, lealla_tf.task as task, lealla_tf.trainer as trainer
-    from lealla_tf.optimizers import FusedAdamW
+    import lealla_tf.optimizers as optimizers, lealla_tf.students as students
     levers = int(sys.argv[1])
-    forward, dropout = encoder_module.LeallaEncoder.forward, encoder_module.hash_dropout.dropout
-    activate = encoder_module._activate
+    forward = encoder_module.LeallaEncoder.forward_batches
+    dropout = encoder_module.hash_dropout.dropout
+    rows = encoder_module.LeallaEncoder._token_rows
+    kernels = students.kernels
     train_throughput.restore_old_pieces(levers)
     print("adamw", trainer.FusedAdamW is keras.optimizers.AdamW,
           "dense", task.unique_rows is tf.convert_to_tensor,
-          "keras_call", encoder_module.LeallaEncoder.forward is not forward,
+          "keras_call", encoder_module.LeallaEncoder.forward_batches is not forward,
           "philox", encoder_module.hash_dropout.dropout is not dropout,
-          "bf16_gelu", encoder_module._activate is not activate)
+          "op_by_op", students.kernels is not kernels,
+          "densified", optimizers.kernels is not kernels,
+          "table_cast", encoder_module.LeallaEncoder._token_rows is not rows)
 """)
 
 
 def test_the_levers_benchmark_puts_back_the_old_pieces_in_order():
     """`train_throughput.py --levers` measures each lever by putting back, in its
     child process, the pieces of the step not yet added (before: all of them)."""
+    from benchmarks.train_throughput import LEVERS
+
     def probe(levers):
         done = subprocess.run([sys.executable, "-c", LEVERS_PROBE, str(levers)], text=True,
                               capture_output=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
@@ -231,12 +237,14 @@ def test_the_levers_benchmark_puts_back_the_old_pieces_in_order():
         words = done.stdout.split()
         return dict(zip(words[::2], [w == "True" for w in words[1::2]]))
 
-    old = {"adamw": True, "dense": True, "keras_call": True, "philox": True, "bf16_gelu": True}
+    old = {"adamw": True, "dense": True, "keras_call": True, "philox": True, "op_by_op": True,
+           "densified": True, "table_cast": True}
     assert probe(1) == old
     assert probe(3) == {**old, "adamw": False, "dense": False}
     assert probe(4) == {**old, "adamw": False, "dense": False, "keras_call": False}
-    assert probe(6) == {**{k: False for k in old}, "bf16_gelu": True}
-    assert probe(7) == {k: False for k in old}
+    assert probe(6) == {**{k: False for k in old}, "densified": True, "table_cast": True}
+    assert probe(LEVERS.index("bfloat16") + 1) == {**{k: False for k in old}, "table_cast": True}
+    assert probe(len(LEVERS)) == {k: False for k in old}
 
 
 def test_step_profile_counts_each_op_once_and_groups_it(tmp_path):

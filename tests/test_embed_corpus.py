@@ -148,13 +148,13 @@ def test_several_worker_processes(model, corpus):
 def test_local_worker_processes_share_the_cores_out():
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from lealla_tf.data import usable_cores
+    from lealla_tf.machine import usable_cpus
 
     def threads(args, asked=None):
         return embed_corpus.threads_per_worker(PipelineOptions(args), asked)
 
     multi = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
-    assert threads(multi) == max(1, usable_cores() // 2)
+    assert threads(multi) == max(1, usable_cpus() // 2)
     assert threads(["--direct_num_workers=64", "--direct_running_mode=multi_processing"]) == 1
     assert threads(["--direct_num_workers=2"]) is None  # threads of one process: its own pool
     # 0 is Beam's "a worker a core"

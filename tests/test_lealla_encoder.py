@@ -240,3 +240,55 @@ def test_forward_in_training_drops_out_and_reaches_every_weight():
     for weight, gradient in zip(encoder.trainable_weights, gradients):
         assert gradient is not None, weight.path
         assert float(tf.reduce_max(tf.abs(tf.convert_to_tensor(gradient)))) > 0, weight.path
+
+
+@pytest.mark.parametrize("changes", [
+    {"hidden_activation": "gelu_approximate"},
+    {"hidden_activation": "gelu", "pooling": "mean", "num_unique_layers": 1},
+    {"hidden_activation": "relu"},  # not fused: the op-by-op layer runs
+])
+def test_fused_kernels_train_as_the_op_by_op_layers(changes):
+    """The same outputs, the same dropout masks from the same seeds, the same
+    gradients, with lealla_tf.kernels' fused ops as without them."""
+    from lealla_tf import kernels
+
+    if not kernels.available():
+        pytest.skip(f"fused kernels unavailable: {kernels.unavailable_reason()}")
+    encoder = build_encoder(TINY.replace(dropout=0.2, num_layers=3, **changes))
+    batch = {k: tf.constant(v) for k, v in BATCH.items()}
+    seeds = [v for v in encoder.variables if "seed_generator" in v.path]
+    start = [v.numpy() for v in seeds]
+    weights = tf.range(8, dtype=tf.float32)
+
+    def run(fused):
+        for variable, value in zip(seeds, start):
+            variable.assign(value)
+        with tf.GradientTape() as tape:
+            sides = encoder.forward_batches([batch, batch], training=True, fused_kernels=fused)
+            loss = sum(tf.reduce_sum(side["sentence_embedding"] * weights) for side in sides)
+        gradients = tape.gradient(loss, encoder.trainable_weights)
+        return sides, [tf.convert_to_tensor(g).numpy() for g in gradients]
+
+    (fused, fused_gradients), (ops, ops_gradients) = run(True), run(False)
+    for a, b in zip(fused, ops):
+        np.testing.assert_allclose(a["sentence_embedding"], b["sentence_embedding"], atol=1e-5)
+        for x, y in zip(a["encoder_outputs"], b["encoder_outputs"]):
+            np.testing.assert_allclose(x, y, atol=1e-5)
+    # the two sides drew different masks
+    assert np.abs(fused[0]["sequence_output"] - fused[1]["sequence_output"]).max() > 1e-3
+    for weight, a, b in zip(encoder.trainable_weights, fused_gradients, ops_gradients):
+        scale = max(float(np.abs(b).max()), 1.0)
+        np.testing.assert_allclose(a / scale, b / scale, atol=2e-5, err_msg=weight.path)
+
+
+def test_mixed_precision_looks_up_rows_without_casting_the_table():
+    """Under mixed_bfloat16 the Keras Embedding call casts its whole table to
+    bfloat16 before the lookup (LaBSE's: 64M values a call); forward casts the rows."""
+    encoder = build_encoder(TINY, dtype="mixed_bfloat16")
+    batch = {k: tf.constant(v) for k, v in BATCH.items()}
+    graph = tf.function(lambda b: encoder.forward(b)["sentence_embedding"]).get_concrete_function(
+        batch).graph
+    table_shape = tuple(encoder.token_embedding.embeddings.shape)
+    casts = [op for op in graph.get_operations() if op.type == "Cast"
+             and tuple(op.outputs[0].shape) == table_shape]
+    assert not casts

@@ -44,8 +44,12 @@ def keep_mask(shape, seed, rate: float):
     h = _fmix32(counter * tf.constant(_GOLDEN, tf.uint32) + _fmix32(words[0]))
     h = _fmix32(tf.bitwise.bitwise_xor(
         h, _fmix32(words[1] + tf.constant(_KEY_OFFSET, tf.uint32))))
-    threshold = min(int(round(rate * 2.0 ** 32)), 2 ** 32 - 1)
-    return tf.reshape(h >= tf.constant(threshold, tf.uint32), shape)
+    return tf.reshape(h >= tf.constant(keep_threshold(rate), tf.uint32), shape)
+
+
+def keep_threshold(rate: float) -> int:
+    """An entry is kept when its 32-bit hash is at least this (round(rate * 2^32))."""
+    return min(int(round(rate * 2.0 ** 32)), 2 ** 32 - 1)
 
 
 def _drop(x, seed, rate: float):
@@ -55,7 +59,7 @@ def _drop(x, seed, rate: float):
     return tf.where(keep, x * tf.cast(1.0 / (1.0 - rate), x.dtype), tf.zeros_like(x))
 
 
-def _check_rate(rate) -> float:
+def check_rate(rate) -> float:
     rate = float(rate)
     if not 0.0 <= rate < 1.0:
         raise ValueError(f"dropout rate must be in [0, 1), got {rate}")
@@ -68,7 +72,7 @@ _COMPILED = {}
 def dropout(x, rate: float, seed):
     """`x` with each entry zeroed with probability `rate`, the rest scaled by
     1 / (1 - rate); `seed`: two integers (`keras.random.SeedGenerator.next()`)."""
-    rate = _check_rate(rate)
+    rate = check_rate(rate)
     if rate == 0.0:
         return x
     if rate not in _COMPILED:

@@ -96,7 +96,7 @@ def threads_per_worker(options, asked: Optional[int] = None) -> Optional[int]:
     else None (TensorFlow's default)."""
     from apache_beam.options.pipeline_options import DirectOptions
 
-    from lealla_tf.data import usable_cores
+    from lealla_tf.machine import usable_cpus
 
     if asked is not None:
         if asked < 0:
@@ -105,9 +105,9 @@ def threads_per_worker(options, asked: Optional[int] = None) -> Optional[int]:
         return asked or None
     direct = options.view_as(DirectOptions)
     # 0 is Beam's "a worker a core"
-    workers = usable_cores() if direct.direct_num_workers == 0 else direct.direct_num_workers or 1
+    workers = usable_cpus() if direct.direct_num_workers == 0 else direct.direct_num_workers or 1
     if workers > 1 and direct.direct_running_mode == "multi_processing":
-        return max(1, usable_cores() // workers)
+        return max(1, usable_cpus() // workers)
     return None
 
 
