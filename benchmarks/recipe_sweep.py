@@ -123,14 +123,15 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
     """Runs in a fresh process: the main job's training stage with `argv`, then
     the evaluation; writes `result_file`."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import dataclasses
     import time
 
     from lealla_tf.embedder import load_embedder
     from lealla_tf.evaluation import (TATOEBA_PRIMARY_METRIC, embed_tatoeba, first_pairs,
                                       tatoeba_metrics_with_margin)
     from lealla_tf.model_dir import read_model_config
-    from lealla_tf.recipe import (build_parser, config_from_args, student_loss_weights,
-                                  teacher_in_step, train_config)
+    from lealla_tf.recipe import (build_parser, config_from_args, mixed_precision,
+                                  student_loss_weights, teacher_in_step, train_config)
     from lealla_tf.training import train
 
     from benchmarks.vocab_build import machine as this_machine
@@ -141,10 +142,11 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
     weights = student_loss_weights(config)
     data_dir = pathlib.Path(data_dir)
     in_step = teacher_in_step(config)
+    model_dir = os.path.join(work_dir, "sweep", name)
+    config = dataclasses.replace(config, mixed_precision=mixed_precision(config, model_dir))
     train_settings = train_config(config, data_dir, teacher, os.path.join(work_dir, "teacher"),
                                   os.path.join(work_dir, "sample"), config.objective, weights,
                                   in_step)
-    model_dir = os.path.join(work_dir, "sweep", name)
     try:
         summary = train(train_settings, model_dir, vocabulary["output"], progress=False)
     except (ValueError, FileNotFoundError) as error:  # the trainer's own refusals
@@ -161,6 +163,7 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
               "objective": config.objective, "loss_weights": weights,
               "learning_rate": optimizer["learning_rate"],
               "warmup_steps": optimizer["warmup_steps"],
+              "mixed_precision": train_settings.mixed_precision,
               "steps": summary["final_step"], "train_seconds": summary["train_seconds"],
               "stage_seconds": summary["seconds"],
               # A row stopped and rerun resumes: its time, speed and curve are then

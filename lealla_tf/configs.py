@@ -626,5 +626,6 @@ class RecipeConfig:
     beam_workers: int = 2
     strategy: str = "default"
     tpu: str = ""
-    mixed_precision: bool = False
+    # None: bfloat16 where the CPU computes it natively (lealla_tf.recipe.mixed_precision)
+    mixed_precision: Optional[bool] = None
     seed: int = 0

@@ -227,6 +227,29 @@ def export_labse_pair(encoder, tokenizer, export_path: str, seq_length: int = No
     return paths
 
 
+def encoder_from_module(encoder_dir: str, config, dtype=None, name: str = "teacher_encoder"):
+    """The `LeallaEncoder` of `config` holding the weights of an `encoder/` module
+    that `export_labse_pair` wrote (its variables keep the encoder's weight
+    paths), to run that network in-process, e.g. in another dtype or with
+    `lealla_tf.kernels`. ValueError naming a weight the module lacks or holds in
+    another shape."""
+    import numpy as np
+
+    from lealla_tf.checkpoint_conversion import read_saved_model_variables
+    from lealla_tf.lealla_encoder import build_encoder
+
+    tensors = read_saved_model_variables(encoder_dir)
+    encoder = build_encoder(config, dtype=dtype, name=name)
+    for weight in encoder.weights:
+        value = tensors.get(weight.path)
+        if value is None or tuple(np.shape(value)) != tuple(weight.shape):
+            found = "missing" if value is None else f"of shape {tuple(np.shape(value))}"
+            raise ValueError(f"{encoder_dir}: the weight {weight.path} {tuple(weight.shape)} "
+                             f"of its encoder config is {found} there")
+        weight.assign(value)
+    return encoder
+
+
 def export_encoder_only(encoder, export_path: str) -> str:
     """Exports int32 ids -> L2-normalised embeddings, with no text ops."""
     root = _new_root()

@@ -51,6 +51,13 @@ def vector_extensions(cpuinfo: str = "/proc/cpuinfo") -> list:
     return [w for w in wanted if w in present]
 
 
+def bfloat16_arithmetic(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX), where
+    TensorFlow's bfloat16 matmuls run at twice float32's rate; elsewhere oneDNN
+    emulates them, slower than float32."""
+    return bool({"avx512_bf16", "amx_bf16"} & set(vector_extensions(cpuinfo)))
+
+
 def usable_cpus() -> int:
     """The cores this process may run on (its affinity), not the host's count
     (a cgroup CPU quota, as docker --cpus sets, is not read)."""

@@ -102,14 +102,16 @@ def load_encoder(model_dir: str, checkpoint: Optional[str] = None, dtype=None):
     Args:
         model_dir: a model directory.
         checkpoint: a specific checkpoint prefix; default the latest one.
-        dtype: optional dtype policy for inference ("mixed_bfloat16").
+        dtype: the dtype policy for inference (default "float32", whatever the
+            global policy: a model trained with --mixed_precision in the same
+            process still exports and evaluates in float32); "mixed_bfloat16".
 
     Raises:
         FileNotFoundError: no checkpoint in `model_dir`.
     """
     from lealla_tf.lealla_encoder import build_encoder
 
-    encoder = build_encoder(encoder_config_of(model_dir), dtype=dtype)
+    encoder = build_encoder(encoder_config_of(model_dir), dtype=dtype or "float32")
     if checkpoint and not tf.io.gfile.exists(checkpoint + ".index"):
         raise FileNotFoundError(f"checkpoint {checkpoint} not found (expected {checkpoint}.index;"
                                 f" pass a prefix such as {os.path.join(model_dir, CHECKPOINT_DIR)}"

@@ -164,6 +164,7 @@ def convert_teacher(name: str = DEFAULT_TEACHER, export_path: str = "runs/teache
         The summary also written to `export_path/teacher.json`.
     """
     from lealla_tf.checkpoint_conversion import encoder_from_huggingface
+    from lealla_tf.configs import config_to_dict
     from lealla_tf.export_lib import export_labse_pair, saved_model_size
 
     spec = get_teacher_spec(name)
@@ -183,6 +184,8 @@ def convert_teacher(name: str = DEFAULT_TEACHER, export_path: str = "runs/teache
                "lower_case": tokenizer.lower_case, "prefix": tokenizer.prefix,
                "tokenizer": tokenizer.kind, "vocabulary_size": tokenizer.vocab_size,
                "seq_length": seq_length, "parameters": encoder.count_params(),
+               # The whole architecture: TeacherLayers rebuilds the network from it.
+               "encoder_config": config_to_dict(config),
                "details": {k: v for k, v in settings.items() if k != "encoder"}}
     with open(os.path.join(export_path, TEACHER_SUMMARY), "w") as f:
         json.dump(summary, f, indent=2, default=str)

@@ -300,3 +300,16 @@ def test_the_profiling_benchmarks_refuse_bad_flags_with_a_message(tmp_path, monk
         benchmark.main()
     assert message in capsys.readouterr().err
     assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--batches=0"], "must be at least 1"),
+    (["--work_dir=/no/such/run"], "is missing: run the main job"),
+])
+def test_teacher_pass_refuses_bad_flags_with_a_message(tmp_path, capsys, flags, message):
+    from benchmarks import teacher_pass
+
+    with pytest.raises(SystemExit) as stopped:
+        teacher_pass.main([f"--output_json={tmp_path / 'r.json'}", *flags])
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err

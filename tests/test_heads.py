@@ -290,3 +290,41 @@ def test_the_teachers_prefix_runs_before_the_sentence_and_leaves_the_hd_targets(
     # A prefix that merges with the sentence's first piece cannot run in the step.
     with pytest.raises(ValueError, match="does not tokenize apart"):
         prefix_pieces(str(prefixed), "dog")
+
+
+def test_a_teacher_with_its_architecture_runs_as_a_rebuilt_network(teacher, tmp_path):
+    """teacher.json's encoder_config: the network runs in-process (the fused
+    kernels where usable, the compute dtype of the policy) with the module's outputs."""
+    import json
+    import shutil
+
+    import keras
+
+    from lealla_tf.configs import config_to_dict
+
+    directory, teacher_encoder, _ = teacher
+    rebuilt = tmp_path / "teacher"
+    shutil.copytree(directory, rebuilt)
+    (rebuilt / "teacher.json").write_text(json.dumps(
+        {"encoder_config": config_to_dict(teacher_encoder.encoder_config)}))
+    student_vocabulary = tiny_vocabulary()
+    module = TeacherLayers(directory, student_vocabulary, 8, 4, 16)
+    network = TeacherLayers(str(rebuilt), student_vocabulary, 8, 4, 16)
+    assert module.network is None and network.network is not None
+    assert not network.network.trainable_weights
+    inputs = student_inputs([[3, 8, 9, 10, 4, 0], [3, 11, 4, 0, 0, 0]])
+    ours, theirs = network.outputs(inputs), module.outputs(inputs)
+    for name in ("default", "sequence_output"):
+        np.testing.assert_allclose(ours[name], theirs[name], atol=1e-5, err_msg=name)
+    for a, b in zip(ours["encoder_outputs"], theirs["encoder_outputs"]):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    np.testing.assert_array_equal(network.coordinates, module.coordinates)
+    keras.mixed_precision.set_dtype_policy("mixed_bfloat16")
+    try:
+        half = TeacherLayers(str(rebuilt), student_vocabulary, 8, 4, 16)
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    assert half.network.compute_dtype == "bfloat16"
+    outputs = half.outputs(inputs)
+    assert outputs["default"].dtype == tf.float32
+    np.testing.assert_allclose(outputs["default"], theirs["default"], atol=5e-2)

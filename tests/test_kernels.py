@@ -231,3 +231,22 @@ def test_the_switch_turns_them_off(monkeypatch):
     monkeypatch.setenv(kernels.SWITCH, "0")
     assert not kernels.available() and not kernels.usable()
     assert kernels.unavailable_reason() == f"{kernels.SWITCH}=0"
+
+
+def test_a_failed_compile_is_named_and_the_setup_step_goes_on(tmp_path):
+    """`python -m lealla_tf.kernels` (make setup): a compiler error is one line
+    with the compiler's own error; exit 0 (training falls back), 1 with --strict."""
+    compiler = tmp_path / "broken-g++"
+    compiler.write_text("#!/bin/sh\n"
+                        "[ \"$1\" = --version ] && { echo broken 1.0; exit 0; }\n"
+                        "echo 'fused_layers.cc:1:1: error: this compiler is broken' >&2\n"
+                        "exit 1\n")
+    compiler.chmod(0o755)
+    environment = {**os.environ, "CXX": str(compiler), kernels.CACHE: str(tmp_path / "cache")}
+    for flags, code in (([], 0), (["--strict"], 1)):
+        done = subprocess.run([sys.executable, "-m", "lealla_tf.kernels", *flags],
+                              capture_output=True, text=True, env=environment, timeout=300)
+        assert done.returncode == code, done.stderr[-2000:]
+        assert "not built: compiling fused_layers.cc, sparse_adamw.cc failed (exit 1): " \
+               "fused_layers.cc:1:1: error: this compiler is broken" in done.stderr
+    assert not list((tmp_path / "cache").glob("*.so"))  # no half-written library left

@@ -45,3 +45,16 @@ def test_the_record_names_the_cores_this_process_may_use_and_reads_as_one_line()
     assert describe({"processor": "Apple M2"}) == "Apple M2"  # no "None cores"
     assert describe({"processor": "AMD EPYC", "cpu_generation": "family 25, model 17",
                      "cpus": 2}) == "AMD EPYC (family 25, model 17), 2 cores"
+
+
+def test_bfloat16_arithmetic_is_the_cpus_own(tmp_path):
+    from lealla_tf.machine import bfloat16_arithmetic
+
+    path = tmp_path / "cpuinfo"
+    path.write_text(CPUINFO)
+    assert bfloat16_arithmetic(str(path))
+    path.write_text(CPUINFO.replace(" avx512_bf16", ""))
+    assert not bfloat16_arithmetic(str(path))
+    path.write_text(CPUINFO.replace(" avx512_bf16", " amx_tile amx_bf16"))
+    assert bfloat16_arithmetic(str(path))
+    assert not bfloat16_arithmetic(str(tmp_path / "absent"))

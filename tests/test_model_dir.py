@@ -30,6 +30,17 @@ def test_round_trip(tiny_vocab_file, tmp_path):
     restored = load_encoder(model_dir)
     for a, b in zip(encoder.weights, restored.weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+    # a run trained with --mixed_precision leaves that global policy behind: the
+    # model still loads (exports, evaluates) in float32 unless asked otherwise
+    import keras
+
+    keras.mixed_precision.set_dtype_policy("mixed_bfloat16")
+    try:
+        assert load_encoder(model_dir).token_embedding.compute_dtype == "float32"
+        assert load_encoder(model_dir, dtype="mixed_bfloat16").token_embedding.compute_dtype \
+            == "bfloat16"
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
 
 
 def test_missing_directory_and_unknown_fields(tmp_path):

@@ -77,6 +77,12 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
     assert report["distillation"]["learning_rates"] == {"full": 2e-3, "comparison": 5e-4}
     assert "peak rates 0.002 / 0.0005" in out
     assert report["training"]["student"]["weights"]["hd"] == 300.0
+    # bfloat16 where this CPU multiplies it natively, said in the summary
+    from lealla_tf.machine import bfloat16_arithmetic
+
+    expected = "bfloat16" if bfloat16_arithmetic() else "float32"
+    assert report["precision"] == {"student": expected, "student_ams_only": expected}
+    assert f"training precision: student {expected}" in out
     assert report["export"]["reload_max_abs_difference"] < 1e-5
     assert set(report["tatoeba"]) == {"student", "student_ams_only", "teacher",
                                       "student_teacher_pairs"}
@@ -291,3 +297,26 @@ def test_a_student_started_at_another_rate_is_named_with_the_flag_that_resumes_i
     with pytest.raises(ValueError, match=r"started at peak rate 0\.0005, not 0\.002: pass "
                                          r"--learning_rate=0\.0005 to resume it, or --fresh"):
         check_started_rate(str(student), 2e-3, "--learning_rate")
+
+
+def test_the_training_precision_is_the_flag_the_started_run_or_the_cpus(tmp_path, monkeypatch):
+    """--mixed_precision / --no_mixed_precision; without either, a started run keeps
+    its own, and a new one trains in bfloat16 where the CPU multiplies it natively."""
+    import lealla_tf.machine
+    from lealla_tf.configs import RecipeConfig
+    from lealla_tf.recipe import build_parser, config_from_args, mixed_precision
+
+    def parsed(*flags):
+        return config_from_args(build_parser().parse_args(list(flags))).mixed_precision
+
+    assert parsed() is None and parsed("--mixed_precision") is True
+    assert parsed("--no_mixed_precision") is False
+    for native in (True, False):
+        monkeypatch.setattr(lealla_tf.machine, "bfloat16_arithmetic", lambda native=native: native)
+        assert mixed_precision(RecipeConfig()) is native
+        assert mixed_precision(RecipeConfig(mixed_precision=not native)) is (not native)
+    run = tmp_path / "student"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"mixed_precision": True}))
+    assert mixed_precision(RecipeConfig(), str(run)) is True  # started in bfloat16, kept
+    assert mixed_precision(RecipeConfig(mixed_precision=False), str(run)) is False

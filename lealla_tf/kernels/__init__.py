@@ -1,10 +1,11 @@
-"""Fused CPU kernels for training `LeallaEncoder` (`fused_layers.cc` beside this file).
+"""Fused CPU kernels for training `LeallaEncoder` (the C++ sources beside this file).
 
 On a CPU, TensorFlow runs a transformer layer's elementwise work one op at a
 time, and on lealla_small's training step that work (layer norms, GELU, residual
 adds, dropout, softmax, transposes and their gradients) took more time than the
-matmuls in bfloat16 (`benchmarks/step_profile.py`). Three ops, each with its
-gradient, do those blocks in one pass over their rows:
+matmuls in bfloat16 (`benchmarks/step_profile.py`). Three ops of
+`fused_layers.cc`, each with its gradient, do those blocks in one pass over
+their rows:
 
 - `attention(qkv, bias, mask, seed, num_heads, rate)`: every head's masked
   softmax attention with dropout on the probabilities, from the packed
@@ -15,7 +16,10 @@ gradient, do those blocks in one pass over their rows:
 
 They compute in float32 whatever the tensors' type (float32 or bfloat16), draw
 the dropout masks of `lealla_tf.layers.hash_dropout` bit for bit, and equal the
-op-by-op layer within round-off (tests/test_kernels.py).
+op-by-op layer within round-off (tests/test_kernels.py). A fourth,
+`sparse_apply_adamw` (`sparse_adamw.cc`), updates a lookup table with
+`lealla_tf.optimizers.FusedAdamW`'s arithmetic in one pass from its sparse
+gradient, where decay, densifying and fused Adam took four.
 
 The library is compiled for this machine (`-march=native`) on first use, or by
 `python -m lealla_tf.kernels` (the Makefile's setup runs it), into
@@ -35,6 +39,8 @@ import subprocess
 import sys
 import tempfile
 from typing import Optional
+
+import tensorflow as tf
 
 SOURCES = [pathlib.Path(__file__).with_name(name)
            for name in ("fused_layers.cc", "sparse_adamw.cc")]
@@ -70,8 +76,6 @@ def _compiler() -> str:
 
 
 def _command(output: str) -> list:
-    import tensorflow as tf
-
     return ([_compiler(), "-shared", "-fPIC", "-O3", "-march=native", "-DNDEBUG", "-w",
              "-fno-math-errno",  # sqrt vectorizes; nothing here reads errno
              *tf.sysconfig.get_compile_flags(), *map(str, SOURCES), "-o", output,
@@ -92,8 +96,6 @@ def _processor() -> str:
 
 def library_path() -> pathlib.Path:
     """Where this source, TensorFlow, compiler and processor's library lives."""
-    import tensorflow as tf
-
     compiler = _compiler()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256()
@@ -122,12 +124,15 @@ def build(force: bool = False) -> pathlib.Path:
             return path
         handle, partial = tempfile.mkstemp(suffix=".so", dir=path.parent)
         os.close(handle)
+        print(f"compiling the fused training kernels for this machine into {path.parent} "
+              "(once; about 15 s)", file=sys.stderr, flush=True)
         try:
             done = subprocess.run(_command(partial), capture_output=True, text=True)
             if done.returncode != 0:
                 errors = [line for line in done.stderr.splitlines() if "error" in line]
+                names = ", ".join(source.name for source in SOURCES)
                 raise KernelBuildError(
-                    f"compiling {', '.join(s.name for s in SOURCES)} failed (exit {done.returncode}): "
+                    f"compiling {names} failed (exit {done.returncode}): "
                     + ("; ".join(errors[:3]) or done.stderr[-500:]))
             os.replace(partial, path)
         finally:
@@ -143,8 +148,6 @@ def load():
         return _state["library"]
     if _state["failure"] is not None:
         raise KernelBuildError(_state["failure"])
-    import tensorflow as tf
-
     try:
         library = tf.load_op_library(str(build()))
     except KernelBuildError as error:
@@ -176,8 +179,6 @@ def available() -> bool:
 def usable(strategy=None) -> bool:
     """`available()`, and `strategy` (default: the current one) computes on CPUs
     only: the kernels have no GPU or TPU version."""
-    import tensorflow as tf
-
     strategy = strategy or tf.distribute.get_strategy()
     try:
         devices = list(strategy.extended.worker_devices)
@@ -208,13 +209,12 @@ def _dropout_attributes(rate: float) -> dict:
 
 
 def _seed(seed):
-    import tensorflow as tf
-
     if seed is None:
         return tf.zeros([2], tf.int64)
     return tf.cast(seed, tf.int64)
 
 
+@tf.autograph.experimental.do_not_convert
 def attention(qkv, bias, mask, seed, num_heads: int, rate: float = 0.0):
     """Multi-head attention of a packed projection's rows.
 
@@ -231,32 +231,29 @@ def attention(qkv, bias, mask, seed, num_heads: int, rate: float = 0.0):
 
     Returns: `[batch * length, num_heads * size]`, heads side by side, in `qkv`'s type.
     """
-    import tensorflow as tf
-
     return load().lealla_attention(qkv, tf.cast(bias, tf.float32), tf.cast(mask, tf.int32),
                                    _seed(seed), num_heads=num_heads,
                                    **_dropout_attributes(rate))
 
 
+@tf.autograph.experimental.do_not_convert
 def bias_gelu(x, bias, approximate: bool = True):
     """GELU (tanh-approximate or exact erf) of `x + bias`, `x` `[rows, width]`."""
-    import tensorflow as tf
-
     return load().lealla_bias_gelu(x, tf.cast(bias, tf.float32), approximate=approximate)
 
 
+@tf.autograph.experimental.do_not_convert
 def bias_dropout_add_norm(x, bias, residual, gamma, beta, seed, rate: float, epsilon: float):
     """Layer norm (over the last axis, float32 statistics) of
     `dropout(x + bias) + residual`, all `[rows, width]` in one type; `gamma`,
     `beta` and `bias` `[width]` (read as float32)."""
-    import tensorflow as tf
-
     outputs = load().lealla_bias_dropout_add_norm(
         x, tf.cast(bias, tf.float32), residual, tf.cast(gamma, tf.float32),
         tf.cast(beta, tf.float32), _seed(seed), epsilon=epsilon, **_dropout_attributes(rate))
     return outputs[0]
 
 
+@tf.autograph.experimental.do_not_convert
 def sparse_apply_adamw(variable, momentum, velocity, gradient, lr, beta1_power, beta2_power,
                        beta1, beta2, epsilon, weight_decay):
     """AdamW with decoupled weight decay on `variable` (float32, rows first) from a
@@ -264,8 +261,6 @@ def sparse_apply_adamw(variable, momentum, velocity, gradient, lr, beta1_power, 
     `lealla_tf.optimizers.FusedAdamW`'s decay + `ResourceApplyAdam` on the
     densified gradient; repeated indices are summed). The variables are
     resource handles; the scalars float32."""
-    import tensorflow as tf
-
     from lealla_tf.machine import usable_cpus
 
     return load().lealla_sparse_apply_adam_w(
@@ -276,8 +271,6 @@ def sparse_apply_adamw(variable, momentum, velocity, gradient, lr, beta1_power, 
 
 
 def _register_gradients(library) -> None:
-    import tensorflow as tf
-
     def dropout(op):
         return {"dropout_threshold": op.get_attr("dropout_threshold"),
                 "dropout_scale": op.get_attr("dropout_scale")}
