@@ -14,6 +14,9 @@ from lealla_tf.layers import hash_dropout
 
 if shutil.which(os.environ.get("CXX", "g++")) is None:  # pragma: no cover - CI has g++
     pytest.skip("no C++ compiler to build the fused kernels", allow_module_level=True)
+if tf.config.list_physical_devices("GPU"):  # pragma: no cover - CI is a CPU
+    pytest.skip("the fused kernels are CPU-only; TensorFlow sees a GPU here",
+                allow_module_level=True)
 
 SEED = tf.constant([123, -456], tf.int64)  # a negative word too: only its low 32 bits count
 
@@ -164,8 +167,11 @@ def adamw_run(fused, duplicates, steps=3):
 
         @tf.function
         def step(ids, values, g_dense, g_bias):
+            # the rows read as the students read them (ResourceGather: the table in
+            # copy-on-read mode, the case where a dense update would copy it first)
+            rows = tf.gather(table.value, ids)
             optimizer.apply_gradients([
-                (tf.IndexedSlices(values, ids, tf.constant([300, 24])), table),
+                (tf.IndexedSlices(values + 0.0 * rows, ids, tf.constant([300, 24])), table),
                 (g_dense, dense), (g_bias, bias)])
 
         draws = np.random.default_rng(1)
@@ -173,9 +179,14 @@ def adamw_run(fused, duplicates, steps=3):
             ids = draws.choice(300, 40, replace=False).astype("int32")
             if duplicates:
                 ids[:6] = ids[6]
-            step(ids, draws.normal(size=(40, 24)).astype("float32"),
-                 draws.normal(size=(24, 4)).astype("float32"),
-                 draws.normal(size=(4,)).astype("float32"))
+            arguments = (ids, draws.normal(size=(40, 24)).astype("float32"),
+                         draws.normal(size=(24, 4)).astype("float32"),
+                         draws.normal(size=(4,)).astype("float32"))
+            step(*arguments)
+        graph = step.get_concrete_function(*arguments).graph.as_graph_def()
+        ops = {node.op for node in graph.node}
+        ops |= {node.op for function in graph.library.function for node in function.node_def}
+        assert ("LeallaSparseApplyAdamW" in ops) == fused, sorted(ops)
         return [v.numpy() for v in (table, optimizer._momentums[0], optimizer._velocities[0],
                                      dense, bias)]
     finally:

@@ -20,6 +20,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -67,15 +68,20 @@ class SparseApplyAdamWOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* context) override {
+    // Sparse access, as TensorFlow's own ResourceSparseApply* kernels: the step
+    // gathers the table's rows (ResourceGather puts the variable in copy-on-read
+    // mode), and a dense update of a copy-on-read variable copies the whole table
+    // first (256 MB a step for LaBSE's vocabulary). Under the exclusive lock taken
+    // here no read runs, so the buffer is updated in place.
     auto locks = tensorflow::MaybeLockVariableInputMutexesInOrder<CPUDevice, float>(
-        context, /*do_lock=*/true, /*sparse=*/false, {0, 1, 2});
+        context, /*do_lock=*/true, /*sparse=*/true, {0, 1, 2});
     Tensor var, m, v;
     OP_REQUIRES_OK(context, tensorflow::GetInputTensorFromVariable<CPUDevice, float>(
-                                context, 0, true, false, &var));
+                                context, 0, true, true, &var));
     OP_REQUIRES_OK(context, tensorflow::GetInputTensorFromVariable<CPUDevice, float>(
-                                context, 1, true, false, &m));
+                                context, 1, true, true, &m));
     OP_REQUIRES_OK(context, tensorflow::GetInputTensorFromVariable<CPUDevice, float>(
-                                context, 2, true, false, &v));
+                                context, 2, true, true, &v));
     OP_REQUIRES(context, var.IsInitialized() && m.IsInitialized() && v.IsInitialized(),
                 tensorflow::errors::FailedPrecondition("the variable or a moment is not "
                                                        "initialized"));
@@ -144,10 +150,19 @@ class SparseApplyAdamWOp : public OpKernel {
     const int64_t threads =
         std::max<int64_t>(1, std::min<int64_t>(num_threads_, rows * width / (1 << 16)));
     std::vector<std::thread> workers;
+    int64_t inline_from = threads;  // shares no thread could be started for run here
     for (int64_t k = 1; k < threads; ++k) {
-      workers.emplace_back(update, rows * k / threads, rows * (k + 1) / threads);
+      try {
+        workers.emplace_back(update, rows * k / threads, rows * (k + 1) / threads);
+      } catch (const std::system_error&) {  // e.g. a container's process limit
+        inline_from = k;
+        break;
+      }
     }
     update(0, rows / threads);
+    for (int64_t k = inline_from; k < threads; ++k) {
+      update(rows * k / threads, rows * (k + 1) / threads);
+    }
     for (auto& worker : workers) worker.join();
   }
 
