@@ -366,6 +366,30 @@ def check_started_rate(model_dir: str, rate: Optional[float], flag: str) -> None
                      f"{rate:g}: pass {flag}={started:g} to resume it, or --fresh to start over")
 
 
+def started_precision(model_dir: str) -> Optional[bool]:
+    """Whether the run started in `model_dir` (a checkpoint there) trains in
+    bfloat16; None when nothing was started there."""
+    from lealla_tf.model_dir import CONFIG_FILE, latest_checkpoint, read_model_config
+
+    if not os.path.exists(os.path.join(model_dir, CONFIG_FILE)) or \
+            latest_checkpoint(model_dir) is None:
+        return None
+    return bool(read_model_config(model_dir).get("mixed_precision", False))
+
+
+def check_started_precision(model_dir: str, wanted: Optional[bool]) -> None:
+    """A run already started resumes only in its own precision: ValueError in one
+    line naming it and the flags, instead of the trainer's list of differing
+    settings."""
+    started = started_precision(model_dir)
+    if started is None or wanted is None or started == wanted:
+        return
+    name = {True: "bfloat16", False: "float32"}
+    raise ValueError(f"the student in {model_dir} was started in {name[started]}, not "
+                     f"{name[wanted]}: pass --{'' if started else 'no_'}mixed_precision (or "
+                     "neither) to resume it, or --fresh to start over")
+
+
 def train_stage(train: "TrainConfig", model_dir: str, vocab_file: str, strategy) -> dict:
     """Trains; a run stopped by a signal (Ctrl-C, SIGTERM) raises `StageInterrupted`
     instead of passing a half-trained student on to export and evaluation."""
@@ -611,6 +635,7 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
     for name, (_, _, rate) in runs.items():
         check_started_rate(paths[name], rate, "--learning_rate" if name == STUDENT
                            else "--comparison_learning_rate")
+        check_started_precision(paths[name], config.mixed_precision)
     trains = {name: train_config(
         dataclasses.replace(config, learning_rate=rate,
                             mixed_precision=mixed_precision(config, paths[name])),
@@ -618,8 +643,13 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
         for name, (objective, run_weights, rate) in runs.items()}
     if config.mixed_precision is None:
         precision = "bfloat16" if trains[STUDENT].mixed_precision else "float32"
-        print(f"training precision: {precision} (the default on this CPU: bfloat16 where it "
-              "multiplies it natively; --mixed_precision / --no_mixed_precision to choose)")
+        if started_precision(paths[STUDENT]) is not None:
+            print(f"training precision: {precision} (the student in {paths[STUDENT]} was "
+                  "started so and keeps it; --fresh to start over)")
+        else:
+            print(f"training precision: {precision} (the default on this CPU: bfloat16 where "
+                  "it multiplies it natively; --mixed_precision / --no_mixed_precision to "
+                  "choose)")
     vocabulary = stages.run("vocabulary", lambda: vocabulary_stage(
         config, data_dir, paths["teacher"], work))
     sampled = stages.run("sample", lambda: sample_stage(config, data_dir, paths["sample"]))

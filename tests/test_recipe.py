@@ -320,3 +320,25 @@ def test_the_training_precision_is_the_flag_the_started_run_or_the_cpus(tmp_path
     (run / "config.json").write_text(json.dumps({"mixed_precision": True}))
     assert mixed_precision(RecipeConfig(), str(run)) is True  # started in bfloat16, kept
     assert mixed_precision(RecipeConfig(mixed_precision=False), str(run)) is False
+
+
+def test_a_student_started_in_another_precision_is_named_with_the_flag_that_resumes_it(
+        tmp_path):
+    """The opposite precision flag on a started run: one line naming the flag that
+    resumes it or --fresh (the trainer's own refusal lists every setting)."""
+    from lealla_tf.recipe import check_started_precision, started_precision
+
+    student = tmp_path / "student"
+    (student / "checkpoints").mkdir(parents=True)
+    (student / "config.json").write_text(json.dumps({"mixed_precision": True}))
+    assert started_precision(str(student)) is None  # no checkpoint yet: a new start
+    check_started_precision(str(student), False)
+    (student / "checkpoints" / "ckpt-40.index").write_text("")
+    (student / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-40"\n')
+    assert started_precision(str(student)) is True
+    for wanted in (True, None):
+        check_started_precision(str(student), wanted)  # its own precision, or no flag
+    with pytest.raises(ValueError, match=r"started in bfloat16, not float32: pass "
+                                         r"--mixed_precision \(or neither\) to resume it, or "
+                                         r"--fresh"):
+        check_started_precision(str(student), False)
