@@ -239,9 +239,16 @@ def encoder_from_module(encoder_dir: str, config, dtype=None, name: str = "teach
     from lealla_tf.lealla_encoder import build_encoder
 
     tensors = read_saved_model_variables(encoder_dir)
+    # the paths below the model's own name: the module may have been exported from
+    # an encoder of another name than `name`
+    inner = {}
+    for path, value in tensors.items():
+        inner.setdefault(path.split("/", 1)[-1], value)
     encoder = build_encoder(config, dtype=dtype, name=name)
     for weight in encoder.weights:
         value = tensors.get(weight.path)
+        if value is None:
+            value = inner.get(weight.path.split("/", 1)[-1])
         if value is None or tuple(np.shape(value)) != tuple(weight.shape):
             found = "missing" if value is None else f"of shape {tuple(np.shape(value))}"
             raise ValueError(f"{encoder_dir}: the weight {weight.path} {tuple(weight.shape)} "

@@ -133,6 +133,21 @@ def test_labse_pair_with_hub_keras_layer(model, sentences, exported, tmp_path):
     assert_dropout_only_in_training(results, expected)
 
 
+def test_encoder_from_module_rebuilds_the_network_whatever_its_name(model, exported):
+    """The `encoder/` module of an encoder named otherwise (here Keras' default
+    name, not the teacher converters' `teacher_encoder`) loads into a network of
+    the same config with the same weights; a config it does not hold is refused."""
+    encoder, _ = model
+    network = export_lib.encoder_from_module(exported["labse_paths"]["encoder"],
+                                             encoder.encoder_config)
+    assert network.name == "teacher_encoder" and encoder.name != network.name
+    for ours, theirs in zip(network.weights, encoder.weights):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+    with pytest.raises(ValueError, match="is of shape"):
+        export_lib.encoder_from_module(exported["labse_paths"]["encoder"],
+                                       encoder.encoder_config.replace(hidden_dim=8))
+
+
 def test_labse_preprocessor_contract(model, exported):
     preprocessor = tf.saved_model.load(exported["labse_paths"]["preprocessor"])
     inputs = preprocessor(tf.constant(["The dog is nice.", ""]))
