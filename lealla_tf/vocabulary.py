@@ -209,7 +209,9 @@ def learn_sentencepiece(sentences: Sequence[str], vocab_size: int, output_prefix
     _train_sentencepiece(
         sentence_iterator=iter(sentences), model_prefix=output_prefix, model_type=model_type,
         vocab_size=vocab_size, hard_vocab_limit=False, character_coverage=character_coverage,
-        input_sentence_size=len(sentences), num_threads=num_threads,
+        # sentencepiece refuses a sample size of 100 or less; 0 reads them all
+        input_sentence_size=len(sentences) if len(sentences) > 100 else 0,
+        num_threads=num_threads,
         pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]", bos_id=-1, eos_id=-1,
         control_symbols=["[CLS]", "[SEP]", "[MASK]"], max_sentence_length=16384)
     return output_prefix + ".model"

@@ -114,7 +114,40 @@ def multilingual_sentences(per_language=4):
             sentences += source[:per_language] + english[:1]
     else:
         sentences = [s for pairs in TINY_PAIRS.values() for pair in pairs for s in pair]
+        sentences += generated_sentences(per_language)
     return [s.encode("utf-8") for s in sentences]
+
+
+# Letters of a few scripts, for sentences made up when ../shared/data is absent.
+GENERATED_SCRIPTS = {
+    "latin": "aeioubcdfghklmnprstvwzäöüéèñç",
+    "cyrillic": "аеиоуыбвгдзклмнпрстфхцчшщ",
+    "greek": "αεηιουωβγδζθκλμνξπρστφχψ",
+    "devanagari": "कखगघचछजझटठडढतथदधनपफबभमयरलवशसह",
+    "arabic": "ابتثجحخدذرزسشصضطظعغفقكلمنهوي",
+    "han": "的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年得就那要下以生会自着去之过家学对可她里后小么心多天而能好都然没日于起还发成事只作当想看文无开手十用主行方又如前所本见经头面公同三已老从动两长知民样现分将外但身些与高意进把法此实回二理美点月明其种声全工己话儿者向情部正名定女问力机给等几很业最间新什打便位因重被走电四第门相次东政海口使教西再平真听世气信北少关并内加化由却代军产入先山五太水万市眼体别处总才场师书比住员九笑性通目华报立马命张活难神数件安表原车白应路期叫死常提感金何更反合放做系计或司利受光王果亲界及今京务制解各任至清物台象记边共风战干接它许八特觉望直服毛林题建南度统色字请交爱让认算论百吃义科怎元社术结六功指思非流每青管夫连远资队跟带花快条院变联言权往展该领传近留红治决周保达办运武半候七必城父强步完革深区即求品士转量空甚众技轻程告江语英基派满式李息写呢识极令黄德收脸钱党倒未持取设始版双历越史商千片容研像找友孩站广改议形委早房音火际则首单据导影失拿网香似斯专石若兵弟谁校读志飞观争究包组造落视济喜离虽坐集编宝谈府拉黑且随格尽剑讲布杀微怕母调局根曾准团段终乐切级克精哪官示冷域读",
+}
+
+
+def generated_sentences(per_language):
+    """`per_language` made-up sentences in each script of GENERATED_SCRIPTS, the
+    same on every run: words of 2-7 letters (1-3 characters without spaces in
+    Han), 3-9 words a sentence."""
+    import random
+
+    rng = random.Random(1234)
+    sentences = []
+    for script, letters in GENERATED_SCRIPTS.items():
+        for _ in range(per_language):
+            if script == "han":
+                words = ["".join(rng.choice(letters) for _ in range(rng.randint(1, 3)))
+                         for _ in range(rng.randint(3, 9))]
+                sentences.append("".join(words) + "。")
+            else:
+                words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 7)))
+                         for _ in range(rng.randint(3, 9))]
+                sentences.append(" ".join(words).capitalize() + ".")
+    return sentences
 
 
 @pytest.fixture(scope="session")

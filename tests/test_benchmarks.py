@@ -136,14 +136,16 @@ def test_a_recipe_sweep_row_changes_only_training_flags(tmp_path, capsys):
                        ("no flags", "NAME=FLAGS"), ("=--train_steps=3", "NAME=FLAGS")):
         with pytest.raises(ValueError, match=named):
             parse_variant(bad)
-    # No finished main job in the work dir: one line naming what to run, exit 2.
-    out = str(tmp_path / "out.json")
-    assert main([f"--work_dir={tmp_path}", "--variant=a=", "--output_json", out]) == 2
-    assert "run the main job" in capsys.readouterr().err
-    # A finished main job (its stage markers), and rows left by earlier runs.
+    # No finished main job in the work dir: one line naming what to run, exit 2
+    # (with a data directory, so that this holds on a machine without ../shared/data).
     data = tmp_path / "data"
     for folder in ("parallel", "tatoeba_dev"):
         (data / folder).mkdir(parents=True)
+    out = str(tmp_path / "out.json")
+    assert main([f"--work_dir={tmp_path}", f"--data_dir={data}", "--variant=a=",
+                 "--output_json", out]) == 2
+    assert "run the main job" in capsys.readouterr().err
+    # A finished main job (its stage markers), and rows left by earlier runs.
     work = tmp_path / "work"
     (work / "stages").mkdir(parents=True)
     for stage in ("teacher", "vocabulary", "sample"):

@@ -107,8 +107,9 @@ def real_or_fixture_pairs(language="deu", count=300):
                  if f.language == language]
         return list(read_pairs(files[0].path))[:count]
     base = [p for ps in TINY_PAIRS.values() for p in ps]
-    return [(f"{s} #{i}", f"{e} #{i}") for i in range(count // len(base) + 1)
-            for s, e in base][:count]
+    # numbered one by one: every side unique (the English sides repeat across languages)
+    return [(f"{s} #{k}", f"{e} #{k}") for k, (s, e) in
+            enumerate(base[k % len(base)] for k in range(count))]
 
 
 @pytest.mark.parametrize("noise", [0.0, 0.7])

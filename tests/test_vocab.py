@@ -110,3 +110,20 @@ def test_cli_writes_vocabulary_and_report(tiny_parallel_dir, tiny_tatoeba_dir, t
                  f"--output={output}"]) == 2
     with pytest.raises(SystemExit):
         main([f"--input={tiny_parallel_dir}", "--vocab_size=3", f"--output={output}"])
+
+
+def test_sentencepiece_learns_from_a_hundred_sentences_or_fewer(tmp_path):
+    """sentencepiece refuses a sample size of 100 or less; a small corpus is read
+    whole instead, with the specials where the tokenizer expects them."""
+    import sentencepiece
+
+    from lealla_tf.vocabulary import learn_sentencepiece
+
+    sentences = [f"{src} {eng}" for pairs in __import__("conftest").TINY_PAIRS.values()
+                 for src, eng in pairs] * 5
+    assert len(sentences) <= 100
+    path = learn_sentencepiece(sentences, vocab_size=60, output_prefix=str(tmp_path / "small"))
+    model = sentencepiece.SentencePieceProcessor(model_file=path)
+    assert [model.id_to_piece(i) for i in range(2)] == ["[PAD]", "[UNK]"]
+    assert model.piece_to_id("[CLS]") not in (0, 1)
+    assert model.encode("The dog is nice.") and 1 not in model.encode("The dog is nice.")
