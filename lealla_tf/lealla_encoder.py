@@ -306,7 +306,7 @@ class LeallaEncoder(keras.Model):
         parts run one after the other.
 
         `fused_kernels=True` (the students' training step on a CPU, when
-        `lealla_tf.kernels.available()`) runs each layer's attention core, its
+        `lealla_tf.kernels.usable()`) runs each layer's attention core, its
         bias + GELU and its two bias + dropout + residual + layer norm blocks as
         the fused ops of `lealla_tf.kernels`: the same outputs within round-off
         and the same dropout masks from the same seeds, in a fraction of the ops.

@@ -4,7 +4,7 @@
 (decay, two moment updates, the step), each a full pass over the variable and a
 temporary of its size. On lealla_small's 501,153 x 128 token table that is
 0.25 s of a 1.5 s training step on 2 cores (benchmarks/train_throughput.py
---optimizer_profile). `FusedAdamW` computes the same update with two ops a
+--optimizer_profile). `FusedAdamW` computes the same update with two ops a dense
 variable: the decoupled weight decay, then `ResourceApplyAdam`, whose formula is
 Keras' Adam's term for term (alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t);
 m += (g - m)(1 - beta_1); v += (g^2 - v)(1 - beta_2); w -= alpha m / (sqrt(v) + eps)).
@@ -15,6 +15,9 @@ about 1.3e-5 relative and the weights by about 1e-6 after a step
 Its variables (iterations, momentums, velocities) are AdamW's, with AdamW's
 names, so checkpoints of either restore into the other.
 
+A lookup table's sparse gradient (`tf.IndexedSlices`) is applied, on a CPU with
+`lealla_tf.kernels`, by one op that does the same arithmetic in one pass over the
+table (`LeallaSparseApplyAdamW`); without it, the gradient is densified first.
 Other backends, AMSGrad and non-float32 variables take AdamW's own update.
 """
 

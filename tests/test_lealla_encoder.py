@@ -279,6 +279,16 @@ def test_fused_kernels_train_as_the_op_by_op_layers(changes):
     for weight, a, b in zip(encoder.trainable_weights, fused_gradients, ops_gradients):
         scale = max(float(np.abs(b).max()), 1.0)
         np.testing.assert_allclose(a / scale, b / scale, atol=2e-5, err_msg=weight.path)
+    # and the fused run did run the fused ops (the relu layer runs none)
+    graph = tf.function(lambda b: encoder.forward_batches(
+        [b], training=True, fused_kernels=True)[0]["sentence_embedding"]).get_concrete_function(
+            batch).graph
+    ran = {op.type for op in graph.get_operations()}
+    fused_ops = {"LeallaAttention", "LeallaBiasGelu", "LeallaBiasDropoutAddNorm"}
+    if changes["hidden_activation"] == "relu":
+        assert not ran & fused_ops
+    else:
+        assert fused_ops <= ran, sorted(ran)
 
 
 def test_mixed_precision_looks_up_rows_without_casting_the_table():
