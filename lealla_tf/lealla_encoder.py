@@ -185,7 +185,7 @@ class LeallaEncoder(keras.Model):
                 dtype=dtype,
                 name="output_dense",
             )
-        self.l2_normalization = L2Normalization(name="l2_normalization")
+        self.l2_normalization = L2Normalization(dtype=dtype, name="l2_normalization")
 
         # === Functional Model ===
         word_ids = keras.Input(shape=(None,), dtype="int32", name="input_word_ids")

@@ -302,3 +302,35 @@ def test_mixed_precision_looks_up_rows_without_casting_the_table():
     casts = [op for op in graph.get_operations() if op.type == "Cast"
              and tuple(op.outputs[0].shape) == table_shape]
     assert not casts
+
+
+def test_a_float32_encoder_computes_in_float32_under_a_mixed_global_policy():
+    """A main job trained in bfloat16 sets the global policy, then exports and
+    evaluates an encoder built with dtype="float32": no op of it may round to
+    bfloat16 (Keras autocast the L2 normalisation's input: 6e-4 on unit rows)."""
+    import keras
+
+    batch = {k: tf.constant(v) for k, v in BATCH.items()}
+    reference = build_encoder(TINY)
+    want = reference.forward(batch)["sentence_embedding"].numpy()
+    keras.mixed_precision.set_dtype_policy("mixed_bfloat16")
+    try:
+        encoder = build_encoder(TINY, dtype="float32")
+        encoder.set_weights(reference.get_weights())
+        graph = tf.function(lambda b: (encoder.forward(b)["sentence_embedding"],
+                                       encoder(b)["sentence_embedding"])).get_concrete_function(
+                                           batch).graph
+        half = [op.name for op in graph.get_operations()
+                if any(output.dtype == tf.bfloat16 for output in op.outputs)]
+        assert not half, half
+        for got in (encoder.forward(batch), encoder(batch)):
+            np.testing.assert_allclose(got["sentence_embedding"].numpy(), want, atol=1e-6)
+        # and a bfloat16 encoder normalises its float32 pooled rows without rounding them
+        mixed = build_encoder(TINY, dtype="mixed_bfloat16")
+        layer = mixed.l2_normalization
+        rows = tf.constant(np.random.default_rng(0).normal(size=(4, 8)), tf.float32)
+        np.testing.assert_allclose(layer(rows).numpy(),
+                                   (rows / tf.norm(rows, axis=-1, keepdims=True)).numpy(),
+                                   atol=1e-6)
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")

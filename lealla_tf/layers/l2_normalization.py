@@ -8,8 +8,9 @@ from keras import ops
 class L2Normalization(keras.layers.Layer):
     """Scales each row to unit L2 norm; an all-zero row stays zero (finite).
 
-    Computed in float32 whatever the layer's compute dtype, because the
-    embeddings feed cosine similarities with a scale of 100 in the AMS loss.
+    Computed in float32 whatever the layer's compute dtype or the global
+    policy, its inputs never cast down first, because the embeddings feed
+    cosine similarities with a scale of 100 in the AMS loss.
 
     Args:
         epsilon: float. Floor on the squared norm.
@@ -22,6 +23,9 @@ class L2Normalization(keras.layers.Layer):
     """
 
     def __init__(self, epsilon=1e-12, **kwargs):
+        # Keras would cast the inputs to a mixed policy's compute dtype before
+        # `call`: a float32 embedding rounded to bfloat16 (6e-4 on unit rows).
+        kwargs["autocast"] = False
         super().__init__(**kwargs)
         self.epsilon = epsilon
 
