@@ -55,19 +55,18 @@ class FusedAdamW(keras.optimizers.AdamW):
         dtype = variable.dtype
         lr = tf.cast(learning_rate, dtype)
         decayed = getattr(self, "_decayed", ())  # set by `_apply_weight_decay` each step
+        decays = self.weight_decay is not None and self._var_key(variable) in decayed
         local_step = tf.cast(self.iterations + 1, dtype)
         index = self._get_variable_index(variable)
         beta1_power = tf.pow(tf.cast(self.beta_1, dtype), local_step)
         beta2_power = tf.pow(tf.cast(self.beta_2, dtype), local_step)
         if isinstance(gradient, tf.IndexedSlices) and kernels.usable():
             # A lookup table: decay and Adam in one pass, without densifying.
-            decay = self.weight_decay if self.weight_decay is not None and (
-                self._var_key(variable) in decayed) else 0.0
             return kernels.sparse_apply_adamw(
                 variable.handle, self._momentums[index].value.handle,
                 self._velocities[index].value.handle, gradient, lr, beta1_power, beta2_power,
-                self.beta_1, self.beta_2, self.epsilon, decay)
-        if self.weight_decay is not None and self._var_key(variable) in decayed:
+                self.beta_1, self.beta_2, self.epsilon, self.weight_decay if decays else 0.0)
+        if decays:
             variable.assign_sub(variable * tf.cast(self.weight_decay, dtype) * lr)
         if isinstance(gradient, tf.IndexedSlices):
             gradient = tf.convert_to_tensor(gradient)

@@ -261,13 +261,11 @@ def mixed_precision(config: RecipeConfig, run_dir: Optional[str] = None) -> bool
     float32 and trained 1.39x faster on a Zen 4
     (benchmarks/results/recipe_sweep_precision.json)."""
     from lealla_tf.machine import bfloat16_arithmetic
-    from lealla_tf.model_dir import CONFIG_FILE, read_model_config
 
     if config.mixed_precision is not None:
         return config.mixed_precision
-    if run_dir and os.path.exists(os.path.join(run_dir, CONFIG_FILE)):
-        return bool(read_model_config(run_dir).get("mixed_precision", False))
-    return bfloat16_arithmetic()
+    recorded = trained_precision(run_dir) if run_dir else None
+    return bfloat16_arithmetic() if recorded is None else recorded
 
 
 def train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_dir: str, data: str,
@@ -366,15 +364,23 @@ def check_started_rate(model_dir: str, rate: Optional[float], flag: str) -> None
                      f"{rate:g}: pass {flag}={started:g} to resume it, or --fresh to start over")
 
 
+def trained_precision(model_dir: str) -> Optional[bool]:
+    """Whether a student in `model_dir` was trained in bfloat16 (its config.json),
+    or None when it has none."""
+    from lealla_tf.model_dir import CONFIG_FILE, read_model_config
+
+    if not os.path.exists(os.path.join(model_dir, CONFIG_FILE)):
+        return None
+    return bool(read_model_config(model_dir).get("mixed_precision", False))
+
+
 def started_precision(model_dir: str) -> Optional[bool]:
     """Whether the run started in `model_dir` (a checkpoint there) trains in
     bfloat16; None when nothing was started there."""
-    from lealla_tf.model_dir import CONFIG_FILE, latest_checkpoint, read_model_config
+    from lealla_tf.model_dir import latest_checkpoint
 
-    if not os.path.exists(os.path.join(model_dir, CONFIG_FILE)) or \
-            latest_checkpoint(model_dir) is None:
-        return None
-    return bool(read_model_config(model_dir).get("mixed_precision", False))
+    recorded = trained_precision(model_dir)
+    return None if recorded is None or latest_checkpoint(model_dir) is None else recorded
 
 
 def check_started_precision(model_dir: str, wanted: Optional[bool]) -> None:
