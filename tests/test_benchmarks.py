@@ -364,6 +364,7 @@ def test_the_speed_report_runs_each_benchmark_keeps_its_progress_and_its_failure
     writes = textwrap.dedent(f"""
         import json, sys
         print("I0000 00:00:1.0 12 port.cc:153] oneDNN custom operations are on.")
+        print("INFO:apache_beam.runners.worker.sdk_worker:State channel established.")
         print("model A: 812.0 sentences/s", flush=True)
         print(json.dumps({{"beam_over_bare": 0.95}}, indent=2))
         json.dump({{"beam_over_bare": 0.95}}, open({str(tmp_path / 'beam.json')!r}, "w"))
