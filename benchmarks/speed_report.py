@@ -32,6 +32,7 @@ last lines of its log, the others still run, and the command exits with 1.
 """
 
 import argparse
+import datetime
 import json
 import os
 import pathlib
@@ -44,8 +45,8 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow loads (as `make` sets it)
-
-from benchmarks.vocab_build import machine, stop_signals_passed_to  # noqa: E402
+# benchmarks.vocab_build (the machine, signal passing) loads TensorFlow: imported
+# where needed, so that --help and a flag's mistake answer at once.
 
 PARTS = ("embed_speed", "int8", "compiled", "beam", "training")
 
@@ -62,7 +63,7 @@ _LOG_LINE = re.compile(r"^([IWEF]\d{4} |\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IW
 def recipe_inputs(recipe_dir: str) -> dict:
     """The main job's outputs the benchmarks read; ValueError naming what is
     missing (and how to make it) otherwise."""
-    root = pathlib.Path(recipe_dir)
+    root = pathlib.Path(recipe_dir).resolve()  # the benchmarks run in the repository root
     inputs = {"student_model_dir": root / "student", "student_export": root / "export" /
               "lealla_small", "teacher": root / "teacher"}
     vocabularies = [root / "student" / name for name in ("vocab.model", "vocab.txt")]
@@ -80,7 +81,7 @@ def recipe_inputs(recipe_dir: str) -> dict:
 def commands(args, inputs: dict, work: str) -> dict:
     """Each part's command line; each writes its JSON to `work`/<part>.json."""
     python, bench = sys.executable, ROOT / "benchmarks"
-    data = [f"--data_dir={args.data_dir}"] if args.data_dir else []
+    data = [f"--data_dir={args.data_dir}"]
 
     def output(name):
         return f"--output_json={os.path.join(work, name + '.json')}"
@@ -108,22 +109,28 @@ def run_part(name: str, command: list, work: str, echo=print) -> dict:
     """Runs one benchmark to its end: its lines go to `work`/<name>.log, its own
     progress lines (not TensorFlow's logs, not its closing JSON dump) also to
     `echo`. Returns its JSON result, or {"error", "exit_status", "log_tail"}.
-    A SIGTERM or SIGINT is passed on to it (then KeyboardInterrupt here)."""
+    A SIGTERM or SIGINT is passed on to its whole process group (its own
+    children too: embed_speed's measuring process, Beam's workers), then
+    KeyboardInterrupt here."""
+    from benchmarks.vocab_build import stop_signals_passed_to
+
     log_path = os.path.join(work, name + ".log")
     environment = dict(os.environ)
     environment.setdefault("PYTHONUNBUFFERED", "1")
     tail, in_dump = [], False
     with open(log_path, "w", encoding="utf-8") as log:
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True, errors="replace", env=environment, cwd=ROOT)
-        with stop_signals_passed_to(child.pid) as stopped:
+                                 text=True, errors="replace", env=environment, cwd=ROOT,
+                                 start_new_session=True)
+        with stop_signals_passed_to(child.pid, group=True) as stopped:
             for line in child.stdout:
                 log.write(line)
                 tail = (tail + [line.rstrip()])[-15:]
-                in_dump = in_dump or line.startswith(("{", "["))
-                if not in_dump and line.strip() and not _LOG_LINE.match(line):
+                # A JSON dump (write_result's) opens and closes on a line of its own.
+                in_dump = in_dump or line.rstrip() in ("{", "[")
+                if not (in_dump or stopped) and line.strip() and not _LOG_LINE.match(line):
                     echo(f"    {line.rstrip()}")
-                in_dump = in_dump and not line.startswith(("}", "]"))
+                in_dump = in_dump and line.rstrip() not in ("}", "]")
             code = child.wait()
     if stopped:
         raise KeyboardInterrupt(f"stopped during {name}")
@@ -148,8 +155,11 @@ def _get(parts: dict, part: str, *keys):
 def figures(parts: dict) -> list:
     """Each target of the speed issue: {figure, value, target, met, unit, source}.
     `met` is None where the part was not run or failed, and for figures that
-    are only reported (no target)."""
+    are only reported (no target). The student's ratios count only where
+    embed_speed measured the student itself (it falls back to another model
+    when the student is missing)."""
     rows = []
+    student_measured = _get(parts, "embed_speed", "student_reference") == "student"
 
     def add(figure, value, target, met, unit="x", source=""):
         """`met`: value -> bool for a target; None for a figure only reported."""
@@ -165,8 +175,10 @@ def figures(parts: dict) -> list:
             if reference == "labse_501k":
                 value = _get(parts, "embed_speed", "over_labse_preset", "lealla_small_501k",
                              set_name)
-            else:
+            elif student_measured:
                 value = _get(parts, "embed_speed", "student_over", reference, set_name)
+            else:
+                value = None
             add(f"{label}, {set_name} sentences", value, f">= {target:g}x",
                 lambda v, t=target: v >= t, source="embed_speed")
     add("Beam (embed_corpus.py) over the bare model", _get(parts, "beam", "beam_over_bare"),
@@ -176,8 +188,11 @@ def figures(parts: dict) -> list:
                   if r.get("preset") == "lealla_small" and r.get("mixed_precision") == mixed]
         add(f"training lealla_small at 64 x 32, {label}", speeds[0] if speeds else None,
             ">= 100 pairs/s", lambda v: v >= 100, unit="pairs/s", source="training")
-    add("int8 export: Tatoeba dev P@1 minus float32's", _get(parts, "int8", "p_at_1_difference"),
-        "within 0.5", lambda v: abs(v) <= 0.5, unit="points", source="int8")
+    pairs = _get(parts, "int8", "max_pairs")
+    add(f"int8 export: Tatoeba dev P@1 minus float32's "
+        f"({f'first {pairs} pairs a language' if pairs else 'all pairs'})",
+        _get(parts, "int8", "p_at_1_difference"), "within 0.5", lambda v: abs(v) <= 0.5,
+        unit="points", source="int8")
     add("int8 export: sentences/s over float32's", _get(parts, "int8", "speed_ratio"),
         "(reported)", None, source="int8")
     add("int8 export: size on disk, float32's over int8's", _get(parts, "int8", "size_ratio"),
@@ -272,45 +287,87 @@ def parse_args(argv=None):
         args.inputs = recipe_inputs(args.recipe_dir)
     except ValueError as error:
         parser.error(str(error))
+    from lealla_tf.recipe import find_data_dir
+
+    try:  # absolute: the benchmarks run in the repository root
+        args.data_dir = str(find_data_dir(args.data_dir).resolve())
+    except FileNotFoundError as error:
+        parser.error(str(error))
     return args
+
+
+def commit() -> str:
+    """The repository's HEAD (with "+changes" when the work tree differs), or ""."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return head + ("+changes" if dirty else "")
+
+
+def write_atomically(path: str, text: str) -> None:
+    """`text` to `path` through a temporary file beside it: a stop while writing
+    leaves the old file whole."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".speed_report_")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    try:
+        return run_report(args)
+    except KeyboardInterrupt:
+        print("speed report stopped; nothing written", file=sys.stderr)
+        return 130
+
+
+def run_report(args) -> int:
+    from benchmarks.vocab_build import machine
+
     work = tempfile.mkdtemp(prefix="speed_report_")
     print(f"speed report: {len(args.parts)} benchmarks, logs in {work}", flush=True)
     parts, seconds = {}, {}
     all_commands = commands(args, args.inputs, work)
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     for index, name in enumerate(args.parts, 1):
         print(f"[{index}/{len(args.parts)}] {name}: {' '.join(all_commands[name][1:])}",
               flush=True)
         start = time.perf_counter()
-        try:
-            parts[name] = run_part(name, all_commands[name], work,
-                                   echo=lambda line: print(line, flush=True))
-        except KeyboardInterrupt:
-            print(f"stopped during {name}; nothing written", file=sys.stderr)
-            return 130
+        parts[name] = run_part(name, all_commands[name], work,
+                               echo=lambda line: print(line, flush=True))
         seconds[name] = time.perf_counter() - start
         state = parts[name].get("error", "done")
         print(f"[{index}/{len(args.parts)}] {name}: {state} in {seconds[name] / 60:.1f} min",
               flush=True)
-    report = {"benchmark": "speed_report", "machine": machine(), "recipe_dir": args.recipe_dir,
+    report = {"benchmark": "speed_report", "machine": machine(), "started": started,
+              "commit": commit(), "recipe_dir": args.recipe_dir, "data_dir": args.data_dir,
               "commands": {name: all_commands[name][1:] for name in args.parts},
               "seconds": seconds, "parts": parts}
     report["figures"] = figures(parts)
     table = markdown(report)
-    for path in (args.output_json, args.output_markdown):
-        os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
-    with open(args.output_json, "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2)
-    with open(args.output_markdown, "w", encoding="utf-8") as f:
-        f.write(table)
+    write_atomically(args.output_json, json.dumps(report, indent=2))
+    write_atomically(args.output_markdown, table)
     print(table)
-    met = [row["met"] for row in report["figures"] if row["met"] is not None]
-    print(f"{sum(met)} of {len(met)} measured targets met; {args.output_json}, "
-          f"{args.output_markdown}; {sum(seconds.values()) / 60:.1f} min", flush=True)
-    return 1 if any("error" in part for part in parts.values()) else 0
+    measured = [row for row in report["figures"] if row["met"] is not None]
+    # A target of a benchmark that ran but has no value: it failed, or its JSON lacks it.
+    missing = [row["figure"] for row in report["figures"]
+               if row["source"] in args.parts and row["value"] is None]
+    print(f"{sum(row['met'] for row in measured)} of {len(measured)} measured targets met"
+          + (f"; not measured: {'; '.join(missing)}" if missing else "")
+          + f"; {args.output_json}, {args.output_markdown}; "
+            f"{sum(seconds.values()) / 60:.1f} min", flush=True)
+    return 1 if missing or any("error" in part for part in parts.values()) else 0
 
 
 if __name__ == "__main__":

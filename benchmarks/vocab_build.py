@@ -23,11 +23,13 @@ from lealla_tf.vocabulary import build_vocabulary, format_report, vocabulary_rep
 
 
 @contextlib.contextmanager
-def stop_signals_passed_to(pid: int):
+def stop_signals_passed_to(pid: int, group: bool = False):
     """While inside, a SIGTERM or SIGINT to this process is passed on to the
     child `pid` (the training a benchmark started), which stops at its next
     step and exits; the caller's wait then returns. Without it, stopping the
-    benchmark left its training running.
+    benchmark left its training running. `group`: pass it to the child's
+    whole process group instead (a child started with `start_new_session`,
+    whose own children, Beam's workers say, must stop too).
 
     Yields the list of signal numbers received, for the caller to stop too
     rather than go on to its next child."""
@@ -36,7 +38,7 @@ def stop_signals_passed_to(pid: int):
     def pass_on(signum, frame):
         received.append(signum)
         try:
-            os.kill(pid, signum)
+            (os.killpg if group else os.kill)(pid, signum)
         except ProcessLookupError:  # it has already ended
             pass
 

