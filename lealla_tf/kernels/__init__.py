@@ -78,8 +78,16 @@ def _compiler() -> str:
 def _command(output: str) -> list:
     return ([_compiler(), "-shared", "-fPIC", "-O3", "-march=native", "-DNDEBUG", "-w",
              "-fno-math-errno",  # sqrt vectorizes; nothing here reads errno
+             # TensorFlow's bundled Eigen does not compile with AVX512-FP16 under
+             # g++ 12 (PacketMathFP16.h: "expected initializer"), which
+             # -march=native turns on for Sapphire Rapids; the kernels use no fp16.
+             *(["-mno-avx512fp16"] if _has_avx512fp16() else []),
              *tf.sysconfig.get_compile_flags(), *map(str, SOURCES), "-o", output,
              *tf.sysconfig.get_link_flags()])
+
+
+def _has_avx512fp16() -> bool:
+    return "avx512_fp16" in _processor()
 
 
 def _processor() -> str:
