@@ -7,8 +7,9 @@ vectors `teacher_src`, `teacher_tgt`, written by
 name (`lealla_tf.parallel_corpus.language_of`).
 
 The pair stream is a pure function of the seed: resuming at step k skips
-exactly k global batches of pairs (before tokenization, so it is cheap), which
-is how a killed run continues with no repeated or skipped steps.
+exactly k global batches (before tokenization, so it is cheap: k batches of
+pairs in stream order, or with length buckets the first k bucketed batches),
+which is how a killed run continues with no repeated or skipped steps.
 """
 
 import collections
@@ -306,7 +307,10 @@ def pair_dataset(config: DataConfig, global_batch_size: int, steps_done: int = 0
                                                  seed=config.seed + pipeline_id,
                                                  stop_on_empty_dataset=False)
     per_pipeline = global_batch_size // pipelines
-    if steps_done:
+    if steps_done and not config.length_buckets:
+        # Batches in stream order: step k starts at pair k x batch. Bucketed
+        # batches take pairs out of order and hold partial buckets back, so they
+        # are skipped as batches instead (`tokenize_batches`).
         mixed = mixed.skip(steps_done * per_pipeline)
     info = {"languages": languages, "sizes": sizes, "probabilities": probabilities,
             "decontamination_sentences": decontaminator.size if decontaminator else 0}
@@ -316,23 +320,36 @@ def pair_dataset(config: DataConfig, global_batch_size: int, steps_done: int = 0
 BUCKET_BYTES = 32
 
 
+def length_bucket(length_in_bytes, buckets: int):
+    """The bucket of a pair whose longer side has this many UTF-8 bytes: 0 below
+    `BUCKET_BYTES`, then one bucket per doubling (32-63, 64-127, 128-255, ...),
+    the last one open. Doubling keeps the padding within a bucket a similar
+    share of its batch for a 10-byte sentence and a 500-byte one."""
+    doublings = tf.math.floor(tf.math.log(
+        tf.maximum(tf.cast(length_in_bytes, tf.float32), 1.0) / BUCKET_BYTES) / tf.math.log(2.0))
+    return tf.cast(tf.clip_by_value(doublings + 1, 0, buckets - 1), tf.int64)
+
+
 def batch_by_length(pairs, batch_size: int, buckets: int):
     """Batches pairs of similar length: the longer side's UTF-8 bytes pick one
-    of `buckets` buckets (boundaries every `BUCKET_BYTES` bytes, the last one
-    open), and each batch is the next `batch_size` pairs of one bucket. The
-    stream's order is kept within a bucket, so the result is deterministic."""
+    of `buckets` buckets (`length_bucket`), and each batch is the next
+    `batch_size` pairs of one bucket. The stream's order is kept within a
+    bucket, so the result is deterministic."""
     def bucket(pair):
         longest = tf.maximum(tf.strings.length(pair[SOURCE]), tf.strings.length(pair[TARGET]))
-        return tf.cast(tf.minimum(longest // BUCKET_BYTES, buckets - 1), tf.int64)
+        return length_bucket(longest, buckets)
 
     return pairs.group_by_window(
         bucket, lambda _, window: window.batch(batch_size, drop_remainder=True),
         window_size=batch_size)
 
 
-def tokenize_batches(pairs, batch_size: int, tokenizer, teacher=None, length_buckets: int = 0):
+def tokenize_batches(pairs, batch_size: int, tokenizer, teacher=None, length_buckets: int = 0,
+                     steps_done: int = 0):
     """Batches pairs (in stream order, or by length with `length_buckets`; see
     `batch_by_length`) and tokenizes both sides (each padded to its own longest).
+    With `length_buckets`, the first `steps_done` batches are skipped before
+    tokenization (resume: `pair_dataset` skips raw pairs only without buckets).
 
     Returns a dataset of dicts: `source`, `target` (BERT input dicts), `language`
     (the source side's language index) and what
@@ -346,8 +363,10 @@ def tokenize_batches(pairs, batch_size: int, tokenizer, teacher=None, length_buc
             features.update(teacher.batch_features(batch))
         return features
 
-    batches = (batch_by_length(pairs, batch_size, length_buckets) if length_buckets
-               else pairs.batch(batch_size, drop_remainder=True))
+    if length_buckets:
+        batches = batch_by_length(pairs, batch_size, length_buckets).skip(steps_done)
+    else:
+        batches = pairs.batch(batch_size, drop_remainder=True)
     batches = batches.map(
         tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(
         tf.data.AUTOTUNE)

@@ -119,7 +119,7 @@ class DistillationTask:
             sizes=self.sizes, teacher_source=bool(precomputed and precomputed.has_source))
         return tokenize_batches(pairs, per_replica, self.tokenizer,
                                 self.teacher if self.uses_teacher else None,
-                                self.config.data.length_buckets)
+                                self.config.data.length_buckets, steps_done)
 
     def distributed_dataset(self, steps_done: int = 0):
         return self.strategy.distribute_datasets_from_function(

@@ -19,13 +19,26 @@ from lealla_tf.train import main
 STEPS = 8
 
 
-def command(model_dir, data, vocab):
+def command(model_dir, data, vocab, *extra):
     return [sys.executable, "-m", "lealla_tf.train", "--preset=lealla_small",
             "--encoder_overrides=num_layers=2,hidden_dim=16,num_heads=2,intermediate_dim=32",
             f"--vocab_file={vocab}", f"--train_data={data}", f"--model_dir={model_dir}",
             "--objective=ams", "--global_batch_size=4", f"--train_steps={STEPS}",
             "--checkpoint_every=1", "--keep_checkpoints=20", "--max_seq_length=16",
-            "--no_progress", "--scale=20"]
+            "--no_progress", "--scale=20", *extra]
+
+
+@pytest.fixture(scope="module")
+def varied_parallel_dir(tmp_path_factory):
+    """Pairs from 5 to 300 bytes: four length buckets, each filling at its own pace."""
+    from conftest import TINY_PAIRS, write_pairs
+
+    root = tmp_path_factory.mktemp("varied")
+    for language, pairs in TINY_PAIRS.items():
+        longer = [(" ".join([source] * (1 + i % 12)), " ".join([english] * (1 + i % 12)))
+                  for i, (source, english) in enumerate(pairs * 8)]
+        write_pairs(root, language, longer)
+    return str(root)
 
 
 def environment():
@@ -39,21 +52,27 @@ def final_weights(model_dir):
         os.path.join(model_dir, "checkpoints")) if name.startswith("encoder/")}
 
 
+def log_rows(model_dir):
+    return [json.loads(line) for line in open(os.path.join(model_dir, "train_log.jsonl"))]
+
+
 def fingerprints(model_dir):
-    rows = [json.loads(line) for line in open(os.path.join(model_dir, "train_log.jsonl"))]
-    return [(row["step"], row["fingerprint"]) for row in rows]
+    return [(row["step"], row["fingerprint"]) for row in log_rows(model_dir)]
 
 
 @pytest.mark.slow
-def test_kill_minus_nine_then_rerun_resumes_exactly(tiny_parallel_dir, sentence_vocab_file,
-                                                    tmp_path):
+@pytest.mark.parametrize("extra", [(), ("--length_buckets=4", "--mixed_precision")],
+                         ids=["stream_order_float32", "length_buckets_bfloat16"])
+def test_kill_minus_nine_then_rerun_resumes_exactly(tiny_parallel_dir, varied_parallel_dir,
+                                                    sentence_vocab_file, tmp_path, extra):
+    data = varied_parallel_dir if extra else tiny_parallel_dir
     straight = str(tmp_path / "straight")
-    done = subprocess.run(command(straight, tiny_parallel_dir, sentence_vocab_file),
+    done = subprocess.run(command(straight, data, sentence_vocab_file, *extra),
                           env=environment(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
 
     killed = str(tmp_path / "killed")
-    process = subprocess.Popen(command(killed, tiny_parallel_dir, sentence_vocab_file),
+    process = subprocess.Popen(command(killed, data, sentence_vocab_file, *extra),
                                env=environment(), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
@@ -66,7 +85,7 @@ def test_kill_minus_nine_then_rerun_resumes_exactly(tiny_parallel_dir, sentence_
     interrupted_at = tf.train.latest_checkpoint(os.path.join(killed, "checkpoints"))
     assert int(interrupted_at.rsplit("-", 1)[1]) < STEPS, "killed too late to test resuming"
 
-    resumed = subprocess.run(command(killed, tiny_parallel_dir, sentence_vocab_file),
+    resumed = subprocess.run(command(killed, data, sentence_vocab_file, *extra),
                              env=environment(), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "steps " in resumed.stdout and f"-> {STEPS}" in resumed.stdout
@@ -76,6 +95,8 @@ def test_kill_minus_nine_then_rerun_resumes_exactly(tiny_parallel_dir, sentence_
     assert sorted(expected) == list(range(1, STEPS + 1))
     for step, fingerprint in fingerprints(killed):
         assert fingerprint == expected[step], f"step {step} saw different data"
+    losses = {row["step"]: row["total"] for row in log_rows(straight)}
+    assert {row["step"]: row["total"] for row in log_rows(killed)} == losses
     # One log row per step: rows past the checkpoint were dropped on resume.
     assert [step for step, _ in fingerprints(killed)] == list(range(1, STEPS + 1))
     # ... and the same weights at the end: nothing repeated, nothing skipped.
