@@ -10,6 +10,11 @@ metrics; the average Tatoeba P@1 (the LASER / LaBSE protocol: cosine nearest
 neighbour both ways, averaged over directions, then languages) is under the key
 `tatoeba/average_p_at_1`, the margin-based variant under
 `tatoeba_margin/average_p_at_1`.
+
+Inputs are checked before the model is loaded: a Tatoeba language with one file
+of its two, or a BUCC split whose `.gold` file is missing, empty or names ids
+that are in neither sentence file, exits 2 naming the file (such a fault would
+otherwise change the average or the recall without a word).
 """
 
 import argparse
@@ -53,7 +58,9 @@ def main(argv=None) -> int:
 
     from lealla_tf.embedder import load_embedder
     from lealla_tf.evaluation import (TATOEBA_PRIMARY_METRIC, evaluate_bucc,
-                                      format_tatoeba_table, per_language, tatoeba_with_margin)
+                                      format_tatoeba_table, per_language, read_bucc_split,
+                                      tatoeba_with_margin)
+    from lealla_tf.parallel_corpus import find_tatoeba_languages
     from lealla_tf.plots import plot_per_language
 
     plot = args.plot or os.path.splitext(args.output_json)[0] + ".png"
@@ -67,6 +74,12 @@ def main(argv=None) -> int:
             raise ValueError("--bucc_dir needs --bucc_languages")
         check_writable(args.output_json, "--output_json")
         check_writable(plot, "--plot")
+        # The inputs before the model: an incomplete Tatoeba language or a BUCC
+        # gold fault is named now, not after loading and embedding.
+        find_tatoeba_languages(args.tatoeba_dir)
+        for language in languages if args.bucc_dir else []:
+            for split in ("training", "test"):
+                read_bucc_split(args.bucc_dir, language, split)
         start = time.time()
         embedder = load_embedder(args.model)
         metrics = tatoeba_with_margin(embedder, args.tatoeba_dir, args.max_pairs or None,

@@ -249,17 +249,48 @@ def build_bucc_like_split(pairs, num_gold: int, num_distractors: int, seed: int 
 
 
 def read_bucc_split(directory: str, language: str, split: str):
-    """(source rows, English rows, gold set) of a BUCC-format split."""
+    """(source rows, English rows, gold set) of a BUCC-format split.
+
+    The gold is checked, since a fault there changes the score without a word:
+    a missing or empty `.gold` file scored 0, and gold pairs naming ids that
+    are in neither sentence file still counted in recall's denominator.
+    FileNotFoundError / ValueError naming the file (and the first ids) instead.
+    """
     import os
 
     prefix = os.path.join(directory, f"{language}-en.{split}")
 
-    def rows(path):
+    def lines(path):
         with open(path, encoding="utf-8", errors="replace") as f:
-            return [tuple(line.rstrip("\n").split("\t", 1)) for line in f if "\t" in line]
+            return [line.rstrip("\n").rstrip("\r") for line in f]
+
+    def rows(path):
+        return [tuple(line.split("\t", 1)) for line in lines(path) if "\t" in line]
 
     source, english = rows(f"{prefix}.{language}"), rows(f"{prefix}.en")
-    gold = set(rows(f"{prefix}.gold")) if os.path.exists(f"{prefix}.gold") else set()
+    gold_path = f"{prefix}.gold"
+    if not os.path.exists(gold_path):
+        raise FileNotFoundError(f"BUCC gold file {gold_path} not found (it lists the "
+                                "translation pairs, source id<TAB>English id a line)")
+    known = {"source": {i for i, _ in source}, "English": {i for i, _ in english}}
+    gold, faults = set(), []
+    for number, line in enumerate(lines(gold_path), 1):
+        if not line.strip():
+            continue
+        if line.count("\t") != 1:
+            faults.append(f"line {number} is not source id<TAB>English id: {line!r:.60}")
+            continue
+        pair = tuple(line.split("\t"))
+        faults += [f"line {number}: {side} id {identifier!r} unknown"
+                   for side, identifier in zip(known, pair) if identifier not in known[side]]
+        gold.add(pair)
+    if faults:
+        more = f"; and {len(faults) - 5} more" if len(faults) > 5 else ""
+        raise ValueError(f"BUCC gold file {gold_path}: " + "; ".join(faults[:5]) + more
+                         + f" (ids must be in {prefix}.{language} and {prefix}.en)")
+    if not gold:
+        raise ValueError(f"BUCC gold file {gold_path} holds no pairs: precision, recall and "
+                         "F1 would all be 0")
     return source, english, gold
 
 

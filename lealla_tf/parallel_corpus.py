@@ -141,16 +141,30 @@ def read_pairs(path: str, stats: dict = None) -> Iterator[Tuple[str, str]]:
 
 
 def find_tatoeba_languages(tatoeba_dir: str) -> List[str]:
-    """Languages with both `tatoeba.xxx-eng.xxx` and `.eng` files, sorted."""
-    languages = []
-    for path in tf.io.gfile.glob(os.path.join(tatoeba_dir, "tatoeba.*-eng.eng")):
-        code = os.path.basename(path)[len("tatoeba."):-len("-eng.eng")]
-        if tf.io.gfile.exists(os.path.join(tatoeba_dir, f"tatoeba.{code}-eng.{code}")):
-            languages.append(code)
-    if not languages:
+    """Languages with both `tatoeba.xxx-eng.xxx` and `.eng` files, sorted.
+
+    A language with one file of the two is refused (ValueError naming the
+    missing file), never dropped: the average over the others would change
+    without a word.
+    """
+    found = {}
+    for path in tf.io.gfile.glob(os.path.join(tatoeba_dir, "tatoeba.*-eng.*")):
+        match = re.match(r"^tatoeba\.([^.]+)-eng\.([^.]+)$", os.path.basename(path))
+        if match and match.group(2) in (match.group(1), "eng"):
+            found.setdefault(match.group(1), set()).add(match.group(2))
+    incomplete = [f"tatoeba.{code}-eng.{missing} is missing (tatoeba.{code}-eng.{present} "
+                  "is there)"
+                  for code, sides in sorted(found.items())
+                  for missing in sorted({code, "eng"} - sides) for present in sides]
+    if incomplete:
+        more = f"; and {len(incomplete) - 5} more" if len(incomplete) > 5 else ""
+        raise ValueError(f"incomplete Tatoeba languages in {tatoeba_dir}: "
+                         + "; ".join(incomplete[:5]) + more
+                         + " (add the missing files or remove the others)")
+    if not found:
         raise FileNotFoundError(
             f"no Tatoeba files (tatoeba.<xxx>-eng.<xxx> and .eng) in {tatoeba_dir}")
-    return sorted(languages)
+    return sorted(found)
 
 
 def read_tatoeba(tatoeba_dir: str, language: str) -> Tuple[List[str], List[str]]:

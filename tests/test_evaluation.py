@@ -213,3 +213,64 @@ def test_the_first_pairs_of_one_pass_score_as_a_pass_over_the_first_pairs(tiny_t
             assert sliced[key] == pytest.approx(value, abs=1e-6), key
     with pytest.raises(ValueError, match="positive"):
         first_pairs(embedded, 0)
+
+
+def test_an_incomplete_tatoeba_language_is_named_not_dropped(tiny_tatoeba_dir, tmp_path):
+    """With deu's .eng file gone the average was taken over the other three
+    languages, exit 0. Each incomplete pair of files is now named."""
+    import shutil
+
+    from lealla_tf.parallel_corpus import find_tatoeba_languages
+
+    pairs = [p for ps in TINY_PAIRS.values() for p in ps]
+    complete = evaluate_tatoeba(OracleEmbedder(pairs), tiny_tatoeba_dir)
+    assert complete["tatoeba/languages"] == 4 and complete["tatoeba/average_p_at_1"] == 1.0
+    shutil.copytree(tiny_tatoeba_dir, tmp_path / "t")
+    (tmp_path / "t" / "tatoeba.deu-eng.eng").unlink()
+    (tmp_path / "t" / "tatoeba.rus-eng.rus").unlink()
+    (tmp_path / "t" / "README.md").write_text("not a Tatoeba file")
+    message = (f"incomplete Tatoeba languages in {tmp_path / 't'}: tatoeba.deu-eng.eng is "
+               "missing (tatoeba.deu-eng.deu is there); tatoeba.rus-eng.rus is missing "
+               "(tatoeba.rus-eng.eng is there) (add the missing files or remove the others)")
+    for call in (lambda: find_tatoeba_languages(str(tmp_path / "t")),
+                 lambda: evaluate_tatoeba(OracleEmbedder(pairs), str(tmp_path / "t"))):
+        with pytest.raises(ValueError) as raised:
+            call()
+        assert str(raised.value) == message
+    (tmp_path / "t" / "tatoeba.rus-eng.eng").unlink()
+    (tmp_path / "t" / "tatoeba.deu-eng.deu").unlink()
+    assert find_tatoeba_languages(str(tmp_path / "t")) == ["cmn", "fra"]
+
+
+def test_the_shared_tatoeba_dev_has_no_incomplete_language(shared_data):
+    from lealla_tf.parallel_corpus import find_tatoeba_languages
+
+    languages = find_tatoeba_languages(str(shared_data / "tatoeba_dev"))
+    assert len(languages) == len(list((shared_data / "tatoeba_dev").glob("tatoeba.*-eng.eng")))
+
+
+def test_bucc_gold_faults_are_named(tmp_path):
+    """Gold naming unknown ids halved recall (they counted in its denominator); a
+    missing or empty gold file scored 0. Each is refused naming the file."""
+    pairs = real_or_fixture_pairs(count=300)
+    for split, seed in (("training", 1), ("test", 2)):
+        rows = build_bucc_like_split(pairs, num_gold=20, num_distractors=20, seed=seed)
+        write_bucc_split(str(tmp_path), "deu", split, *rows)
+    assert len(read_bucc_split(str(tmp_path), "deu", "test")[2]) == 20
+    gold = tmp_path / "deu-en.test.gold"
+    known = gold.read_text().splitlines()[:2]
+    gold.write_text("\n".join(known) + "\nde-7\ten-1\n\nsrc-00000000\ten-9\nde-2 en-2\n")
+    with pytest.raises(ValueError) as raised:
+        evaluate_bucc(OracleEmbedder(pairs), str(tmp_path), ["deu"])
+    prefix = tmp_path / "deu-en.test"
+    assert str(raised.value) == (
+        f"BUCC gold file {gold}: line 3: source id 'de-7' unknown; line 3: English id 'en-1' "
+        "unknown; line 5: English id 'en-9' unknown; line 6 is not source id<TAB>English id: "
+        "'de-2 en-2' "
+        f"(ids must be in {prefix}.deu and {prefix}.en)")
+    gold.write_text("\n")
+    with pytest.raises(ValueError, match=f"BUCC gold file {gold} holds no pairs"):
+        read_bucc_split(str(tmp_path), "deu", "test")
+    gold.unlink()
+    with pytest.raises(FileNotFoundError, match=f"BUCC gold file {gold} not found"):
+        evaluate_bucc(OracleEmbedder(pairs), str(tmp_path), ["deu"])
