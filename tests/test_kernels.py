@@ -1,6 +1,8 @@
 """The fused CPU kernels (lealla_tf.kernels) against the op-by-op TensorFlow they replace."""
 
+import hashlib
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -261,3 +263,99 @@ def test_a_failed_compile_is_named_and_the_setup_step_goes_on(tmp_path):
         assert "not built: compiling fused_layers.cc, sparse_adamw.cc failed (exit 1): " \
                "fused_layers.cc:1:1: error: this compiler is broken" in done.stderr
     assert not list((tmp_path / "cache").glob("*.so"))  # no half-written library left
+
+
+@pytest.fixture()
+def copying_compiler(tmp_path):
+    """A `$CXX` that "compiles" by copying the real library (built once in the
+    usual cache), and the environment of a fresh cache that uses it."""
+    real = kernels.build()
+    compiler = tmp_path / "copying-g++"
+    compiler.write_text("#!/bin/sh\n"
+                        "[ \"$1\" = --version ] && { echo copying 1.0; exit 0; }\n"
+                        "while [ \"$1\" != -o ]; do shift; done\n"
+                        f"cp '{real}' \"$2\"\n")
+    compiler.chmod(0o755)
+    environment = {**os.environ, "CXX": str(compiler), kernels.CACHE: str(tmp_path / "cache")}
+    script = (f"import os; os.environ.update({environment!r}); from lealla_tf import kernels; "
+              "print(kernels.library_path())")
+    path = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=environment, timeout=300).stdout.split()[-1]
+    return {"real": real, "env": environment, "library": pathlib.Path(path)}
+
+
+def run_kernels(environment, *args):
+    return subprocess.run([sys.executable, "-m", "lealla_tf.kernels", *args],
+                          capture_output=True, text=True, env=environment, timeout=300)
+
+
+def warnings(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("warning:")]
+
+
+def test_a_truncated_or_foreign_cached_library_is_rebuilt_not_loaded(copying_compiler):
+    """A truncated cached library killed every process that loaded it (SIGBUS, exit
+    135); a foreign one gave an AttributeError. Each is now rebuilt, with one
+    warning line, because it does not match the checksum written beside it."""
+    environment, library = copying_compiler["env"], copying_compiler["library"]
+    done = run_kernels(environment, "--strict")
+    assert done.returncode == 0 and done.stdout.strip().endswith(str(library)), done.stderr
+    assert kernels.checksum_path(library).read_text().split() == [
+        hashlib.sha256(library.read_bytes()).hexdigest(), str(library.stat().st_size)]
+    foreign = pathlib.Path(np.linalg._umath_linalg.__file__).read_bytes()
+    for damaged, why in ((library.read_bytes()[:library.stat().st_size // 2],
+                          "does not match the size and sha256"), (foreign, "does not match")):
+        library.write_bytes(damaged)
+        done = run_kernels(environment, "--strict")
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert len(warnings(done.stderr)) == 1 and why in warnings(done.stderr)[0], done.stderr
+        assert library.read_bytes() == copying_compiler["real"].read_bytes()
+        assert kernels.valid(library)
+    # Without its checksum (a library of an older version) it is rebuilt too.
+    kernels.checksum_path(library).unlink()
+    done = run_kernels(environment, "--strict")
+    assert done.returncode == 0 and "has no checksum" in warnings(done.stderr)[0]
+    assert kernels.valid(library)
+
+
+def test_a_foreign_library_with_a_matching_checksum_falls_back_with_one_warning(
+        copying_compiler):
+    environment, library = copying_compiler["env"], copying_compiler["library"]
+    library.parent.mkdir(parents=True)
+    library.write_bytes(pathlib.Path(np.linalg._umath_linalg.__file__).read_bytes())
+    kernels.checksum_path(library).write_text(kernels._fingerprint(library) + "\n")
+    script = "from lealla_tf import kernels; print('available', kernels.available())"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=environment, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "available False" in done.stdout
+    lines = warnings(done.stderr)
+    assert len(lines) == 1 and "is not the fused kernels' library" in lines[0], done.stderr
+    assert "lealla_attention" in lines[0]
+    done = run_kernels(environment, "--strict")
+    assert done.returncode == 1 and "is not the fused kernels' library" in done.stderr
+
+
+def test_a_killed_builds_partial_library_is_removed_by_the_next_build(copying_compiler):
+    """Only partial libraries that are ours (by name) and whose builder has exited."""
+    from test_bad_inputs import dead_pid
+
+    environment, library = copying_compiler["env"], copying_compiler["library"]
+    cache = library.parent
+    cache.mkdir(parents=True)
+    ours_killed = cache / f"{kernels.BUILD_PREFIX}{dead_pid()}-abc123.so"
+    ours_running = cache / f"{kernels.BUILD_PREFIX}{os.getpid()}-def456.so"
+    legacy_empty = cache / "tmpa1b2c3d4.so"  # an older version's mkstemp name, not yet written
+    legacy_ours = cache / "tmpe5f6g7h8.so"
+    not_ours = [cache / "tmpzzzzzzzz.so", cache / "other.so", cache / "notes.txt"]
+    for path in (ours_killed, ours_running, legacy_empty):
+        path.write_bytes(b"")
+    legacy_ours.write_bytes(b"\x7fELF...LeallaAttention...")
+    for path in not_ours:
+        path.write_bytes(b"someone else's")
+    done = run_kernels(environment, "--strict")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not ours_killed.exists() and not legacy_empty.exists() and not legacy_ours.exists()
+    assert ours_running.exists() and all(path.exists() for path in not_ours)
+    assert kernels.valid(library)
+    assert not list(cache.glob(f"{kernels.BUILD_PREFIX}*-*.so.sha256*"))

@@ -25,15 +25,22 @@ The library is compiled for this machine (`-march=native`) on first use, or by
 `python -m lealla_tf.kernels` (the Makefile's setup runs it), into
 `$LEALLA_TF_KERNEL_CACHE` (default `~/.cache/lealla_tf/kernels`), keyed by the
 source, TensorFlow's version and flags, the compiler and the processor, so a
-changed source, TensorFlow or machine builds anew. `LEALLA_TF_FUSED_KERNELS=0`
+changed source, TensorFlow or machine builds anew. Each library has its size and
+sha256 written beside it (`<library>.sha256`) and is loaded only when both match,
+so a truncated or foreign file is rebuilt (with one warning line), never loaded;
+a library that lacks the ops is refused. A build killed midway leaves
+`fused_layers-build-<pid>-*.so`, removed by the next build once that pid has
+gone. `LEALLA_TF_FUSED_KERNELS=0`
 turns them off; so does a machine without a C++ compiler (`$CXX`, default
 g++), with one warning naming why: training then runs the op-by-op layer.
 """
 
+import errno
 import fcntl
 import hashlib
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -114,26 +121,127 @@ def library_path() -> pathlib.Path:
     return cache_dir() / f"fused_layers-{key.hexdigest()[:16]}.so"
 
 
+# Every op the library must define; a library without them is not ours.
+OPS = ("lealla_attention", "lealla_attention_grad", "lealla_bias_gelu", "lealla_bias_gelu_grad",
+       "lealla_bias_dropout_add_norm", "lealla_bias_dropout_add_norm_grad",
+       "lealla_sparse_apply_adam_w")
+# A build compiles into `<BUILD_PREFIX><pid>-<random>.so` beside the library, then
+# renames it; a killed build leaves that file, removed by the next build.
+BUILD_PREFIX = "fused_layers-build-"
+# Older versions compiled into mkstemp's `tmpXXXXXXXX.so`.
+_LEGACY_PARTIAL = re.compile(r"^tmp[A-Za-z0-9_]{8}\.so$")
+
+
+def checksum_path(path: pathlib.Path) -> pathlib.Path:
+    """Where the size and sha256 of a built library are written, beside it."""
+    return path.with_name(path.name + ".sha256")
+
+
+def _fingerprint(path: pathlib.Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return f"{digest.hexdigest()} {path.stat().st_size}"
+
+
+def valid(path: pathlib.Path) -> bool:
+    """Whether `path` is the library a build wrote: its size and sha256 match
+    those written beside it. A truncated library killed the process that loaded
+    it (SIGBUS), and a foreign one failed later; neither is loaded."""
+    try:
+        expected = checksum_path(path).read_text().split()
+        recorded_size = int(expected[1])
+        return (path.stat().st_size == recorded_size
+                and _fingerprint(path) == " ".join(expected[:2]))
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: is there such a process (ours or another user's)?
+    except OSError as error:
+        return error.errno == errno.EPERM
+    return True
+
+
+def _remove_partial_builds(folder: pathlib.Path) -> None:
+    """Removes the partial libraries of killed builds (called holding the build
+    lock): ours by name, and only where the pid in the name runs no more. An
+    older version's `tmpXXXXXXXX.so` is taken as ours when it is empty (the
+    compiler had not written yet) or names our ops."""
+    for entry in folder.iterdir():
+        name = entry.name
+        if name.startswith(BUILD_PREFIX) and name.endswith(".so"):
+            pid = name[len(BUILD_PREFIX):].split("-", 1)[0]
+            if not pid.isdigit() or _pid_running(int(pid)):
+                continue
+        elif _LEGACY_PARTIAL.match(name):
+            try:
+                if entry.stat().st_size and b"LeallaAttention" not in entry.read_bytes():
+                    continue
+            except OSError:
+                continue
+        else:
+            continue
+        try:
+            entry.unlink()
+        except OSError:
+            pass
+
+
+def _unwritable(folder: pathlib.Path, error: OSError) -> KernelBuildError:
+    return KernelBuildError(f"cannot write the kernel cache {folder} ({error}); "
+                            f"set {CACHE} to a writable folder")
+
+
+def _install(partial: pathlib.Path, path: pathlib.Path) -> None:
+    """Moves a compiled library into place, its checksum first: a library that is
+    there is loaded only once the checksum beside it matches."""
+    checksum = checksum_path(path)
+    staged = checksum.with_name(f"{checksum.name}.{os.getpid()}.tmp")
+    try:
+        staged.write_text(_fingerprint(partial) + "\n")
+        os.replace(staged, checksum)
+        os.replace(partial, path)
+    except OSError as error:
+        raise _unwritable(path.parent, error) from None
+    finally:
+        if staged.exists():
+            staged.unlink()
+
+
 def build(force: bool = False) -> pathlib.Path:
-    """Compiles the library unless it is already in the cache; its path.
-    Concurrent builds (several processes) wait for one another."""
+    """Compiles the library unless a valid one (see `valid`) is in the cache; its
+    path. Concurrent builds (several processes) wait for one another."""
     path = library_path()
-    if path.exists() and not force:
+    if valid(path) and not force:
         return path
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = open(path.parent / ".lock", "w")
     except OSError as error:
-        raise KernelBuildError(f"cannot write the kernel cache {path.parent} ({error}); "
-                               f"set {CACHE} to a writable folder") from None
+        raise _unwritable(path.parent, error) from None
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.exists() and not force:
+        _remove_partial_builds(path.parent)
+        if valid(path) and not force:
             return path
-        handle, partial = tempfile.mkstemp(suffix=".so", dir=path.parent)
+        if path.exists():
+            why = ("does not match the size and sha256 written beside it when it was built"
+                   if checksum_path(path).exists() else "has no checksum beside it")
+            print(f"warning: the cached fused kernels {path} {why}; rebuilding them "
+                  "(about 15 s)", file=sys.stderr, flush=True)
+        else:
+            print(f"compiling the fused training kernels for this machine into {path.parent} "
+                  "(once; about 15 s)", file=sys.stderr, flush=True)
+        try:
+            handle, partial = tempfile.mkstemp(prefix=f"{BUILD_PREFIX}{os.getpid()}-",
+                                               suffix=".so", dir=path.parent)
+        except OSError as error:
+            raise _unwritable(path.parent, error) from None
         os.close(handle)
-        print(f"compiling the fused training kernels for this machine into {path.parent} "
-              "(once; about 15 s)", file=sys.stderr, flush=True)
         try:
             done = subprocess.run(_command(partial), capture_output=True, text=True)
             if done.returncode != 0:
@@ -142,7 +250,7 @@ def build(force: bool = False) -> pathlib.Path:
                 raise KernelBuildError(
                     f"compiling {names} failed (exit {done.returncode}): "
                     + ("; ".join(errors[:3]) or done.stderr[-500:]))
-            os.replace(partial, path)
+            _install(pathlib.Path(partial), path)
         finally:
             if os.path.exists(partial):
                 os.remove(partial)
@@ -157,7 +265,12 @@ def load():
     if _state["failure"] is not None:
         raise KernelBuildError(_state["failure"])
     try:
-        library = tf.load_op_library(str(build()))
+        path = build()
+        library = tf.load_op_library(str(path))
+        missing = [op for op in OPS if not hasattr(library, op)]
+        if missing:
+            raise KernelBuildError(f"{path} is not the fused kernels' library (it lacks "
+                                   f"{', '.join(missing)}); delete it to rebuild")
     except KernelBuildError as error:
         _state["failure"] = str(error)
         raise
