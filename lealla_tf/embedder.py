@@ -69,16 +69,24 @@ def sentence_list(sentences) -> list:
     return sentences
 
 
+def _check_count(name: str, value) -> None:
+    """TypeError unless `value` is an int (1.5, '64' and None failed later, far
+    from the argument, or sliced wrongly); ValueError unless it is at least 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.40}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+
+
 def length_batches(sorted_lengths: Sequence[int], batch_size: int,
                    max_tokens: Optional[int] = None) -> list:
     """Cuts sentences sorted by length into `(start, stop)` batches: at most
     `batch_size` sentences each and, with `max_tokens`, at most that many padded
     positions (sentences x the batch's longest); a sentence longer than
     `max_tokens` gets a batch of its own."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    if max_tokens is not None and max_tokens < 1:
-        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+    _check_count("batch_size", batch_size)
+    if max_tokens is not None:
+        _check_count("max_tokens", max_tokens)
     batches, start, count = [], 0, len(sorted_lengths)
     while start < count:
         stop = min(start + batch_size, count)
@@ -119,6 +127,7 @@ def encode_in_length_order(embed_batch: Callable, sentences: Sequence, batch_siz
     from tqdm import tqdm
 
     sentences = list(sentences)
+    length_batches([], batch_size, max_tokens)  # refuses a bad batch_size or max_tokens
     if not sentences:
         raise ValueError("no sentences to embed")
     token_lengths = lengths is not None
@@ -495,11 +504,42 @@ def load_embedder(model: str, max_seq_length: Optional[int] = None) -> Embedder:
     def embed_saved_model(strings):
         output = loaded(strings)
         if isinstance(output, dict):
+            if "default" not in output:
+                raise ValueError(f"its outputs {sorted(output)} {_NO_DEFAULT}")
             output = output["default"]
         return _unit(output)
 
     call = _tensor_function(embed_saved_model)
-    return Embedder(call, int(call(["dimension probe"]).shape[-1]), description)
+    try:
+        dimension = int(call(["dimension probe"]).shape[-1])
+    except (TypeError, ValueError) as error:
+        raise ValueError(_not_a_string_model(model, error)) from None
+    return Embedder(call, dimension, description)
+
+
+_NO_DEFAULT = "have no 'default' embedding"
+
+
+def _not_a_string_model(model: str, error: Exception) -> str:
+    """One line on a SavedModel that does not embed a batch of strings (TensorFlow's
+    own message is a dump of every signature): what it is, and what to pass."""
+    parent = os.path.dirname(os.path.normpath(model))
+    if _kind_or_none(parent) == "labse_pair":
+        return (f"{model} is the {os.path.basename(os.path.normpath(model))} half of the "
+                f"LaBSE/2-format pair {parent}: pass --model={parent}")
+    ours = [line.strip() for line in str(error).splitlines() if _NO_DEFAULT in line]
+    reason = ours[0].split(": ", 1)[-1] if ours else f"calling it on one: {type(error).__name__}"
+    return (f"{model} is a SavedModel that does not embed a batch of strings ({reason}); "
+            "pass a LEALLA-format export, a LaBSE/2-format pair (preprocessor/ + encoder/) "
+            "or a training model directory")
+
+
+def _kind_or_none(model: str) -> Optional[str]:
+    """`model_kind`, or None where it is no model."""
+    try:
+        return model_kind(model)
+    except FileNotFoundError:
+        return None
 
 
 def _from_token_path(tokens: TokenPath, description: str) -> Embedder:

@@ -53,23 +53,47 @@ def write_model_config(model_dir: str, encoder: EncoderConfig, tokenizer: Tokeni
 
 
 def read_model_config(model_dir: str) -> dict:
-    """config.json of a model directory; FileNotFoundError naming what is missing."""
+    """config.json of a model directory; FileNotFoundError naming what is missing,
+    ValueError naming the file when it is no JSON object."""
     path = os.path.join(model_dir, CONFIG_FILE)
     if not tf.io.gfile.exists(path):
         raise FileNotFoundError(
             f"{path} not found: {model_dir} is not a lealla_tf model directory "
             "(written by `python -m lealla_tf.train` or `export/import_checkpoint.py`)")
-    return read_json(path)
+    try:
+        config = read_json(path)
+    except ValueError as error:
+        raise ValueError(f"{path} is not valid JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} holds a JSON {type(config).__name__}, not the object "
+                         "of a lealla_tf model directory")
+    return config
+
+
+def _config_section(model_dir: str, section: str, cls):
+    """Section `section` of config.json as a `cls`; ValueError naming the file when
+    it is missing or does not describe a `cls` (a `{}` config gave a KeyError)."""
+    values = read_model_config(model_dir).get(section)
+    path = os.path.join(model_dir, CONFIG_FILE)
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} has no {section!r} section: {model_dir} is not a complete "
+                         "lealla_tf model directory (written by `python -m lealla_tf.train` "
+                         "or `export/import_checkpoint.py`)")
+    try:
+        return config_from_dict(cls, values)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{path}: its {section!r} section is not a valid {cls.__name__} "
+                         f"({error})") from None
 
 
 def encoder_config_of(model_dir: str) -> EncoderConfig:
     """The `EncoderConfig` stored in a model directory."""
-    return config_from_dict(EncoderConfig, read_model_config(model_dir)["encoder"])
+    return _config_section(model_dir, "encoder", EncoderConfig)
 
 
 def tokenizer_config_of(model_dir: str) -> TokenizerConfig:
     """The `TokenizerConfig` stored in a model directory."""
-    return config_from_dict(TokenizerConfig, read_model_config(model_dir)["tokenizer"])
+    return _config_section(model_dir, "tokenizer", TokenizerConfig)
 
 
 def build_tokenizer(config: TokenizerConfig, vocab_file: Optional[str] = None):

@@ -12,7 +12,8 @@ import os
 import sys
 import time
 
-from lealla_tf.vocabulary import (RESERVED_TOKENS, build_vocabulary, format_report,
+from lealla_tf.evaluate import check_writable
+from lealla_tf.vocabulary import (RESERVED_TOKENS, build_vocabulary, check_output, format_report,
                                   vocabulary_report)
 
 
@@ -43,6 +44,14 @@ def main(argv=None) -> int:
         parser.error(f"--vocab_size must exceed {len(RESERVED_TOKENS)}")
     inputs = [p for value in args.input for p in value.split(",") if p]
     try:
+        # Both outputs checked before the vocabulary is learned (minutes), not after.
+        check_output(args.output, args.sentencepiece)
+        written = args.output
+        if args.sentencepiece and not written.endswith(".model"):
+            written += ".model"
+        report_json = args.report_json or os.path.splitext(written)[0] + ".report.json"
+        check_writable(written, "--output")
+        check_writable(report_json, "--report_json")
         summary = build_vocabulary(inputs, args.vocab_size, args.output,
                                    sentencepiece=args.sentencepiece, alpha=args.alpha,
                                    max_words=args.max_words,
@@ -60,7 +69,6 @@ def main(argv=None) -> int:
         print(format_report(report))
         summary["tatoeba"] = report
         summary["report_seconds"] = time.time() - report_start
-    report_json = args.report_json or os.path.splitext(summary["output"])[0] + ".report.json"
     with open(report_json, "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2, sort_keys=True)
     print(f"summary written to {report_json}")

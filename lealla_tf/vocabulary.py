@@ -110,9 +110,24 @@ def balanced_word_counts(counts, sentences, alpha: float, max_words: int) -> Lis
 
 
 def _train_sentencepiece(**kwargs):
+    """SentencePiece's trainer; its RuntimeError (a multi-line internal message)
+    becomes a ValueError of one line, naming --vocab_size where it is too small."""
+    import re
+
     import sentencepiece
 
-    sentencepiece.SentencePieceTrainer.train(minloglevel=2, **kwargs)
+    try:
+        sentencepiece.SentencePieceTrainer.train(minloglevel=2, **kwargs)
+    except RuntimeError as error:
+        too_small = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", str(error))
+        if too_small:
+            raise ValueError(
+                f"--vocab_size={too_small.group(1)} is below the {too_small.group(2)} "
+                "characters and special pieces the corpus needs at --character_coverage="
+                f"{kwargs.get('character_coverage')}; raise --vocab_size or lower "
+                "--character_coverage") from None
+        message = " ".join(str(error).split())
+        raise ValueError(f"SentencePiece could not learn the vocabulary: {message:.300}") from None
 
 
 def learn_wordpiece(words: Sequence[tuple], vocab_size: int, character_coverage: float = 0.9999,
@@ -276,6 +291,35 @@ def _require_pairs(stats: dict, files) -> None:
                          + f" ({stats.get('malformed', 0)} malformed lines)")
 
 
+def _refuse_binary(files, probe_bytes: int = 1 << 16) -> None:
+    """ValueError naming the first input whose first `probe_bytes` (decompressed)
+    hold a NUL byte: a binary file, whose "pairs" would be garbage pieces."""
+    import zlib
+
+    from lealla_tf.parallel_corpus import open_text
+
+    for parallel_file in files:
+        try:
+            with open_text(parallel_file.path) as f:
+                head = f.read(probe_bytes)
+        except (OSError, EOFError, ValueError, zlib.error):
+            continue  # a corrupt .gz: read_pairs names it when reading
+        if "\0" in head:
+            raise ValueError(f"--input {parallel_file.path} is a binary file, not text "
+                             "(pairs are source<TAB>English lines, plain or .gz)")
+
+
+def check_output(output: str, sentencepiece: bool = False) -> None:
+    """ValueError naming --output now, before a vocabulary is learned, when the
+    file it names is a directory."""
+    written = output
+    if sentencepiece and not output.endswith(".model"):
+        written = output + ".model"
+    for path in dict.fromkeys((output, written)):
+        if os.path.isdir(path):
+            raise ValueError(f"--output={output}: {path} is a directory; pass a file path")
+
+
 def build_vocabulary(inputs, vocab_size: int, output: str, sentencepiece: bool = False,
                      alpha: float = 0.3, max_words: int = 2_000_000,
                      sentencepiece_sentences: int = 2_000_000,
@@ -288,7 +332,9 @@ def build_vocabulary(inputs, vocab_size: int, output: str, sentencepiece: bool =
     start = time.time()
     if vocab_size <= len(RESERVED_TOKENS):
         raise ValueError(f"--vocab_size must exceed {len(RESERVED_TOKENS)}, got {vocab_size}")
+    check_output(output, sentencepiece)
     files = find_parallel_files(inputs)
+    _refuse_binary(files)
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     if sentencepiece:
         by_language, stats = read_sentences(files, progress)

@@ -135,6 +135,47 @@ def test_vocab_faults(tmp_path, capsys):
                                         f"--output={out}"]), "fra-eng.tsv.gz")
 
 
+def test_vocab_outputs_sizes_and_binary_inputs(tmp_path, capsys, monkeypatch):
+    """A directory --output failed after the vocabulary was learned; a --vocab_size
+    below the character count and a binary --input ended in SentencePiece's
+    RuntimeError traceback."""
+    from lealla_tf import vocabulary
+    from lealla_tf.vocab import main
+
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / "deu-eng.tsv").write_text("Der Hund ist nett.\tThe dog is nice.\n"
+                                      "Die Katze ist groß.\tThe cat is big.\n" * 3)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "sp.model").mkdir()
+    with monkeypatch.context() as patched:
+        for name in ("count_words", "read_sentences"):
+            patched.setattr(vocabulary, name, lambda *_, **__: pytest.fail("learned first"))
+        for args, needles in (
+                ([f"--output={tmp_path / 'out'}"], [f"--output={tmp_path / 'out'}",
+                                                     "is a directory"]),
+                ([f"--output={tmp_path / 'sp'}", "--sentencepiece"],
+                 [f"--output={tmp_path / 'sp'}: {tmp_path / 'sp.model'} is a directory"]),
+                ([f"--output={tmp_path / 'v.txt'}", f"--report_json={tmp_path / 'out'}"],
+                 ["--report_json", "is a directory"])):
+            assert_one_line_error(capsys, main([f"--input={data}", "--vocab_size=100", *args]),
+                                  *needles)
+    for extra in ([], ["--sentencepiece"]):
+        assert_one_line_error(capsys, main([f"--input={data}", "--vocab_size=12", *extra,
+                                            f"--output={tmp_path / 'small.model'}"]),
+                              "--vocab_size=12 is below the", "characters",
+                              "--character_coverage")
+    binary = tmp_path / "binary"
+    binary.mkdir()
+    (binary / "fra-eng.tsv").write_bytes(bytes(range(256)) * 64)
+    for given in (binary, "/bin/ls"):
+        for extra in ([], ["--sentencepiece"]):
+            assert_one_line_error(capsys, main([f"--input={given}", "--vocab_size=1000", *extra,
+                                                f"--output={tmp_path / 'b.model'}"]),
+                                  "is a binary file, not text")
+    assert not list(tmp_path.glob("small*")) and not list(tmp_path.glob("b.*"))
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, sentence_vocab_file):
     from lealla_tf.configs import EncoderConfig, TokenizerConfig
@@ -176,6 +217,68 @@ def test_evaluate_faults(exported, tiny_tatoeba_dir, tmp_path, capsys):
     assert main(base + ["--max_pairs=1", f"--output_json={tmp_path / 'one.json'}"]) == 0
     metrics = json.load(open(tmp_path / "one.json"))["metrics"]
     assert {v for k, v in metrics.items() if k.endswith("/pairs")} == {1}
+
+
+def test_evaluate_input_faults_are_named_before_the_model_loads(exported, tiny_tatoeba_dir,
+                                                                tmp_path, capsys, monkeypatch):
+    """An incomplete Tatoeba language was dropped from the average, gold ids that
+    are in no sentence file halved recall, a missing .gold file scored 0: all
+    with exit 0. Each is one line naming the file, before the model is loaded."""
+    import shutil
+
+    from lealla_tf import embedder
+    from lealla_tf.evaluate import main
+    from lealla_tf.evaluation import write_bucc_split
+
+    monkeypatch.setattr(embedder, "load_embedder", lambda *_: pytest.fail("model loaded"))
+    tatoeba = tmp_path / "tatoeba"
+    shutil.copytree(tiny_tatoeba_dir, tatoeba)
+    (tatoeba / "tatoeba.deu-eng.eng").unlink()
+    base = [f"--model={exported['export']}", "--no_progress",
+            f"--output_json={tmp_path / 'e.json'}"]
+    assert_one_line_error(capsys, main(base + [f"--tatoeba_dir={tatoeba}"]),
+                          "tatoeba.deu-eng.eng is missing")
+    rows = [("de-0", "Hund"), ("de-1", "Katze")], [("en-0", "dog"), ("en-1", "cat")]
+    for split in ("training", "test"):
+        write_bucc_split(str(tmp_path / "bucc"), "deu", split, *rows, [("de-0", "en-0")])
+    bucc = base + [f"--tatoeba_dir={tiny_tatoeba_dir}", f"--bucc_dir={tmp_path / 'bucc'}",
+                   "--bucc_languages=deu"]
+    gold = tmp_path / "bucc" / "deu-en.test.gold"
+    gold.write_text("de-0\ten-0\nde-5\ten-1\n")
+    assert_one_line_error(capsys, main(bucc), str(gold), "line 2: source id 'de-5' unknown")
+    gold.unlink()
+    assert_one_line_error(capsys, main(bucc), str(gold), "not found")
+    assert not (tmp_path / "e.json").exists()
+
+
+def test_a_model_that_does_not_embed_strings_is_one_line(exported, tiny_tatoeba_dir, tmp_path,
+                                                        capsys):
+    """The encoder half of a LaBSE/2-format pair gave a 30-line signature dump; a
+    model directory whose config.json is {} a KeyError."""
+    import shutil
+
+    from lealla_tf.embedder import load_embedder
+    from lealla_tf.evaluate import main
+    from lealla_tf.export_lib import export_model_dir
+
+    export_model_dir(exported["model_dir"], str(tmp_path / "pair"), "labse")
+    empty_config = tmp_path / "empty_config"
+    shutil.copytree(exported["model_dir"], empty_config)
+    (empty_config / "config.json").write_text("{}")
+    base = [f"--tatoeba_dir={tiny_tatoeba_dir}", "--no_progress",
+            f"--output_json={tmp_path / 'e.json'}"]
+    for model, message in (
+            (tmp_path / "pair" / "encoder",
+             f"{tmp_path / 'pair' / 'encoder'} is the encoder half of the LaBSE/2-format pair "
+             f"{tmp_path / 'pair'}: pass --model={tmp_path / 'pair'}"),
+            (empty_config,
+             f"{empty_config / 'config.json'} has no 'encoder' section: {empty_config} is not a "
+             "complete lealla_tf model directory (written by `python -m lealla_tf.train` or "
+             "`export/import_checkpoint.py`)")):
+        with pytest.raises(ValueError) as raised:
+            load_embedder(str(model))
+        assert str(raised.value) == message
+        assert_one_line_error(capsys, main([f"--model={model}", *base]), message)
 
 
 def test_export_with_a_missing_checkpoint(exported, tmp_path):

@@ -200,3 +200,23 @@ def test_encode_takes_what_sentence_transformers_takes(tokenizer, encoder):
     for one_string in ("the dog", tf.constant("the dog")):  # a batch of one is ["the dog"]
         with pytest.raises(TypeError, match="got one string"):
             model(one_string)
+
+
+def test_encode_names_a_batch_size_that_is_no_int(tokenizer, encoder):
+    """1.5, '64' and None failed deep inside (a comparison or a slice) without
+    naming batch_size."""
+    model = Embedder(None, 8, "test", tokens=TokenPath(
+        numpy_tokenize(tokenizer),
+        lambda inputs: encoder(inputs, training=False)["sentence_embedding"].numpy(),
+        tokenizer.pad_id))
+    for bad, shown in ((1.5, "float 1.5"), ("64", "str '64'"), (None, "NoneType None"),
+                       (True, "bool True")):
+        for sentences in (["the dog"], [], "the dog"):
+            with pytest.raises(TypeError) as raised:
+                model.encode(sentences, batch_size=bad)
+            assert str(raised.value) == f"batch_size must be an int, got {shown}"
+        with pytest.raises(TypeError, match="batch_size must be an int"):
+            embedder_lib.encode_in_length_order(lambda batch: batch, ["x"], bad, max_tokens=8)
+    with pytest.raises(TypeError, match="max_tokens must be an int, got float 8.5"):
+        model.encode(["the dog"], max_tokens=8.5)
+    assert model.encode(["the dog", "der Hund"], batch_size=np.int64(1)).shape == (2, 8)

@@ -60,3 +60,23 @@ def test_build_tokenizer_takes_every_setting_of_the_config(tiny_vocab_file, tmp_
         7, True, "query: ")
     with pytest.raises(FileNotFoundError, match="elsewhere.txt"):
         build_tokenizer(config)  # the config's own file, absent here
+
+
+@pytest.mark.parametrize("content,message", [
+    ("{}", "config.json has no 'encoder' section: "),
+    ('{"encoder": {}}', "config.json has no 'tokenizer' section: "),
+    ('{"encoder": {"bogus": 1}, "tokenizer": {}}',
+     "config.json: its 'encoder' section is not a valid EncoderConfig (unknown EncoderConfig "
+     "fields: ['bogus'])"),
+    ("[1, 2]", "config.json holds a JSON list, not the object of a lealla_tf model directory"),
+    ("{not json", "config.json is not valid JSON (")])
+def test_a_config_that_is_no_model_config_is_named(tmp_path, content, message):
+    """A `{}` config.json gave a KeyError: 'encoder'."""
+    (tmp_path / "config.json").write_text(content)
+    with pytest.raises(ValueError) as raised:
+        if "tokenizer" in message:
+            load_tokenizer(str(tmp_path))
+        else:
+            encoder_config_of(str(tmp_path))
+    assert str(raised.value).startswith(str(tmp_path / "config.json")) and message in str(
+        raised.value)
