@@ -22,6 +22,7 @@ The two record schemas live here and nowhere else:
 import contextlib
 import datetime
 import json
+import logging
 import os
 import struct
 from typing import List, NamedTuple, Optional, Tuple
@@ -36,6 +37,7 @@ except ImportError:  # not POSIX: no flock, so stale-lock takeovers go unguarded
     fcntl = None
 
 MANIFEST = "MANIFEST.json"
+log = logging.getLogger(__name__)
 
 # The pair-record schema (training pairs with precomputed teacher vectors).
 PAIR_SOURCE, PAIR_TARGET = "src_raw", "tgt_raw"
@@ -131,6 +133,24 @@ def new_run_directory(output_dir: str) -> str:
     return os.path.join(output_dir, f"run-{stamp}")
 
 
+@contextlib.contextmanager
+def run_directory(output_dir: str):
+    """A fresh run folder (its name: see `new_run_directory`) for a run that
+    holds `output_lock(output_dir)`. The run folders that never committed
+    (killed or refused runs) are removed first, and this one is removed when
+    the run raises before it commits; remote outputs are left as they are."""
+    import shutil
+
+    remove_abandoned_runs(output_dir)
+    run_dir = new_run_directory(output_dir)
+    try:
+        yield run_dir
+    except BaseException:
+        if "://" not in run_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
 def commit_run(output_dir: str, run_dir: str, files: List[str], **details) -> dict:
     """Points the manifest at `run_dir` (atomically) and deletes older runs."""
     import shutil
@@ -212,8 +232,8 @@ _HELD_TOKENS = set()
 
 
 @contextlib.contextmanager
-def output_lock(output_dir: str):
-    """Holds `output_dir/.lock` while a run writes there.
+def output_lock(output_dir: str, lock_name: str = LOCK_FILE, subject: Optional[str] = None):
+    """Holds `output_dir/<lock_name>` (default `.lock`) while a run writes there.
 
     Two runs into one output would each delete the other's run folder when
     they commit; the second is refused instead (OutputLockedError, naming the
@@ -228,6 +248,10 @@ def output_lock(output_dir: str):
     pid is held for `UNREADABLE_LOCK_SECONDS`, then stale. Threads of one
     process exclude each other too.
 
+    A run that writes one file (mine_bitext) locks `<file>.lock` beside it:
+    `lock_name` is that name, `subject` what the messages call the output
+    (default: `output_dir`).
+
     Local paths only: remote outputs (gs://, any `scheme://`) have no atomic
     create and are NOT locked, so two runs must not share a remote --output.
     """
@@ -236,16 +260,16 @@ def output_lock(output_dir: str):
         return
     import uuid
 
-    path = os.path.join(output_dir, LOCK_FILE)
+    path = os.path.join(output_dir, lock_name)
     token = uuid.uuid4().hex
-    temporary = os.path.join(output_dir, f"{LOCK_FILE}.{os.getpid()}-{token[:12]}.tmp")
+    temporary = os.path.join(output_dir, f"{lock_name}.{os.getpid()}-{token[:12]}.tmp")
     content = f"{os.getpid()} {token}\n".encode()
     _HELD_TOKENS.add(token)  # before the lock exists: a sibling thread reads it as held
     try:
         with open(temporary, "wb") as f:
             f.write(content)
         try:
-            _take_lock(output_dir, path, temporary, content)
+            _take_lock(output_dir, path, temporary, content, subject or output_dir)
         finally:
             try:
                 os.unlink(temporary)
@@ -265,7 +289,8 @@ def output_lock(output_dir: str):
         _HELD_TOKENS.discard(token)
 
 
-def _take_lock(output_dir: str, path: str, temporary: str, content: bytes) -> None:
+def _take_lock(output_dir: str, path: str, temporary: str, content: bytes,
+               subject: str) -> None:
     """Places the lock, taking over a stale one; OutputLockedError if it is held."""
     for _ in range(5):
         if _create_lock(temporary, path, content):
@@ -275,9 +300,10 @@ def _take_lock(output_dir: str, path: str, temporary: str, content: bytes) -> No
             # while it exists, so the lock read here is the lock removed here.
             holder, held = _lock_holder(path)
             if held:
+                name = os.path.basename(path)
                 raise OutputLockedError(
-                    f"{output_dir} is being written by another run "
-                    f"({f'pid {holder}' if holder else f'its {LOCK_FILE} has no pid yet'}); "
+                    f"{subject} is being written by another run "
+                    f"({f'pid {holder}' if holder else f'its {name} has no pid yet'}); "
                     "wait for it to finish or pass another --output")
             try:
                 os.unlink(path)  # stale: its run was killed
@@ -285,8 +311,8 @@ def _take_lock(output_dir: str, path: str, temporary: str, content: bytes) -> No
                 pass
             if _create_lock(temporary, path, content):
                 return
-    raise OutputLockedError(f"could not lock {output_dir}: its {LOCK_FILE} keeps changing; "
-                            "is another run starting there?")
+    raise OutputLockedError(f"could not lock {subject}: its {os.path.basename(path)} keeps "
+                            "changing; is another run starting there?")
 
 
 def _create_lock(temporary: str, path: str, content: bytes) -> bool:
@@ -348,6 +374,86 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def host_tag() -> str:
+    """This host's name as it goes into the names of temporary files and folders."""
+    import re
+    import socket
+
+    return re.sub(r"[^A-Za-z0-9]", "_", socket.gethostname())[:40] or "host"
+
+
+def remove_dead_leftovers(directory: str, pattern: str) -> List[str]:
+    """Removes the leftovers of killed runs from the local folder `directory`:
+    the entries whose whole name matches `pattern` and whose run is over.
+
+    The pattern's group `pid` is the process that made the entry; its group
+    `host`, where it has one, that process's `host_tag()`. An entry is removed
+    only when that process is gone from this host: an entry of another host
+    (a shared disk: its pid means nothing here), of a live process, or of this
+    process (one of its threads may be using it) is left alone; a name without
+    a host (earlier versions) is taken as this host's. Returns the removed paths.
+    """
+    import re
+    import shutil
+
+    try:
+        names = os.listdir(directory)
+    except OSError:  # no folder yet (nothing left over), or unreadable
+        return []
+    removed = []
+    for name in names:
+        match = re.fullmatch(pattern, name)
+        if match is None:
+            continue
+        pid, host = int(match.group("pid")), match.groupdict().get("host")
+        if (host is not None and host != host_tag()) or pid == os.getpid() or _alive(pid):
+            continue
+        path = os.path.join(directory, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        removed.append(path)
+    if removed:
+        log.info("removed %d leftover(s) of killed runs in %s: %s", len(removed), directory,
+                 ", ".join(os.path.basename(path) for path in removed))
+    return removed
+
+
+RUN_FOLDER = r"run-\d{8}T\d{12}Z"  # new_run_directory's names
+
+
+def remove_abandoned_runs(output_dir: str) -> List[str]:
+    """Removes the `run-*` folders of `output_dir` that its manifest does not
+    name: runs that were killed or refused before they committed. Call it
+    holding `output_lock(output_dir)`, which proves that no live run writes
+    there (`run_directory` does). Local outputs only; returns the removed paths."""
+    import re
+    import shutil
+
+    if "://" in output_dir or not os.path.isdir(output_dir):
+        return []
+    try:
+        manifest = read_manifest(output_dir)
+        committed = None if manifest is None else str(manifest["run"])
+    except Exception:  # unreadable: which run is committed is unknown, so remove nothing
+        return []
+    removed = []
+    for name in os.listdir(output_dir):
+        path = os.path.join(output_dir, name)
+        if (re.fullmatch(RUN_FOLDER, name) and name != committed and os.path.isdir(path)
+                and not os.path.islink(path)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    if removed:
+        log.info("removed %d run folder(s) that never committed from %s", len(removed),
+                 output_dir)
+    return removed
+
+
 def _try_flock(descriptor: int) -> str:
     """"locked", "busy" or "unsupported" (the filesystem cannot flock it)."""
     try:
@@ -399,6 +505,11 @@ def _folder_guard(output_dir: str):
 
 MAPPED_SUFFIX = ".mmap"
 _VECTORS, _META = "vectors.f32", "meta.json"
+_COLUMN_FILES = (_VECTORS, "ids.bin", "ids.ends", "texts.bin", "texts.ends")
+_MAPPED_FORMAT = 2  # meta.json records each file's size and CRC32C
+# A copy's files as validated by this process ({folder: their size, mtime, ctime and
+# inode}): their checksums are read again only when one of them changed.
+_VALIDATED = {}
 
 
 class StringColumn:
@@ -413,9 +524,17 @@ class StringColumn:
         with open(self._data, "rb") as data, open(self._ends, "rb") as ends:
             strings = []
             for i in np.asarray(indices, np.int64).tolist():
-                start, end = (struct.unpack("<2q", os.pread(ends.fileno(), 16, 8 * (i - 1)))
-                              if i else (0, struct.unpack("<q", os.pread(ends.fileno(), 8, 0))[0]))
-                strings.append(os.pread(data.fileno(), end - start, start).decode("utf-8"))
+                offsets = os.pread(ends.fileno(), 16 if i else 8, 8 * (i - 1) if i else 0)
+                if len(offsets) != (16 if i else 8):
+                    raise ValueError(f"{self._ends} is truncated (no end offset for row {i}): "
+                                     "delete its folder and rerun to rebuild the copy")
+                start, end = struct.unpack("<2q", offsets) if i else (0, *struct.unpack(
+                    "<q", offsets))
+                text = os.pread(data.fileno(), max(0, end - start), start)
+                if start < 0 or len(text) != end - start:
+                    raise ValueError(f"{self._data} is truncated or {self._ends} corrupt (row "
+                                     f"{i}): delete its folder and rerun to rebuild the copy")
+                strings.append(text.decode("utf-8"))
             return strings
 
 
@@ -466,6 +585,13 @@ def mmap_embeddings(output_dir: str, cache_dir: Optional[str] = None,
     A committed run folder never changes and is deleted with its run, so the copy
     stays valid and goes with it. `cache_dir` puts the copies elsewhere (needed
     for remote outputs, gs://...). Shards keep their record order.
+
+    A copy is used only while it matches: its meta.json names the shard's size
+    and modification time and each file's size and CRC32C, checked before use
+    (the CRCs once per process while the files stay unchanged). A copy that
+    does not match (a changed shard, a truncated or overwritten file, one made
+    by an older version) is rebuilt, with a warning. The half-made copies of
+    killed conversions (`<copy>.tmp-<pid>-<host>`) are removed.
     """
     files = [f for f in manifest_files(output_dir) if os.path.basename(f).startswith(
         "embeddings")]
@@ -481,13 +607,73 @@ def mmap_embeddings(output_dir: str, cache_dir: Optional[str] = None,
 
             digest = hashlib.sha1(path.encode("utf-8")).hexdigest()[:16]
             folder = os.path.join(cache_dir, f"{digest}-{os.path.basename(path)}{MAPPED_SUFFIX}")
-        meta = read_json_or_none(os.path.join(folder, _META))
-        if meta is None or meta.get("stamp") != _stamp(path):
+        import re
+
+        remove_dead_leftovers(os.path.dirname(folder), re.escape(os.path.basename(folder))
+                              + r"\.tmp-(?P<pid>\d+)(?:-(?P<host>[A-Za-z0-9_]+))?")
+        meta, problem = _mapped_copy(path, folder)
+        if problem is not None:
+            if problem != "there is none":
+                log.warning("the memory-mapped copy %s does not match its shard (%s): "
+                            "rebuilding it", folder, problem)
             _map_shard(path, folder, batch_size)
-            meta = read_json_or_none(os.path.join(folder, _META))
+            meta, problem = _mapped_copy(path, folder)
+            if problem is not None:
+                raise ValueError(f"the memory-mapped copy {folder} of {path} does not match "
+                                 f"it right after it was made ({problem}); is another run "
+                                 "rewriting it?")
         shards.append(MappedShard((os.path.join(folder, _VECTORS), meta["rows"], meta["dim"]),
                                   StringColumn(folder, "ids"), StringColumn(folder, "texts")))
     return MappedEmbeddings(shards)
+
+
+def _mapped_copy(path: str, folder: str) -> Tuple[Optional[dict], Optional[str]]:
+    """(meta, None) when the copy in `folder` matches shard `path`, else (None, why not)."""
+    try:
+        with open(os.path.join(folder, _META)) as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        return None, "there is none"
+    except (OSError, ValueError):
+        return None, f"its {_META} is unreadable"
+    try:
+        rows, dim, recorded = int(meta["rows"]), int(meta["dim"]), meta["files"]
+        if meta.get("format") != _MAPPED_FORMAT:
+            raise KeyError("format")
+        expected = {name: [int(size), int(crc)] for name, (size, crc) in recorded.items()}
+        if set(expected) != set(_COLUMN_FILES):
+            raise KeyError("files")
+    except (KeyError, TypeError, ValueError):
+        return None, f"its {_META} is from an older version or damaged"
+    if meta.get("stamp") != _stamp(path):
+        return None, "the shard changed since it was made"
+    sizes = {_VECTORS: 4 * rows * dim, "ids.ends": 8 * rows, "texts.ends": 8 * rows}
+    signature = []
+    for name in _COLUMN_FILES:
+        try:
+            stat = os.stat(os.path.join(folder, name))
+        except FileNotFoundError:
+            return None, f"{name} is missing"
+        if stat.st_size != expected[name][0] or stat.st_size != sizes.get(name, stat.st_size):
+            return None, f"{name} holds {stat.st_size} bytes, not {expected[name][0]}"
+        # ctime: any write or utime moves it, so an overwrite is never taken as checked
+        signature.append((stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino))
+    if _VALIDATED.get(folder) != signature:
+        for name in _COLUMN_FILES:
+            if _file_crc32c(os.path.join(folder, name)) != expected[name][1]:
+                return None, f"{name} does not match its checksum"
+        _VALIDATED[folder] = signature
+    return meta, None
+
+
+def _file_crc32c(path: str, block: int = 16 * 2 ** 20) -> int:
+    import google_crc32c
+
+    crc = 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(block), b""):
+            crc = google_crc32c.extend(crc, chunk)
+    return crc
 
 
 def _stamp(path: str) -> List[int]:
@@ -505,26 +691,45 @@ def _map_shard(path: str, folder: str, batch_size: int) -> None:
     """Streams one embedding shard into `folder` (written aside, then renamed in)."""
     import shutil
 
-    temporary = f"{folder}.tmp-{os.getpid()}"
-    os.makedirs(temporary, exist_ok=True)
+    temporary = f"{folder}.tmp-{os.getpid()}-{host_tag()}"
+    try:
+        os.makedirs(temporary, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"cannot write the memory-mapped copy of {path} at {folder} "
+                         f"({error.strerror}): pass a writable --cache_dir") from None
     try:
         stamp = _stamp(path)
-        rows, dim = _write_mapped(path, temporary, batch_size)
+        rows, dim, files = _write_mapped(path, temporary, batch_size)
         with open(os.path.join(temporary, _META), "w") as f:
             json.dump({"rows": rows, "dim": dim, "shard": os.path.basename(path),
-                       "stamp": stamp}, f)
+                       "stamp": stamp, "format": _MAPPED_FORMAT, "files": files}, f)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
-    shutil.rmtree(folder, ignore_errors=True)  # a stale copy
+    shutil.rmtree(folder, ignore_errors=True)  # a stale or damaged copy
     try:
         os.rename(temporary, folder)
     except OSError:  # another process mapped it first
         shutil.rmtree(temporary, ignore_errors=True)
 
 
-def _write_mapped(path: str, folder: str, batch_size: int) -> Tuple[int, int]:
-    """Writes the vectors, ids and texts of shard `path` into `folder`: (rows, dim)."""
+class _ChecksummedFile:
+    """A file written through `write`, keeping its size and CRC32C."""
+
+    def __init__(self, handle):
+        self._handle, self.size, self.crc = handle, 0, 0
+
+    def write(self, data: bytes) -> None:
+        import google_crc32c
+
+        self._handle.write(data)
+        self.size += len(data)
+        self.crc = google_crc32c.extend(self.crc, data)
+
+
+def _write_mapped(path: str, folder: str, batch_size: int) -> Tuple[int, int, dict]:
+    """Writes the vectors, ids and texts of shard `path` into `folder`: (rows, dim,
+    {file name: [size, CRC32C]})."""
     import tensorflow as tf
 
     features = {"id": tf.io.FixedLenFeature([], tf.string),
@@ -535,8 +740,9 @@ def _write_mapped(path: str, folder: str, batch_size: int) -> Tuple[int, int]:
     rows, dim, ends = 0, 0, {"id": 0, "text": 0}
     names = {"vectors": _VECTORS, "id": "ids", "text": "texts"}
     with contextlib.ExitStack() as stack:
-        files = {name: stack.enter_context(open(os.path.join(folder, name), "wb"))
-                 for name in (_VECTORS, "ids.bin", "ids.ends", "texts.bin", "texts.ends")}
+        files = {name: _ChecksummedFile(stack.enter_context(open(os.path.join(folder, name),
+                                                                  "wb")))
+                 for name in _COLUMN_FILES}
         try:
             for batch in dataset:
                 vectors = b"".join(batch["embedding"].numpy())
@@ -555,4 +761,4 @@ def _write_mapped(path: str, folder: str, batch_size: int) -> Tuple[int, int]:
         except tf.errors.OpError as error:
             raise ValueError(f"{path} is unreadable ({type(error).__name__}); rerun "
                              "embed_corpus into its output") from None
-    return rows, dim
+    return rows, dim, {name: [file.size, file.crc] for name, file in files.items()}

@@ -225,6 +225,34 @@ def test_missing_input_is_an_error(model, tmp_path):
                           f"--output={tmp_path / 'o'}"])
 
 
+def test_refused_and_killed_runs_leave_no_run_folder(model, tmp_path):
+    """A refused run (duplicate ids) removes its own run folder at once; the
+    folder of a killed run (never committed) is removed by the next run, which
+    holds the lock. The committed run, and folders that are not run folders
+    of ours, stay."""
+    path, _ = model
+    (tmp_path / "ok.txt").write_text("The dog is nice.\n")
+    (tmp_path / "ids.tsv").write_text("a\tThe dog.\nb\tThe cat.\na\tA house.\n")
+    output = tmp_path / "out"
+    committed = embed_corpus.run([f"--input={tmp_path / 'ok.txt'}", f"--model={path}",
+                                  f"--output={output}"])["run"]
+    killed = output / "run-20240101T000000123456Z"  # as new_run_directory names it
+    killed.mkdir()
+    (killed / "embeddings-00000-of-00004.tfrecord.gz.tmp-1-0123abcd").write_bytes(b"half")
+    not_ours = [output / "run-notes", output / "notes"]
+    for folder in not_ours:
+        folder.mkdir()
+    with pytest.raises(RuntimeError, match="more than once"):
+        embed_corpus.run([f"--input={tmp_path / 'ids.tsv'}", "--format=tsv", f"--model={path}",
+                          f"--output={output}"])
+    assert sorted(p.name for p in output.iterdir()) == sorted(
+        [committed, "MANIFEST.json", "run-notes", "notes"]
+        + [p.name for p in output.iterdir() if p.name.startswith(".lock")])
+    assert read_manifest(str(output))["run"] == committed
+    ids, _ = read_embeddings(str(output))
+    assert ids == ["ok.txt:1"]
+
+
 # === The same pipeline on a dask.distributed cluster (loopback only) ===
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ empty, or malformed go to a dead-letter output with the reason; counters prove
 nothing is lost: lines read = embedded + dead-lettered. Output shards land in a
 fresh run folder and MANIFEST.json is replaced only when the run is complete, so
 rerunning into the same --output is safe; a second run into an --output that a
-live run holds is refused.
+live run holds is refused. A run that fails or is refused removes its run
+folder; the run folders of killed runs are removed by the next run.
 
 The library call is `embed_corpus(...)`; `run(argv)` parses the flags; without
 --runner it uses Beam's FnApiRunner (the local runner, without the Prism download
@@ -428,7 +429,7 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
     """
     from lealla_tf.beam_options import pipeline_options, run_pipeline
     from lealla_tf.embedder import model_kind
-    from lealla_tf.embedding_io import commit_run, new_run_directory, output_lock
+    from lealla_tf.embedding_io import commit_run, output_lock, run_directory
 
     if num_shards < 1 or model_batch_size < 1:
         raise ValueError(f"--num_shards and --model_batch_size must be at least 1, got "
@@ -444,8 +445,7 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
     model_kind(model)  # a wrong --model is refused here, not inside a worker
     files = expand_inputs(inputs)
     FileSystems.mkdirs(output) if not FileSystems.exists(output) else None
-    with output_lock(output):
-        run_dir = new_run_directory(output)
+    with output_lock(output), run_directory(output) as run_dir:
         pipeline = test_pipeline or beam.Pipeline(options=options)
         build_pipeline(pipeline, files, model, run_dir, input_format, pairs, english_only,
                        num_shards, model_batch_size, max_seq_length, model_max_tokens,
