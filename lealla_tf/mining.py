@@ -5,20 +5,26 @@ of x to its k nearest targets and a_y that of y to its k nearest sources. k is
 capped by the number of (valid) candidates on each side, and a neighbour that an
 inverted-list index could not fill (faiss label -1, similarity -3.4e38) is left
 out of the mean, never returned. Margins:
-    absolute: c
-    distance: c - (a_x + a_y) / 2
-    ratio:    s(c) / ((s(a_x) + s(a_y)) / 2)  =  (1 + c) / (1 + (a_x + a_y) / 2),
-              with s(t) = (1 + t) / 2 the cosine shifted into [0, 1].
-The ratio is the paper's formula taken on the shifted similarity. On raw cosines
-it has no meaning once a neighbourhood mean is <= 0 (with k >= the candidate
-count, tiny sides or unrelated vectors): the sign flips and near 0 the score
-explodes. Shifted, every term is >= 0, and since x's best cosine is >= c,
-1 + a_x >= (1 + c) / k: the ratio lies in [0, k] for exact search, and in
-[0, 2k] for approximate search (c then comes from one side's list only). A
+    absolute:      c
+    distance:      c - (a_x + a_y) / 2
+    ratio:         c / ((a_x + a_y) / 2), the paper's ratio margin on plain
+                   cosines (LASER's and stopes' score: their thresholds, about
+                   1.04-1.06 for BUCC-style mining, carry over);
+    ratio_shifted: (1 + c) / (1 + (a_x + a_y) / 2), the ratio of the cosines
+                   shifted into [0, 1] (this package's `ratio` before; always
+                   defined, in [0, 2k]; its numbers are not LASER's).
+The ratio asks how many times more similar the pair is than the two sentences'
+typical near neighbours: 1.0 is no better than a neighbour. It presumes
+neighbourhoods of positive similarity. A neighbourhood that holds a cosine <= 0
+among its k nearest (k reaching into unrelated sentences: k >= the candidates,
+tiny sides, unrelated vectors) is degenerate: its mean can be <= 0 (the sign
+flips) or near 0 (the score explodes: 1,500 on 5 x 4 random rows). Candidates
+touching a degenerate neighbourhood are left out of ratio mining, never scored,
+and `mine` reports the sentences and the candidates left out. Where both
+neighbourhoods are positive the formula is exactly the paper's, and since c is
+one of the k cosines of the searching sentence, the ratio lies in (0, 2k). A
 sentence whose search found no neighbour at all has no average; the other
-side's average stands alone. Thresholds tuned on the cosine ratio (LASER's
-1.04-1.06) do not carry over: a cosine ratio r at neighbourhood mean m is the
-shifted ratio (1 + r m) / (1 + m).
+side's average stands alone.
 
 Retrieval: fwd (each source keeps its best target), bwd (each target its best
 source), intersect (pairs found both ways), max (both directions pooled, then
@@ -32,14 +38,17 @@ time, so the input matrices are never copied whole. With `memory_budget_gb` the
 work is planned to fit the budget: queries are searched in chunks, the index
 (trained on a sample, then filled chunk by chunk) is split into blocks whose
 results are merged when a side's index does not fit, and the [n, k] neighbour
-lists go to a work folder on disk. What stays in memory per sentence (averages,
-best pairs, the one-to-one matching) is counted against the budget, and a
-budget too small for it is a ValueError before any work.
+lists go to a work folder on disk (`mining-<pid>-<host>-*` in `work_dir`: a
+killed run's folder is removed by the next run that spills there). What stays
+in memory per sentence (averages, best pairs, the one-to-one matching) is
+counted against the budget, and a budget too small for it is a ValueError
+before any work.
 """
 
 import contextlib
 import enum
 import logging
+import math
 import os
 import tempfile
 import time
@@ -49,9 +58,10 @@ import numpy as np
 
 GIB = 2 ** 30
 log = logging.getLogger(__name__)
-# Bytes a sentence that stay in memory whatever the budget: both averages, the
-# best pair of each direction, and the one-to-one matching's temporaries.
-MATCHING_BYTES_PER_SENTENCE = 112
+# Bytes a sentence that stay in memory whatever the budget: both averages and
+# whether each neighbourhood is positive, the best pair of each direction, and the
+# one-to-one matching's temporaries.
+MATCHING_BYTES_PER_SENTENCE = 114
 MIN_WORKING_BYTES = 32 * 2 ** 20
 PQ_MIN_TRAINING = 256  # 8-bit product quantisation learns 256 centroids a sub-vector
 INVALID_REASONS = {"non_finite": "has a NaN or infinite value", "zero": "is all zeros"}
@@ -61,6 +71,7 @@ class Margin(enum.Enum):
     ABSOLUTE = "absolute"
     DISTANCE = "distance"
     RATIO = "ratio"
+    RATIO_SHIFTED = "ratio_shifted"
 
 
 class Retrieval(enum.Enum):
@@ -320,9 +331,10 @@ class _Neighbours:
             ids = np.take_along_axis(ids, order, 1)
         self.write(start, sims, ids)
 
-    def averages(self, chunk: int) -> np.ndarray:
-        """Mean similarity of each row's found neighbours (NaN where none was found)."""
-        out = np.empty(self.n, np.float32)
+    def averages(self, chunk: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(mean similarity of each row's found neighbours, NaN where none was
+        found; whether all of them are > 0, True where none was found)."""
+        out, positive = np.empty(self.n, np.float32), np.ones(self.n, bool)
         for start in range(0, self.n, chunk):
             sims, ids = self.read(start, min(self.n, start + chunk))
             found = ids >= 0
@@ -330,7 +342,8 @@ class _Neighbours:
             count = found.sum(axis=1)
             with np.errstate(invalid="ignore", divide="ignore"):
                 out[start:start + len(sims)] = np.where(count > 0, total / count, np.nan)
-        return out
+            positive[start:start + len(sims)] = np.where(found, sims > 0, True).all(axis=1)
+        return out, positive
 
 
 class _Plan(NamedTuple):
@@ -346,7 +359,8 @@ def plan_mining(n_source: int, n_target: int, d: int, k: int, index_type: str = 
     """Checks mining settings and fits the work into `memory_budget_gb`.
 
     Raises ValueError (one line, naming the setting) for k < 1, an empty side,
-    bad index settings, or a budget too small for the per-sentence bookkeeping.
+    bad index settings, a budget that is not a positive finite number, or one
+    too small for the per-sentence bookkeeping.
     """
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
@@ -359,8 +373,10 @@ def plan_mining(n_source: int, n_target: int, d: int, k: int, index_type: str = 
                   for n in (n_source, n_target))
     if memory_budget_gb is None:
         return _Plan(chunk_size, None, None, spill=False)
-    if not memory_budget_gb > 0:
-        raise ValueError(f"memory_budget_gb must be positive, got {memory_budget_gb}")
+    if not (memory_budget_gb > 0 and math.isfinite(memory_budget_gb)):
+        # inf would plan 1-row blocks: quadratic, 140x slower at 2,000 rows
+        raise ValueError(f"memory_budget_gb must be positive and finite (GiB), got "
+                         f"{memory_budget_gb}")
     budget = memory_budget_gb * GIB
     working = budget - MATCHING_BYTES_PER_SENTENCE * (n_source + n_target)
     if working < MIN_WORKING_BYTES:
@@ -413,6 +429,22 @@ def _neighbours(queries: Rows, candidates: Rows, k: int, plan: _Plan, result: _N
             del index
 
 
+SPILL_FOLDER = r"mining-(?P<pid>\d+)-(?P<host>[A-Za-z0-9_]+)-[a-z0-9_]+"
+
+
+@contextlib.contextmanager
+def _spill_folder(work_dir: Optional[str]):
+    """A fresh folder for spilled neighbour lists in `work_dir` (default: the
+    temporary folder), named by this process and host and removed after use;
+    the folders of killed runs found there (their process gone) go first."""
+    from lealla_tf.embedding_io import host_tag, remove_dead_leftovers
+
+    remove_dead_leftovers(work_dir or tempfile.gettempdir(), SPILL_FOLDER)
+    with tempfile.TemporaryDirectory(prefix=f"mining-{os.getpid()}-{host_tag()}-",
+                                     dir=work_dir) as directory:
+        yield directory
+
+
 def knn(queries, candidates, k: int, index_type: str = "flat", chunk_size: int = 65_536,
         index=None, memory_budget_gb: Optional[float] = None,
         **index_options) -> Tuple[np.ndarray, np.ndarray]:
@@ -437,12 +469,16 @@ def knn(queries, candidates, k: int, index_type: str = "flat", chunk_size: int =
 # === Margins and matching ===
 
 def margin_scores(cosines: np.ndarray, source_average: np.ndarray,
-                  target_average: np.ndarray, margin: Margin) -> np.ndarray:
+                  target_average: np.ndarray, margin: Margin,
+                  positive: Optional[np.ndarray] = None) -> np.ndarray:
     """Margin of candidate cosines; averages broadcast against `cosines`.
 
     A NaN average (a sentence whose search found no neighbour) is left out of
-    the neighbourhood mean. The ratio is taken on the shifted similarity (see
-    the module docstring): never a non-positive denominator.
+    the neighbourhood mean. `ratio` is the paper's c / mean; where it is
+    undefined (see the module docstring) the score is -inf, never a pair:
+    where the mean is <= 0, and where `positive` (broadcast like the averages:
+    whether both neighbourhoods of the candidate hold only cosines > 0; None:
+    not known) is False.
     """
     margin = Margin(margin)
     if margin is Margin.ABSOLUTE:
@@ -453,9 +489,15 @@ def margin_scores(cosines: np.ndarray, source_average: np.ndarray,
                              (source_average + target_average) / 2))
     if margin is Margin.DISTANCE:
         return cosines - mean
-    # 1 + mean >= (1 + c) / k whenever c is a cosine of a searched row, so the
-    # floor only meets 0 / 0 (every cosine -1): the score stays in [0, 2k].
-    return (1 + cosines) / np.maximum(1 + mean, 1e-12)
+    if margin is Margin.RATIO_SHIFTED:
+        # 1 + mean >= (1 + c) / k whenever c is a cosine of a searched row, so the
+        # floor only meets 0 / 0 (every cosine -1): the score stays in [0, 2k].
+        return (1 + cosines) / np.maximum(1 + mean, 1e-12)
+    defined = mean > 0
+    if positive is not None:
+        defined = defined & positive
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(defined, cosines / np.where(defined, mean, 1), -np.inf)
 
 
 def greedy_one_to_one(scores: np.ndarray, sources: np.ndarray,
@@ -488,23 +530,31 @@ def greedy_one_to_one(scores: np.ndarray, sources: np.ndarray,
     return kept[np.argsort(-scores[kept], kind="stable")]
 
 
-def _best_pairs(neighbours: _Neighbours, own_average: np.ndarray, other_average: np.ndarray,
-                margin: Margin, chunk: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(score, row, partner) of each row's best-scoring found neighbour."""
-    scores, rows, partners = [], [], []
+def _best_pairs(neighbours: _Neighbours, own: Tuple[np.ndarray, np.ndarray],
+                other: Tuple[np.ndarray, np.ndarray], margin: Margin,
+                chunk: int) -> Tuple[Tuple[np.ndarray, np.ndarray, np.ndarray], int]:
+    """((score, row, partner) of each row's best-scoring found neighbour, the
+    number of found neighbours left out because their ratio is undefined).
+    `own` and `other` are the (averages, positive) of the two sides."""
+    scores, rows, partners, undefined = [], [], [], 0
     for start in range(0, neighbours.n, chunk):
         sims, ids = neighbours.read(start, min(neighbours.n, start + chunk))
         found = ids >= 0
-        score = margin_scores(sims, own_average[start:start + len(sims), None],
-                              other_average[np.where(found, ids, 0)], margin)
+        partner = np.where(found, ids, 0)
+        positive = own[1][start:start + len(sims), None] & other[1][partner]
+        score = margin_scores(sims, own[0][start:start + len(sims), None], other[0][partner],
+                              margin, positive)
         score = np.where(found, score, -np.inf)
+        if margin is Margin.RATIO:
+            undefined += int((found & np.isneginf(score)).sum())
         best = score.argmax(axis=1)
         row = np.arange(len(sims))
-        keep = found[row, best]
+        keep = np.isfinite(score[row, best])
         scores.append(score[row, best][keep].astype(np.float32))
         rows.append(row[keep] + start)
         partners.append(ids[row, best][keep])
-    return tuple(np.concatenate(a) if a else np.zeros(0) for a in (scores, rows, partners))
+    pairs = tuple(np.concatenate(a) if a else np.zeros(0) for a in (scores, rows, partners))
+    return pairs, undefined
 
 
 def mine(source, target, k: int = 4, margin: str = "ratio", retrieval: str = "max",
@@ -519,7 +569,8 @@ def mine(source, target, k: int = 4, margin: str = "ratio", retrieval: str = "ma
             normalised inside, a chunk at a time).
         k: neighbours for the margin averages (and candidates per sentence),
             capped by each side's number of valid rows.
-        margin: absolute, distance or ratio. retrieval: fwd, bwd, intersect, max.
+        margin: absolute, distance, ratio or ratio_shifted (see the module
+            docstring). retrieval: fwd, bwd, intersect, max.
         threshold: keep pairs scoring at least this (None: keep all).
         index_type, chunk_size, index_options: see `knn` / `build_index`.
         memory_budget_gb: plan the work to fit this much memory (see the module
@@ -564,12 +615,13 @@ def mine(source, target, k: int = 4, margin: str = "ratio", retrieval: str = "ma
     k_backward = min(k, source.rows - len(report["invalid_source"]))
     if min(k_forward, k_backward) < 1:
         empty = np.zeros(0, np.int64)
-        return {"score": empty.astype(np.float32), "source": empty, "target": empty, **report}
+        return {"score": empty.astype(np.float32), "source": empty, "target": empty,
+                "degenerate_source": empty, "degenerate_target": empty,
+                "degenerate_candidates": 0, **report}
     with contextlib.ExitStack() as stack:
         directory = neighbours_dir
         if directory is None and plan.spill:
-            directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="mining-",
-                                                                        dir=work_dir))
+            directory = stack.enter_context(_spill_folder(work_dir))
         if neighbours_dir is not None:
             os.makedirs(neighbours_dir, exist_ok=True)
         lists = []
@@ -582,11 +634,21 @@ def mine(source, target, k: int = 4, margin: str = "ratio", retrieval: str = "ma
                         **index_options)
             lists.append(result)
             phase(f"{name} search")
-        source_average = lists[0].averages(plan.query_rows)
-        target_average = lists[1].averages(plan.query_rows)
-        fwd = _best_pairs(lists[0], source_average, target_average, margin, plan.query_rows)
-        bwd = _best_pairs(lists[1], target_average, source_average, margin, plan.query_rows)
+        source_side = lists[0].averages(plan.query_rows)
+        target_side = lists[1].averages(plan.query_rows)
+        fwd, undefined_fwd = _best_pairs(lists[0], source_side, target_side, margin,
+                                         plan.query_rows)
+        bwd, undefined_bwd = _best_pairs(lists[1], target_side, source_side, margin,
+                                         plan.query_rows)
         phase("scoring")
+    for name, skip, (_, positive) in (("source", skips[0], source_side),
+                                      ("target", skips[1], target_side)):
+        degenerate = ~positive if margin is Margin.RATIO else np.zeros(len(positive), bool)
+        if skip is not None:
+            degenerate &= ~skip
+        report[f"degenerate_{name}"] = np.flatnonzero(degenerate).astype(np.int64)
+    report["degenerate_candidates"] = undefined_fwd + undefined_bwd
+    del source_side, target_side
     bwd = (bwd[0], bwd[2], bwd[1])  # (score, source, target)
     if retrieval is Retrieval.FORWARD:
         scores, sources, targets = fwd

@@ -121,8 +121,9 @@ def test_nan_and_zero_embeddings_are_dead_lettered(tmp_path):
     write_embedding_output(tmp_path / "src", source, prefix="s")
     write_embedding_output(tmp_path / "tgt", target, prefix="t")
     output = tmp_path / "mined.tsv"
-    count = mine_bitext.run([f"--source={tmp_path / 'src'}", f"--target={tmp_path / 'tgt'}",
-                             f"--output={output}", "--with_ids", "--k=50"])
+    common = [f"--source={tmp_path / 'src'}", f"--target={tmp_path / 'tgt'}",
+              f"--output={output}", "--with_ids", "--k=50"]
+    count = mine_bitext.run(common + ["--margin=ratio_shifted"])
     pairs = read_pairs(output)
     assert count == len(pairs) == 37
     mined_ids = {p[3] for p in pairs} | {p[4] for p in pairs}
@@ -133,7 +134,14 @@ def test_nan_and_zero_embeddings_are_dead_lettered(tmp_path):
         ("target", "t:3", "non_finite")]
     assert json.load(open(f"{output}.summary.json"))["dead_lettered"] == 3
     scores = [float(p[0]) for p in pairs]
-    assert all(0 <= s <= 39 for s in scores)  # ratio margin in [0, k]: k capped at 39 targets
+    assert all(0 <= s <= 39 for s in scores)  # shifted ratio in [0, k]: k capped at 39 targets
+    # The paper's ratio: k = 50 reaches every (random) candidate, cosines <= 0 among
+    # them, so no ratio is defined: nothing mined, and the summary says why.
+    assert mine_bitext.run(common) == 0
+    assert json.load(open(f"{output}.summary.json")) == {
+        "pairs": 0, "dead_lettered": 3, "source_rows": 40, "target_rows": 40,
+        "undefined_ratio": {"source_sentences": 38, "target_sentences": 39,
+                            "candidates": 2 * 38 * 39}}
 
 
 @pytest.mark.slow
@@ -158,3 +166,12 @@ def test_dask_runner_mines_what_the_fn_api_runner_mines(dask_cluster, tmp_path):
                 == open(f"{tmp_path / 'dask.tsv'}{suffix}").read())
     dead = [json.loads(line) for line in open(f"{tmp_path / 'dask.tsv'}.dead_letter.jsonl")]
     assert sorted((d["side"], d["id"]) for d in dead) == [("source", "s:7"), ("target", "t:11")]
+
+
+def test_help_recommends_a_ratio_threshold_and_says_what_it_means(capsys):
+    with pytest.raises(SystemExit):
+        mine_bitext.build_parser().parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Artetxe & Schwenk" in text and "1.04-1.06" in text and "--threshold=1.05" in text
+    assert "1.0: no better than a neighbour" in text
+    assert "ratio_shifted" in text

@@ -23,37 +23,59 @@ def planted(n_pairs=60, n_noise=40, d=16, noise=0.3, seed=0):
     return normalize_rows(source), normalize_rows(target)
 
 
-def reference_mine(source, target, k, margin, retrieval):
-    """Direct transcription: full cosine matrix, Python loops, LASER's greedy max."""
+def reference_mine(source, target, k, margin, retrieval, counts=None):
+    """Direct transcription: full cosine matrix, Python loops, LASER's greedy max.
+
+    ratio is Artetxe & Schwenk's: cos(x, y) / (sum_{z in NN_k(x)} cos(x, z) / 2k
+    + sum_{z in NN_k(y)} cos(y, z) / 2k), undefined (no pair) where either
+    neighbourhood holds a cosine <= 0. `counts`, a dict, receives the sentences
+    and candidates left out for it."""
     cosine = source @ target.T
     k_f, k_b = min(k, len(target)), min(k, len(source))
-    average_source = np.array([np.mean(sorted(row, reverse=True)[:k_f]) for row in cosine])
-    average_target = np.array([np.mean(sorted(col, reverse=True)[:k_b]) for col in cosine.T])
+    nearest_source = [sorted(row, reverse=True)[:k_f] for row in cosine]
+    nearest_target = [sorted(col, reverse=True)[:k_b] for col in cosine.T]
+    average_source = np.array([np.mean(n) for n in nearest_source])
+    average_target = np.array([np.mean(n) for n in nearest_target])
 
-    def score(i, j):
+    def score(i, j):  # None: undefined
         c = cosine[i, j]
         if margin == "absolute":
             return c
         mean = (average_source[i] + average_target[j]) / 2
-        return c - mean if margin == "distance" else (1 + c) / (1 + mean)  # shifted ratio
+        if margin == "distance":
+            return c - mean
+        if margin == "ratio_shifted":
+            return (1 + c) / (1 + mean)
+        if min(nearest_source[i]) <= 0 or min(nearest_target[j]) <= 0:
+            return None
+        return c / (sum(nearest_source[i]) / (2 * k_f) + sum(nearest_target[j]) / (2 * k_b))
 
-    def best_target(i):  # among the k nearest targets, the best by margin
-        neighbours = np.argsort(-cosine[i], kind="stable")[:k_f]
-        return max(neighbours, key=lambda j: score(i, j))
+    def best(scored):  # the best (score, i, j) of a sentence's defined candidates
+        scored = [(score(i, j), i, j) for i, j in scored]
+        scored = [p for p in scored if p[0] is not None]
+        return max(scored, key=lambda p: p[0]) if scored else None
 
-    def best_source(j):
-        neighbours = np.argsort(-cosine[:, j], kind="stable")[:k_b]
-        return max(neighbours, key=lambda i: score(i, j))
-
-    forward = [(score(i, best_target(i)), i, best_target(i)) for i in range(len(source))]
-    backward = [(score(best_source(j), j), best_source(j), j) for j in range(len(target))]
+    forward = [best((i, j) for j in np.argsort(-cosine[i], kind="stable")[:k_f])
+               for i in range(len(source))]
+    backward = [best((i, j) for i in np.argsort(-cosine[:, j], kind="stable")[:k_b])
+                for j in range(len(target))]
+    if counts is not None:
+        counts["degenerate_source"] = [i for i, n in enumerate(nearest_source) if min(n) <= 0]
+        counts["degenerate_target"] = [j for j, n in enumerate(nearest_target) if min(n) <= 0]
+        counts["degenerate_candidates"] = (
+            sum(score(i, j) is None for i in range(len(source))
+                for j in np.argsort(-cosine[i], kind="stable")[:k_f])
+            + sum(score(i, j) is None for j in range(len(target))
+                  for i in np.argsort(-cosine[:, j], kind="stable")[:k_b]))
+    forward = [p for p in forward if p is not None]
+    backward = [p for p in backward if p is not None]
     if retrieval == "fwd":
         pairs = forward
     elif retrieval == "bwd":
         pairs = backward
     elif retrieval == "intersect":
         back = {j: i for _, i, j in backward}
-        pairs = [p for p in forward if back[p[2]] == p[1]]
+        pairs = [p for p in forward if back.get(p[2]) == p[1]]
     else:
         pairs, seen_source, seen_target = [], set(), set()
         for p in sorted(forward + backward, key=lambda p: -p[0]):
@@ -62,6 +84,9 @@ def reference_mine(source, target, k, margin, retrieval):
                 seen_source.add(p[1])
                 seen_target.add(p[2])
     return {(i, j): s for s, i, j in pairs}
+
+
+MARGINS = ["absolute", "distance", "ratio", "ratio_shifted"]
 
 
 def test_knn_matches_brute_force_and_chunks():
@@ -82,10 +107,13 @@ def test_approximate_indexes_find_planted_neighbours(index_type):
 
 
 @pytest.mark.parametrize("margin,retrieval", list(itertools.product(
-    ["absolute", "distance", "ratio"], ["fwd", "bwd", "intersect", "max"])))
+    MARGINS, ["fwd", "bwd", "intersect", "max"])))
 def test_mine_matches_reference(margin, retrieval):
     source, target = planted()
     mined = mine(source, target, k=4, margin=margin, retrieval=retrieval)
+    # Normal inputs: every neighbourhood positive, so the ratio is the paper's everywhere.
+    assert len(mined["degenerate_source"]) == len(mined["degenerate_target"]) == 0
+    assert mined["degenerate_candidates"] == 0
     got = {(int(i), int(j)): float(s) for s, i, j in zip(mined["score"], mined["source"],
                                                           mined["target"])}
     expected = reference_mine(source, target, 4, margin, retrieval)
@@ -125,14 +153,26 @@ def test_greedy_rounds_equal_sequential_greedy():
 def test_margin_formulas():
     c, a, b = np.array([0.8]), np.array([0.6]), np.array([0.4])
     assert margin_scores(c, a, b, "absolute")[0] == pytest.approx(0.8)
-    assert margin_scores(c, a, b, "distance")[0] == pytest.approx(0.3)
-    assert margin_scores(c, a, b, "ratio")[0] == pytest.approx(1.8 / 1.5)
-    # No blow-up where the cosine ratio's denominator would be <= 0, and a missing
-    # (NaN) average is left out of the mean.
+    assert margin_scores(c, a, b, "distance")[0] == pytest.approx(0.8 - (0.6 + 0.4) / 2)
+    # Artetxe & Schwenk on plain cosines, k = 4: c / (sum_x / 2k + sum_y / 2k).
+    assert margin_scores(c, a, b, "ratio")[0] == pytest.approx(0.8 / (4 * 0.6 / 8 + 4 * 0.4 / 8))
+    assert margin_scores(c, a, b, "ratio_shifted")[0] == pytest.approx(
+        (1 + 0.8) / (1 + (0.6 + 0.4) / 2))
+    # Undefined ratios are -inf (never a pair): a mean <= 0, or a neighbourhood
+    # that is not all positive; the shifted form stays defined there.
     assert margin_scores(np.array([0.3]), np.array([-0.2]), np.array([0.1]), "ratio")[0] == \
-        pytest.approx(1.3 / 0.95)
-    assert margin_scores(np.array([-1.0]), np.array([-1.0]), np.array([-1.0]), "ratio")[0] == 0
-    assert margin_scores(c, np.array([np.nan]), b, "ratio")[0] == pytest.approx(1.8 / 1.4)
+        -np.inf
+    assert margin_scores(np.array([-0.4]), np.array([-0.2]), np.array([-0.1]), "ratio")[0] == \
+        -np.inf  # the sign flip: -0.4 / -0.15 would be a "good" 2.67
+    assert margin_scores(c, a, b, "ratio", positive=np.array([False]))[0] == -np.inf
+    assert margin_scores(c, a, b, "ratio", positive=np.array([True]))[0] == pytest.approx(1.6)
+    assert margin_scores(np.array([0.3]), np.array([-0.2]), np.array([0.1]),
+                         "ratio_shifted")[0] == pytest.approx(1.3 / 0.95)
+    assert margin_scores(np.array([-1.0]), np.array([-1.0]), np.array([-1.0]),
+                         "ratio_shifted")[0] == 0
+    # A missing (NaN) average is left out of the mean.
+    assert margin_scores(c, np.array([np.nan]), b, "ratio")[0] == pytest.approx(0.8 / 0.4)
+    assert margin_scores(c, np.array([np.nan]), b, "ratio_shifted")[0] == pytest.approx(1.8 / 1.4)
 
 
 def test_best_threshold_maximises_f1():
@@ -161,6 +201,10 @@ def test_bad_options_are_errors():
     (np.ones((3, 4)), np.ones((3, 4)), {"index_type": "hnsw"}, "flat, ivf or ivfpq"),
     (np.ones((30, 8)), np.ones((30, 8)), {"index_type": "ivfpq"}, "at least 256"),
     (np.ones((3, 4)), np.ones((3, 4)), {"memory_budget_gb": 0}, "must be positive"),
+    (np.ones((3, 4)), np.ones((3, 4)), {"memory_budget_gb": -1}, "must be positive"),
+    (np.ones((3, 4)), np.ones((3, 4)), {"memory_budget_gb": float("inf")},
+     "memory_budget_gb must be positive and finite \\(GiB\\), got inf"),
+    (np.ones((3, 4)), np.ones((3, 4)), {"memory_budget_gb": float("nan")}, "got nan"),
     (np.ones((10 ** 6, 1), np.float32), np.ones((1, 1)), {"memory_budget_gb": 0.05},
      "too small to mine 1,000,000 x 1"),
 ])
@@ -178,8 +222,10 @@ def check_invariants(mined, n_source, n_target, k, margin, retrieval, exact=True
     assert np.all(np.isfinite(scores))
     assert np.all((sources >= 0) & (sources < n_source)), sources
     assert np.all((targets >= 0) & (targets < n_target)), targets
-    bound = {"absolute": (-1, 1), "distance": (-2, 2),
-             "ratio": (0, min(k, max(n_source, n_target)) * (1 if exact else 2))}[margin]
+    k = min(k, max(n_source, n_target))
+    # ratio: c is one of the searching sentence's k positive cosines, so mean > c / 2k.
+    bound = {"absolute": (-1, 1), "distance": (-2, 2), "ratio": (0, 2 * k),
+             "ratio_shifted": (0, k * (1 if exact else 2))}[margin]
     assert np.all(scores >= bound[0] - 1e-5) and np.all(scores <= bound[1] + 1e-5), (
         scores.min(), scores.max(), bound)
     assert np.all(np.diff(scores) <= 0), "best first"
@@ -203,12 +249,16 @@ def test_random_inputs_match_the_reference(n_source, n_target, k):
     rng = np.random.default_rng(n_source * 1000 + n_target + k)
     source = normalize_rows(rng.normal(size=(n_source, 8)))
     target = normalize_rows(rng.normal(size=(n_target, 8)))
-    for margin, retrieval in itertools.product(["absolute", "distance", "ratio"],
-                                               ["fwd", "bwd", "intersect", "max"]):
+    for margin, retrieval in itertools.product(MARGINS, ["fwd", "bwd", "intersect", "max"]):
         mined = mine(source, target, k=k, margin=margin, retrieval=retrieval)
         check_invariants(mined, n_source, n_target, k, margin, retrieval)
-        got, expected = as_dict(mined), reference_mine(source, target, k, margin, retrieval)
+        counts = {}
+        got = as_dict(mined)
+        expected = reference_mine(source, target, k, margin, retrieval, counts)
         assert got.keys() == expected.keys(), (margin, retrieval)
+        if margin == "ratio":
+            for name, value in counts.items():
+                assert np.asarray(mined[name]).tolist() == value, name
         for pair, value in expected.items():
             assert got[pair] == pytest.approx(value, abs=1e-5)
 
@@ -216,11 +266,38 @@ def test_random_inputs_match_the_reference(n_source, n_target, k):
 def test_unrelated_tiny_sides_do_not_pass_a_threshold_by_blowing_up():
     rng = np.random.default_rng(0)
     mined = mine(rng.normal(size=(2, 16)), rng.normal(size=(3, 16)), threshold=1.05)
-    assert np.all(mined["score"] <= 3), mined["score"]  # was 1.7e11 and 8.4e10
-    # Anti-correlated neighbourhoods (every cosine < 0) used to flip the ratio's sign.
+    assert len(mined["score"]) == 0  # was 1.7e11 and 8.4e10 on raw cosines, unguarded
+    assert mined["degenerate_source"].tolist() == [0, 1]
+    assert mined["degenerate_target"].tolist() == [0, 1, 2]
+    assert mined["degenerate_candidates"] == 2 * 3 + 3 * 2
+    # Anti-correlated neighbourhoods (every cosine < 0) would flip the ratio's sign.
     x = normalize_rows(np.array([[1.0, 0.0], [0.9, 0.1]]))
     mined = mine(x, -x, k=4, margin="ratio")
-    check_invariants(mined, 2, 2, 4, "ratio", "max")
+    assert len(mined["score"]) == 0 and mined["degenerate_candidates"] == 8
+    check_invariants(mine(x, -x, k=4, margin="ratio_shifted"), 2, 2, 4, "ratio_shifted", "max")
+
+
+def test_a_near_zero_positive_mean_is_left_out_not_scored_in_the_thousands():
+    """Negative neighbours can cancel positive ones: a mean just above 0 and a
+    raw ratio of 1,514 on 5 x 4 random rows. The neighbourhood is degenerate
+    (a cosine <= 0 among its k nearest): left out and counted, and what is
+    scored is the paper's formula, below 2k."""
+    rng = np.random.default_rng(849)
+    n_source, n_target = rng.integers(1, 6, size=2)
+    source = normalize_rows(rng.normal(size=(n_source, 16)))
+    target = normalize_rows(rng.normal(size=(n_target, 16)))
+    cosine = source @ target.T
+    mean = (np.sort(cosine, axis=1)[:, ::-1][:, :4].mean(axis=1)[:, None]
+            + np.sort(cosine, axis=0)[::-1][:4].mean(axis=0)[None, :]) / 2
+    assert (cosine / np.where(mean > 0, mean, np.nan) > 1000).any(), "the case must blow up"
+    for retrieval in ("fwd", "bwd", "intersect", "max"):
+        mined = mine(source, target, k=4, retrieval=retrieval)
+        counts = {}
+        expected = reference_mine(source, target, 4, "ratio", retrieval, counts)
+        assert as_dict(mined) == pytest.approx(expected, abs=1e-5)
+        assert np.all(mined["score"] < 8)
+        assert mined["degenerate_source"].tolist() == counts["degenerate_source"] != []
+        assert mined["degenerate_candidates"] == counts["degenerate_candidates"] > 0
 
 
 @pytest.mark.parametrize("margin,retrieval", [("ratio", "max"), ("distance", "intersect"),
@@ -237,7 +314,7 @@ def test_duplicate_rows(margin, retrieval):
         # Ties between identical rows may pick either copy: each row's best score
         # agrees; a one-to-one matching may then differ, its best pair may not.
         expected = np.sort(list(expected.values()))[::-1]
-        if retrieval in ("fwd", "bwd"):
+        if retrieval in ("fwd", "bwd") or not len(expected):  # k = 20: ratio undefined
             np.testing.assert_allclose(mined["score"], expected, atol=1e-5)
         else:
             assert mined["score"][0] == pytest.approx(expected[0], abs=1e-5)
@@ -352,3 +429,49 @@ def test_memory_mapped_rows_equal_arrays(tmp_path):
     similarities, indices = knn(source, rows, 3, chunk_size=17, memory_budget_gb=0.05)
     full = normalize_rows(source) @ normalize_rows(target).T
     np.testing.assert_array_equal(indices, np.argsort(-full, axis=1)[:, :3])
+
+
+# === Leftovers of killed runs ===
+
+def test_a_killed_runs_spill_folder_is_removed_by_the_next_run_and_nothing_else(tmp_path):
+    """A run killed (SIGKILL) while its neighbour lists are spilled leaves its
+    folder; the next run spilling there removes it, and only it: a live run's,
+    another host's, this process's and a folder not named by us stay."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from lealla_tf.embedding_io import host_tag
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    killed = subprocess.run([sys.executable, "-c", f"""
+import os, signal
+import numpy as np
+from lealla_tf import mining
+mining._best_pairs = lambda *args: os.kill(os.getpid(), signal.SIGKILL)  # after the searches
+rng = np.random.default_rng(0)
+mining.mine(rng.normal(size=(50, 8)), rng.normal(size=(60, 8)), memory_budget_gb=0.05,
+            work_dir={str(tmp_path)!r})
+"""], cwd=root, timeout=300)
+    assert killed.returncode == -9
+    (left,) = os.listdir(tmp_path)
+    match = re.fullmatch(mining.SPILL_FOLDER, left)
+    assert match and match.group("host") == host_tag(), left
+    assert sorted(os.listdir(tmp_path / left)) == ["backward.ids", "backward.sims",
+                                                   "forward.ids", "forward.sims"]
+    dead = int(match.group("pid"))
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        other_host = "another_host" if host_tag() != "another_host" else "yet_another_host"
+        kept = [f"mining-{live.pid}-{host_tag()}-abcd1234", f"mining-{dead}-{other_host}-abcd1234",
+                f"mining-{os.getpid()}-{host_tag()}-abcd1234", "mining-abcd1234", "notes"]
+        for name in kept:
+            (tmp_path / name).mkdir()
+        source, target = planted()
+        mined = mine(source, target, memory_budget_gb=0.05, work_dir=str(tmp_path))
+        assert len(mined["score"]) > 50
+        assert sorted(os.listdir(tmp_path)) == sorted(kept)
+    finally:
+        live.kill()
+        live.wait()

@@ -2,7 +2,7 @@
 
     python beam_pipelines/mine_bitext.py --source=runs/emb_deu --target=runs/emb_eng \
         --output=runs/mined_deu_eng.tsv [--margin=ratio --retrieval=max --k=4 \
-        --threshold=1.1 --index=flat|ivf|ivfpq --nlist=N --nprobe=N \
+        --threshold=1.05 --index=flat|ivf|ivfpq --nlist=N --nprobe=N \
         --memory_budget_gb=4 --cache_dir=DIR]
 
 --source / --target are `beam_pipelines/embed_corpus.py` outputs (ids, vectors and
@@ -13,8 +13,20 @@ margin scoring with k neighbours both ways, vectorised); --memory_budget_gb boun
 its memory whatever the corpus size: the index is trained on a sample and filled
 chunk by chunk (in blocks when a side does not fit), queries are searched in
 chunks, and neighbour lists go to disk (--cache_dir, or the system's temporary
-folder). The ratio margin is taken on the shifted cosine (1 + cos) / 2, so it
-lies in [0, k]: see `lealla_tf.mining`.
+folder).
+
+Scores (--margin): `ratio` is Artetxe & Schwenk's (2019) ratio margin, as LASER
+and stopes compute it: cos(x, y) / ((mean cos of x's k nearest + mean cos of y's
+k nearest) / 2), how many times more similar the pair is than the two sentences'
+typical near neighbours (1.0: no better than a neighbour). Their thresholds
+carry over: about 1.04-1.06 for BUCC-style mining; start at --threshold=1.05,
+raise it for precision, or choose it on gold pairs (`mining.best_threshold`).
+A sentence with a cosine <= 0 among its k nearest has no defined ratio (tiny
+sides, k >= the candidates, unrelated sentences): its candidates are left out
+and counted in the summary. `ratio_shifted` is the ratio of shifted cosines,
+(1 + cos) / (1 + mean), always defined (in [0, 2k]) but on another scale: a
+LASER threshold t at neighbourhood mean m is (1 + t m) / (1 + m) there.
+`distance` is cos - mean, `absolute` the cosine.
 
 Outputs, each written atomically:
   --output                     score<TAB>source<TAB>target (plus the ids with
@@ -35,6 +47,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 DEAD_LETTER_SUFFIX, SUMMARY_SUFFIX = ".dead_letter.jsonl", ".summary.json"
+MARGINS = ("absolute", "distance", "ratio", "ratio_shifted")
 WRITE_BATCH = 65_536
 
 
@@ -84,6 +97,11 @@ def mine_to_files(source_dir: str, target_dir: str, output: str, margin: str = "
                          "utf-8")))
     summary = {"pairs": int(len(mined["score"])), "dead_lettered": len(dead),
                "source_rows": sides["source"].rows, "target_rows": sides["target"].rows}
+    if mined["degenerate_source"].size or mined["degenerate_target"].size:
+        summary["undefined_ratio"] = {  # see the module docstring
+            "source_sentences": int(mined["degenerate_source"].size),
+            "target_sentences": int(mined["degenerate_target"].size),
+            "candidates": int(mined["degenerate_candidates"])}
     write_atomically(output + SUMMARY_SUFFIX,
                      lambda handle: handle.write(json.dumps(summary, indent=2).encode("utf-8")))
     return summary
@@ -134,10 +152,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--source", required=True)
     parser.add_argument("--target", required=True)
     parser.add_argument("--output", required=True, help="TSV file to write")
-    parser.add_argument("--margin", default="ratio", choices=("absolute", "distance", "ratio"))
+    parser.add_argument("--margin", default="ratio", choices=MARGINS,
+                        help="ratio: Artetxe & Schwenk's ratio margin, LASER's score "
+                             "(default; see above)")
     parser.add_argument("--retrieval", default="max", choices=("fwd", "bwd", "intersect", "max"))
     parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--threshold", type=float, default=None)
+    parser.add_argument("--threshold", type=float, default=None,
+                        help="keep pairs scoring at least this (default: all). With "
+                             "--margin=ratio, how many times more similar a pair must be "
+                             "than its sentences' k nearest neighbours on average: about "
+                             "1.04-1.06 as in LASER's BUCC mining; 1.05 is a good start")
     parser.add_argument("--index", default="flat", choices=("flat", "ivf", "ivfpq"))
     parser.add_argument("--nlist", type=int, default=None,
                         help="ivf/ivfpq: inverted lists (default ~4 sqrt(n))")
@@ -171,7 +195,15 @@ def mine_bitext(source: str, target: str, output: str, margin: str = "ratio",
          nlist=nlist, nprobe=nprobe))))
     run_pipeline(pipeline)
     with FileSystems.open(output + SUMMARY_SUFFIX) as handle:
-        return int(json.loads(handle.read().decode("utf-8"))["pairs"])
+        summary = json.loads(handle.read().decode("utf-8"))
+    undefined = summary.get("undefined_ratio")
+    if undefined:
+        logging.warning(
+            "--margin=ratio: %d source and %d target sentences have a cosine <= 0 among their "
+            "--k=%d nearest neighbours, so no ratio is defined for them; their %d candidates "
+            "were left out (see %s)", undefined["source_sentences"],
+            undefined["target_sentences"], k, undefined["candidates"], output + SUMMARY_SUFFIX)
+    return int(summary["pairs"])
 
 
 def run(argv=None, test_pipeline=None) -> int:
