@@ -3,6 +3,9 @@
 import gzip
 import json
 import os
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -166,6 +169,179 @@ def test_dask_runner_mines_what_the_fn_api_runner_mines(dask_cluster, tmp_path):
                 == open(f"{tmp_path / 'dask.tsv'}{suffix}").read())
     dead = [json.loads(line) for line in open(f"{tmp_path / 'dask.tsv'}.dead_letter.jsonl")]
     assert sorted((d["side"], d["id"]) for d in dead) == [("source", "s:7"), ("target", "t:11")]
+
+
+# === Bad flags, concurrent runs, damaged copies and leftovers (issue 44) ===
+
+def assert_one_line_error(capsys, code, *needles):
+    """Exit 2 and one line on stderr, `error: ...`, naming `needles`; no traceback
+    (the convention of tests/test_bad_inputs.py)."""
+    stderr = capsys.readouterr().err
+    assert code == 2, stderr[-2000:]
+    lines = [line for line in stderr.splitlines() if line.strip()
+             and not line.startswith(("WARNING", "I0000", "W0000"))]
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert "Traceback" not in stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def dead_pid():
+    """The pid of a process that has exited (as a killed run's)."""
+    process = subprocess.Popen([sys.executable, "-c", ""])
+    process.wait()
+    return process.pid
+
+
+@pytest.mark.parametrize("budget", ["inf", "nan", "0", "-1", "-inf"])
+def test_memory_budget_must_be_a_positive_finite_number(tmp_path, capsys, budget):
+    write_embedding_output(tmp_path / "d8", np.random.default_rng(0).normal(size=(30, 8)))
+    code = mine_bitext.main([f"--source={tmp_path / 'd8'}", f"--target={tmp_path / 'd8'}",
+                             f"--output={tmp_path / 'm.tsv'}", f"--memory_budget_gb={budget}"])
+    assert_one_line_error(capsys, code, "--memory_budget_gb must be a positive number of GiB",
+                          f"got {float(budget)}")
+    assert not (tmp_path / "m.tsv").exists()
+
+
+def test_a_second_run_into_the_same_output_is_refused(tmp_path, capsys):
+    """embed_corpus's lock, on `<output>.lock`: a run that a live run holds is
+    refused in one line and the first run's files are untouched; the lock of
+    a killed run is taken over. Another --output in the same folder is free."""
+    source, target = planted(n=60)
+    write_embedding_output(tmp_path / "src", source, prefix="s")
+    write_embedding_output(tmp_path / "tgt", target, prefix="t")
+    output = tmp_path / "mined.tsv"
+    args = [f"--source={tmp_path / 'src'}", f"--target={tmp_path / 'tgt'}", f"--output={output}"]
+    assert mine_bitext.main(args) == 0
+    first = {suffix: open(f"{output}{suffix}").read()
+             for suffix in ("", ".summary.json", ".dead_letter.jsonl")}
+    assert not os.path.exists(f"{output}.lock")  # released
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (tmp_path / "mined.tsv.lock").write_text(f"{holder.pid} sometoken\n")
+        capsys.readouterr()
+        assert_one_line_error(capsys, mine_bitext.main(args + ["--k=2"]), f"--output={output}",
+                              f"is being written by another run (pid {holder.pid})")
+        assert {suffix: open(f"{output}{suffix}").read() for suffix in first} == first
+        assert mine_bitext.main(args[:2] + [f"--output={tmp_path / 'other.tsv'}"]) == 0
+        # The same process holding it (another thread): refused as well.
+        (tmp_path / "mined.tsv.lock").unlink()
+        with mine_bitext.output_file_lock(str(output)):
+            assert_one_line_error(capsys, mine_bitext.main(args), f"pid {os.getpid()}")
+    finally:
+        holder.kill()
+        holder.wait()
+    (tmp_path / "mined.tsv.lock").write_text(f"{dead_pid()} sometoken\n")
+    assert mine_bitext.main(args) == 0
+    assert not os.path.exists(f"{output}.lock")
+
+
+def copy_folders(directory):
+    return sorted(str(path) for path in pathlib.Path(directory).glob("run-*/*.mmap"))
+
+
+@pytest.mark.parametrize("damage", ["random_bytes", "truncated_vectors", "truncated_ids_ends",
+                                    "missing_texts", "garbage_meta", "older_version"])
+def test_a_damaged_memory_mapped_copy_is_rebuilt(tmp_path, damage, caplog):
+    """The copy is checked against what its meta.json records (sizes and
+    CRC32Cs of its files, the shard's size and mtime) and rebuilt when it does
+    not match: the same pairs as before, never wrong ones or a traceback."""
+    source, target = planted(n=80)
+    write_embedding_output(tmp_path / "src", source, prefix="s")
+    write_embedding_output(tmp_path / "tgt", target, prefix="t")
+    args = [f"--source={tmp_path / 'src'}", f"--target={tmp_path / 'tgt'}", "--with_ids"]
+    assert mine_bitext.run(args + [f"--output={tmp_path / 'before.tsv'}"]) > 60
+    folder = pathlib.Path(copy_folders(tmp_path / "tgt")[0])
+    path = {"random_bytes": "vectors.f32", "truncated_vectors": "vectors.f32",
+            "truncated_ids_ends": "ids.ends", "missing_texts": "texts.bin",
+            "garbage_meta": "meta.json", "older_version": "meta.json"}[damage]
+    data = (folder / path).read_bytes()
+    stat = os.stat(folder / path)
+    if damage == "random_bytes":  # same size, same mtime: only the checksum tells
+        (folder / path).write_bytes(np.random.default_rng(1).bytes(len(data)))
+        os.utime(folder / path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    elif damage.startswith("truncated"):
+        (folder / path).write_bytes(data[:len(data) // 2 - 3])
+    elif damage == "missing_texts":
+        (folder / path).unlink()
+    elif damage == "garbage_meta":
+        (folder / path).write_bytes(b"\x00{not json")
+    else:  # a copy made before meta.json recorded checksums
+        meta = json.loads(data)
+        (folder / path).write_text(json.dumps({key: meta[key] for key in (
+            "rows", "dim", "shard", "stamp")}))
+    caplog.clear()
+    assert mine_bitext.run(args + [f"--output={tmp_path / 'after.tsv'}"]) > 60
+    assert read_pairs(tmp_path / "after.tsv") == read_pairs(tmp_path / "before.tsv")
+    warned = [r.getMessage() for r in caplog.records if "does not match its shard" in
+              r.getMessage()]
+    assert len(warned) == 1 and str(folder) in warned[0], warned
+    assert (folder / path).read_bytes() == data if damage != "older_version" else True
+    # Rebuilt once: the next run reuses the copy as it is.
+    stamp = os.stat(folder / "vectors.f32").st_mtime_ns
+    mmap_embeddings(str(tmp_path / "tgt"))
+    assert os.stat(folder / "vectors.f32").st_mtime_ns == stamp
+
+
+def test_a_column_truncated_while_in_use_is_a_one_line_error_naming_the_file(tmp_path):
+    write_embedding_output(tmp_path / "out", np.ones((10, 4), np.float32), shards=1)
+    mapped = mmap_embeddings(str(tmp_path / "out"))
+    ends = pathlib.Path(copy_folders(tmp_path / "out")[0]) / "ids.ends"
+    ends.write_bytes(ends.read_bytes()[:8 * 5 + 3])  # was a struct.error
+    assert mapped.ids([0, 4]) == ["s:0", "s:4"]
+    with pytest.raises(ValueError, match=f"{ends} is truncated") as error:
+        mapped.ids([7])
+    assert "\n" not in str(error.value)
+
+
+def test_leftovers_of_killed_runs_are_removed_and_nothing_else(tmp_path):
+    """A conversion killed (SIGKILL) mid-copy leaves `<copy>.tmp-<pid>-<host>`
+    and a killed write leaves `<output>.tmp-<pid>-<hex>`: the next run removes
+    them; a live process's, another host's and files not named by us stay."""
+    from lealla_tf.embedding_io import host_tag
+
+    write_embedding_output(tmp_path / "src", planted(n=40)[0], shards=1, prefix="s")
+    write_embedding_output(tmp_path / "tgt", planted(n=40)[1], shards=1, prefix="t")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    killed = subprocess.run([sys.executable, "-c", f"""
+import os, signal
+from lealla_tf import embedding_io
+def write_then_die(path, folder, batch_size):
+    open(os.path.join(folder, "vectors.f32"), "wb").write(b"half a copy")
+    os.kill(os.getpid(), signal.SIGKILL)
+embedding_io._write_mapped = write_then_die
+embedding_io.mmap_embeddings({str(tmp_path / 'tgt')!r})
+"""], cwd=root, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert killed.returncode == -9
+    run_dir = next((tmp_path / "tgt").glob("run-*"))
+    (left,) = [p.name for p in run_dir.iterdir() if ".mmap.tmp-" in p.name]
+    shard = next(run_dir.glob("*.tfrecord.gz")).name
+    dead = int(left.split(".tmp-")[1].split("-")[0])
+    assert left == f"{shard}.mmap.tmp-{dead}-{host_tag()}"
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        removed = [f"{shard}.mmap.tmp-{dead}", left]  # the second: as earlier versions named it
+        (run_dir / removed[0]).mkdir()
+        kept = [f"{shard}.mmap.tmp-{live.pid}-{host_tag()}", f"{shard}.mmap.tmp-{dead}-elsewhere",
+                f"{shard}.mmap.tmp-notes", "notes.mmap.tmp-1"]
+        for name in kept:
+            (run_dir / name).mkdir()
+        output = tmp_path / "out" / "mined.tsv"
+        output.parent.mkdir()
+        stale = [f"mined.tsv.tmp-{dead}-0123abcd", f"mined.tsv.summary.json.tmp-{dead}-0123abcd"]
+        other = [f"mined.tsv.tmp-{live.pid}-0123abcd", f"other.tsv.tmp-{dead}-0123abcd",
+                 "mined.tsv.tmp-notes"]
+        for name in stale + other:
+            (output.parent / name).write_text("x")
+        assert mine_bitext.run([f"--source={tmp_path / 'src'}", f"--target={tmp_path / 'tgt'}",
+                                f"--output={output}"]) > 30
+        names = {p.name for p in run_dir.iterdir()}
+        assert not names & set(removed) and set(kept) <= names
+        names = {p.name for p in output.parent.iterdir()}
+        assert not names & set(stale) and set(other) <= names
+    finally:
+        live.kill()
+        live.wait()
 
 
 def test_help_recommends_a_ratio_threshold_and_says_what_it_means(capsys):

@@ -8,12 +8,13 @@
 --source / --target are `beam_pipelines/embed_corpus.py` outputs (ids, vectors and
 sentences). Their shards are read memory-mapped: each gzip'd shard is converted
 once, streaming, into a raw copy beside it (or under --cache_dir, needed for remote
-outputs), which later runs reuse. Mining runs `lealla_tf.mining.mine` (faiss kNN,
+outputs), which later runs reuse while it matches the shard (sizes and checksums;
+a damaged copy is rebuilt). Mining runs `lealla_tf.mining.mine` (faiss kNN,
 margin scoring with k neighbours both ways, vectorised); --memory_budget_gb bounds
 its memory whatever the corpus size: the index is trained on a sample and filled
 chunk by chunk (in blocks when a side does not fit), queries are searched in
 chunks, and neighbour lists go to disk (--cache_dir, or the system's temporary
-folder).
+folder; a killed run's lists are removed by the next run).
 
 Scores (--margin): `ratio` is Artetxe & Schwenk's (2019) ratio margin, as LASER
 and stopes compute it: cos(x, y) / ((mean cos of x's k nearest + mean cos of y's
@@ -34,19 +35,24 @@ Outputs, each written atomically:
   <output>.dead_letter.jsonl   embeddings that cannot be mined (a NaN or infinite
                                value, or all zeros): side, id and reason a line;
   <output>.summary.json        the counts.
-Beam carries the step, so the same command runs on any runner.
+A run holds <output>.lock while it writes: a second run into the same --output is
+refused. Beam carries the step, so the same command runs on any runner.
 """
 
 import argparse
+import contextlib
 import json
 import logging
 import math
+import os
+import re
 import sys
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 DEAD_LETTER_SUFFIX, SUMMARY_SUFFIX = ".dead_letter.jsonl", ".summary.json"
+LOCK_SUFFIX = ".lock"
 MARGINS = ("absolute", "distance", "ratio", "ratio_shifted")
 WRITE_BATCH = 65_536
 
@@ -119,6 +125,10 @@ def check_inputs(source: str, target: str, k: int, index: str, memory_budget_gb,
         raise ValueError(f"--k must be at least 1, got {k}")
     if threshold is not None and not math.isfinite(threshold):
         raise ValueError(f"--threshold must be a finite number, got {threshold}")
+    if memory_budget_gb is not None and not (math.isfinite(memory_budget_gb)
+                                             and memory_budget_gb > 0):
+        raise ValueError(f"--memory_budget_gb must be a positive number of GiB, got "
+                         f"{memory_budget_gb}")
     sides = {}
     for flag, directory in (("--source", source), ("--target", target)):
         sides[flag] = mmap_embeddings(directory, cache_dir)
@@ -186,16 +196,17 @@ def mine_bitext(source: str, target: str, output: str, margin: str = "ratio",
 
     check_inputs(source, target, k, index, memory_budget_gb, cache_dir, nlist, nprobe, threshold)
     options = pipeline_options(pipeline_args, default_runner=test_pipeline is None)
-    pipeline = test_pipeline or beam.Pipeline(options=options)
-    (pipeline
-     | "Directories" >> beam.Create([(source, target)])
-     | "Mine" >> beam.ParDo(MineDirectories(output, dict(
-         margin=margin, retrieval=retrieval, k=k, threshold=threshold, index=index,
-         with_ids=with_ids, memory_budget_gb=memory_budget_gb, cache_dir=cache_dir,
-         nlist=nlist, nprobe=nprobe))))
-    run_pipeline(pipeline)
-    with FileSystems.open(output + SUMMARY_SUFFIX) as handle:
-        summary = json.loads(handle.read().decode("utf-8"))
+    with output_file_lock(output):
+        pipeline = test_pipeline or beam.Pipeline(options=options)
+        (pipeline
+         | "Directories" >> beam.Create([(source, target)])
+         | "Mine" >> beam.ParDo(MineDirectories(output, dict(
+             margin=margin, retrieval=retrieval, k=k, threshold=threshold, index=index,
+             with_ids=with_ids, memory_budget_gb=memory_budget_gb, cache_dir=cache_dir,
+             nlist=nlist, nprobe=nprobe))))
+        run_pipeline(pipeline)
+        with FileSystems.open(output + SUMMARY_SUFFIX) as handle:
+            summary = json.loads(handle.read().decode("utf-8"))
     undefined = summary.get("undefined_ratio")
     if undefined:
         logging.warning(
@@ -204,6 +215,26 @@ def mine_bitext(source: str, target: str, output: str, margin: str = "ratio",
             "were left out (see %s)", undefined["source_sentences"],
             undefined["target_sentences"], k, undefined["candidates"], output + SUMMARY_SUFFIX)
     return int(summary["pairs"])
+
+
+@contextlib.contextmanager
+def output_file_lock(output: str):
+    """Holds `<output>.lock` (embed_corpus's lock, `embedding_io.output_lock`) while
+    a run writes `output` and its companion files: a second run into the same
+    --output is refused (OutputLockedError). Holding it, the temporary files that
+    killed runs left beside `output` are removed. Remote outputs are not locked."""
+    from lealla_tf.embedding_io import output_lock, remove_dead_leftovers
+
+    folder, name = os.path.split(output)
+    folder = folder or "."
+    if "://" not in output:
+        os.makedirs(folder, exist_ok=True)
+    with output_lock(folder, name + LOCK_SUFFIX, subject=f"--output={output}"):
+        if "://" not in output:  # write_atomically's "<file>.tmp-<pid>-<8 hex>"
+            remove_dead_leftovers(folder, re.escape(name) + "(?:" + "|".join(
+                re.escape(suffix) for suffix in (DEAD_LETTER_SUFFIX, SUMMARY_SUFFIX))
+                + r")?\.tmp-(?P<pid>\d+)-[0-9a-f]{8}")
+        yield
 
 
 def run(argv=None, test_pipeline=None) -> int:
@@ -216,10 +247,12 @@ def run(argv=None, test_pipeline=None) -> int:
 
 
 def main(argv=None) -> int:
+    from lealla_tf.embedding_io import OutputLockedError
+
     logging.getLogger().setLevel(logging.WARNING)
     try:
         count = run(argv)
-    except (FileNotFoundError, ValueError) as error:
+    except (FileNotFoundError, ValueError, OutputLockedError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"mined {count:,} pairs")
