@@ -24,10 +24,11 @@ import shutil
 import signal
 import tempfile
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import tensorflow as tf
 
+from lealla_tf.configs import TrainConfig
 from lealla_tf.distribution import any_worker, worker_role
 from lealla_tf.evaluation import TATOEBA_PRIMARY_METRIC
 from lealla_tf.model_dir import CHECKPOINT_DIR
@@ -59,8 +60,12 @@ class Trainer:
             prefix=f"lealla_{self.role.name}_")
         optimizer = config.optimizer
         with self.strategy.scope():
+            # A variable, so that a run planning its own length (train(planner=))
+            # can set it after the step is traced.
+            self.total_steps = tf.Variable(config.train_steps, dtype=tf.int64, trainable=False,
+                                           name="total_steps")
             schedule = WarmupLinearDecay(optimizer.learning_rate, optimizer.warmup_steps,
-                                         config.train_steps, optimizer.end_learning_rate_fraction)
+                                         self.total_steps, optimizer.end_learning_rate_fraction)
             self.optimizer = FusedAdamW(
                 learning_rate=schedule, weight_decay=optimizer.weight_decay,
                 beta_1=optimizer.beta_1, beta_2=optimizer.beta_2, epsilon=optimizer.epsilon)
@@ -135,11 +140,26 @@ class Trainer:
 
     # === Loop ===
 
-    def train(self) -> dict:
-        """Runs until `train_steps` (or the time budget); returns a summary."""
+    def train(self, planner: Optional[Callable[[dict], Optional[dict]]] = None) -> dict:
+        """Runs until `train_steps` (or the time budget); returns a summary.
+
+        `planner`, for a run that decides its own length: called after each
+        step with what has been measured (`step`, `train_seconds` of the steps
+        so far, `step_seconds` of each, `evaluation_seconds` of the evaluation
+        at step 0 or None, `start_seconds` from this call to the first step);
+        once it returns {"train_steps": n, ...} (and optionally `eval_every`,
+        `checkpoint_every`), the run takes those settings, its learning-rate
+        schedule decays to n, and `plan.json` in model_dir records them (a
+        resumed run passes them as its config, without a planner). It is
+        called only before the warmup ends, so the rate so far does not depend
+        on n.
+        """
         from tqdm import tqdm
 
         config = self.config
+        if planner is not None and self.role.workers > 1:
+            raise ValueError("a run planning its own length runs in one process; give "
+                             "worker processes a fixed --train_steps")
         steps_done = self.restore_or_initialize()
         start_step = steps_done
         for name in ("train_log.jsonl", "eval_log.jsonl"):
@@ -156,18 +176,22 @@ class Trainer:
 
         previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
         started = time.time()
-        budget = config.time_budget_minutes * 60 if config.time_budget_minutes else math.inf
         evaluations, last, reason = [], {}, "train_steps reached"
         # Time in steps only (dev evaluations excluded): what "equal wall time" compares.
         train_seconds = 0.0
         logs.train_seconds = lambda: train_seconds
+        evaluation_seconds = None
         if config.eval_every and steps_done == 0:
+            evaluated = time.time()
             logs.evaluation(0, self.evaluate(), evaluations)
+            evaluation_seconds = time.time() - evaluated
+        step_seconds, plan = [], None
         bar = tqdm(total=config.train_steps, initial=steps_done, desc="training", unit="step",
                    disable=not self.progress, dynamic_ncols=True)
         window_start, window_steps = time.time(), 0
         try:
             while steps_done < config.train_steps:
+                budget = config.time_budget_minutes * 60 or math.inf  # a plan may set it
                 stopping = self._stop_reason(stop["signal"], time.time() - started > budget)
                 if stopping:
                     reason = stopping
@@ -176,7 +200,8 @@ class Trainer:
                 results = step_fn(next(iterator))
                 reduced = {k: float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None))
                            for k, v in results.items()}
-                train_seconds += time.time() - step_start
+                step_seconds.append(time.time() - step_start)
+                train_seconds += step_seconds[-1]
                 reduced["total"] = sum(self.task.weights[t] * reduced[t] for t in self.task.terms)
                 self.step.assign_add(1)
                 steps_done += 1
@@ -194,6 +219,15 @@ class Trainer:
                     window_start, window_steps = time.time(), 0
                 bar.set_postfix(loss=f"{reduced['total']:.4f}", pairs_s=f"{pairs_per_second:.1f}")
                 bar.update(1)
+                if planner is not None and plan is None:
+                    plan = planner({"step": steps_done, "train_seconds": train_seconds,
+                                    "step_seconds": list(step_seconds),
+                                    "evaluation_seconds": evaluation_seconds,
+                                    "start_seconds": step_start - started})
+                    if plan is not None:
+                        config = self._take_plan(plan, steps_done)
+                        bar.total = config.train_steps
+                        bar.refresh()
                 if steps_done % config.checkpoint_every == 0:
                     logs.flush()  # the log never runs behind a checkpoint
                     self.manager.save(checkpoint_number=steps_done)
@@ -232,6 +266,22 @@ class Trainer:
             with open(os.path.join(self.model_dir, "train_summary.json"), "w") as f:
                 json.dump(summary, f, indent=2, default=str)
         return summary
+
+    def _take_plan(self, plan: dict, steps_done: int) -> TrainConfig:
+        """The run's settings once its planner decided its length."""
+        import dataclasses
+
+        if plan["train_steps"] < steps_done or (
+                steps_done >= self.config.optimizer.warmup_steps):
+            raise ValueError(f"a plan of {plan['train_steps']} steps came at step {steps_done}: "
+                             "a planner must decide during the warmup and not below the "
+                             "steps already run")
+        self.config = dataclasses.replace(self.config, **plan)
+        self.total_steps.assign(self.config.train_steps)
+        if self.role.chief:
+            with open(os.path.join(self.model_dir, "plan.json"), "w") as f:
+                json.dump({**plan, "planned_at_step": steps_done}, f, indent=2)
+        return self.config
 
     def _stop_reason(self, signal_name: Optional[str], over_budget: bool) -> Optional[str]:
         """Why the loop stops before the next step (None: it goes on). Workers

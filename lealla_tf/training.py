@@ -125,7 +125,7 @@ def build_trainer(config: TrainConfig, model_dir: str, vocab_file: Optional[str]
 
 
 def train(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = None,
-          strategy=None, progress: bool = True) -> dict:
+          strategy=None, progress: bool = True, planner=None) -> dict:
     """Trains (or resumes) the model of `config` in `model_dir`; returns the summary.
 
     Args:
@@ -138,8 +138,10 @@ def train(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = None,
             the same arguments (model_dir on a file system they share); each
             reads its share of every global batch.
         progress: show a progress bar.
+        planner: lets the run decide its own length while it warms up (see
+            `lealla_tf.trainer.Trainer.train`); one process only.
 
     Raises:
         FileNotFoundError / ValueError with a message naming the setting.
     """
-    return build_trainer(config, model_dir, vocab_file, strategy, progress).train()
+    return build_trainer(config, model_dir, vocab_file, strategy, progress).train(planner)

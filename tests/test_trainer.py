@@ -176,3 +176,45 @@ def test_logs_and_config_are_written(teacher_records, sentence_vocab_file, tiny_
     assert steps == [1, 2, 3, 4]
     assert any(name.startswith("events") for name in os.listdir(tmp_path / "m" / "logs"))
     assert summary["checkpoint"].endswith("ckpt-4")
+
+
+def test_a_planner_sets_the_length_during_warmup(sentence_vocab_file, tiny_parallel_dir,
+                                                 tmp_path):
+    """A run that plans its own length: the planner sees every step's time, its
+    answer sets the steps, the evaluations and checkpoints, and the rate's decay
+    (the schedule reads the new total in the traced step); plan.json keeps it."""
+    config = tiny_config(vocab_size(sentence_vocab_file), tiny_parallel_dir, "ams",
+                         train_steps=1000, checkpoint_every=1000)
+    config.optimizer.warmup_steps = 5
+    seen = []
+
+    def planner(measured):
+        seen.append(measured)
+        if measured["step"] < 3:
+            return None
+        return {"train_steps": 9, "checkpoint_every": 3}
+
+    summary = Trainer(config, str(tmp_path), None, sentence_vocab_file,
+                      progress=False).train(planner)
+    assert summary["final_step"] == 9 and [m["step"] for m in seen] == [1, 2, 3]
+    assert len(seen[-1]["step_seconds"]) == 3 and seen[-1]["train_seconds"] > 0
+    assert seen[-1]["start_seconds"] >= 0 and seen[-1]["evaluation_seconds"] is None
+    plan = json.load(open(tmp_path / "plan.json"))
+    assert plan == {"train_steps": 9, "checkpoint_every": 3, "planned_at_step": 3}
+    rates = [json.loads(line)["learning_rate"]
+             for line in open(tmp_path / "train_log.jsonl")]
+    expected = [float(WarmupLinearDecay(1e-3, 5, 9)(step)) for step in range(1, 10)]
+    np.testing.assert_allclose(rates, expected, rtol=1e-6)
+    assert rates[-1] == pytest.approx(0.0, abs=1e-9)  # decayed to the planned end
+    saved = {int(name.split("-")[1].split(".")[0])
+             for name in os.listdir(tmp_path / "checkpoints") if name.startswith("ckpt-")}
+    assert saved == {3, 6, 9}  # every 3 steps, as planned (none at the provisional 1000)
+
+
+def test_a_plan_after_the_warmup_is_refused(sentence_vocab_file, tiny_parallel_dir, tmp_path):
+    config = tiny_config(vocab_size(sentence_vocab_file), tiny_parallel_dir, "ams",
+                         train_steps=10)
+    config.optimizer.warmup_steps = 2
+    with pytest.raises(ValueError, match="during the warmup"):
+        Trainer(config, str(tmp_path), None, sentence_vocab_file, progress=False).train(
+            lambda measured: {"train_steps": 6} if measured["step"] == 3 else None)
