@@ -538,7 +538,10 @@ RECIPE_LEARNING_RATE = 2e-3
 # at 5e-4), so it keeps its own best rate (benchmarks/results/recipe_sweep.json).
 COMPARISON_LEARNING_RATE = 5e-4
 
-DEFAULT_WORDPIECE_SIZE = 32000  # the recipe's own WordPiece vocabulary (--vocabulary=wordpiece)
+DEFAULT_WORDPIECE_SIZE = 32000
+# The held-out news set's mining languages (NTREX codes; lealla_tf.news_set):
+# BUCC 2018's four and four more scripts and families.
+NEWS_LANGUAGES = ("deu", "fra", "rus", "zho-CN", "arb", "hin", "jpn", "tur")  # the recipe's own WordPiece vocabulary (--vocabulary=wordpiece)
 
 
 @dataclasses.dataclass
@@ -560,19 +563,29 @@ class RecipeConfig:
             and the student learn less: benchmarks/student_recipe.py's
             `select_lealla_hd300_all_pieces` row), or the WordPiece size
             (None or 0: `DEFAULT_WORDPIECE_SIZE`).
-        sample_pairs: language-balanced training pairs (Tatoeba dev excluded).
+        sample_pairs: language-balanced training pairs (Tatoeba dev and the
+            held-out NTREX news slice excluded); more than a planned run draws,
+            so no pair repeats and no teacher pass is spent twice on one.
         embedding_init: see `TrainConfig.embedding_init`.
         comparison_objective: the same student trained with this objective on
             the same data and steps (the distillation ablation); "" for none.
         loss_weights: per-term weights; None: `RECIPE_LOSS_WEIGHTS` for the
             terms the objective has.
         teacher_center: distil from centred teacher vectors (`TeacherConfig.center`).
-        length_buckets: see `DataConfig.length_buckets` (measured by
-            benchmarks/train_throughput.py --train_data).
+        time_budget_minutes: the whole job's wall time (the install excluded):
+            the plan stage measures the students' steps on this machine and
+            gives training what the other stages leave (`train_steps` 0).
+        train_steps: fixed steps for both students instead of the plan (0: plan).
+        max_seq_length: the students' tokens a sentence in training, the
+            exports' length (128): news and web sentences run 25-90 tokens.
+        length_buckets: see `DataConfig.length_buckets` (buckets double in
+            width, so 6 spans 32 bytes to 512+).
         teacher_eval_pairs: the teacher is evaluated on the first this many
-            pairs of each language (0: all; the 12-layer teacher is the
-            slowest model of the job), and the student on those pairs too,
-            besides its evaluation on all pairs.
+            pairs of each language (0: all, as the students), and the student
+            on those pairs too, besides its evaluation on all pairs.
+        eval_every: dev evaluations along training (0: five, planned).
+        news_languages: the held-out NTREX news set's mining languages
+            (`lealla_tf.news_set`).
         truncate_teacher: teacher vectors of the first `max_seq_length` tokens of
             each sentence, the text the student sees (the pruned teacher
             vocabulary tokenizes as the teacher does), not of the whole
@@ -598,7 +611,7 @@ class RecipeConfig:
     teacher_backend: str = "auto"
     vocabulary: str = "teacher_pruned"
     vocab_size: Optional[int] = None
-    sample_pairs: int = 14000
+    sample_pairs: int = 150000
     preset: str = "lealla_small"
     encoder_overrides: Dict[str, Any] = dataclasses.field(default_factory=dict)
     pooling: str = "mean"
@@ -607,18 +620,21 @@ class RecipeConfig:
     loss_weights: Optional[Dict[str, float]] = None
     comparison_objective: str = "ams"
     comparison_learning_rate: Optional[float] = COMPARISON_LEARNING_RATE
-    train_steps: int = 200
+    time_budget_minutes: float = 38.0
+    train_steps: int = 0
     global_batch_size: int = 64
-    max_seq_length: int = 32
-    length_buckets: int = 4
+    max_seq_length: int = 128
+    length_buckets: int = 6
     truncate_teacher: bool = True
     teacher_in_step: bool = True
-    teacher_eval_pairs: int = 300
+    teacher_eval_pairs: int = 0
     learning_rate: Optional[float] = RECIPE_LEARNING_RATE
     warmup_steps: Optional[int] = None
     teacher_center: bool = False
-    eval_every: int = 100
+    eval_every: int = 0
     eval_max_pairs: int = 50
+    news_languages: List[str] = dataclasses.field(
+        default_factory=lambda: list(NEWS_LANGUAGES))
     bucc_languages: List[str] = dataclasses.field(
         default_factory=lambda: ["deu", "fra", "rus", "cmn"])
     bucc_gold: int = 200

