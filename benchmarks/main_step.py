@@ -11,7 +11,8 @@ first pass over new batch shapes), as the main job's plan does.
 Rows, all in one run on one machine:
 
 - `before`: the step of the job before the plan (32 tokens, 4 buckets), batch 64;
-- `after`: today's (128 tokens, 6 buckets), batch 64;
+- `after`: today's (64 tokens, 6 buckets), batch 64;
+- `length_128`: today's at the exports' 128 tokens;
 - `batch_<n>`: today's at other batch sizes (AMS negatives against pairs/s);
 - `ams_alone`: the comparison student's step, no teacher in it (the full
   step's time less this one is what the teacher pass and the distillation
@@ -100,7 +101,7 @@ def main():
     from lealla_tf.recipe import find_data_dir
 
     rows = {"before": {"max_seq_length": 32, "length_buckets": 4},
-            "after": {}}
+            "after": {}, "length_128": {"max_seq_length": 128}}
     for size in filter(None, args.batch_sizes.split(",")):
         rows[f"batch_{size}"] = {"global_batch_size": int(size)}
     rows["ams_alone"] = {"objective": "ams"}

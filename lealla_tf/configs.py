@@ -576,8 +576,11 @@ class RecipeConfig:
             the plan stage measures the students' steps on this machine and
             gives training what the other stages leave (`train_steps` 0).
         train_steps: fixed steps for both students instead of the plan (0: plan).
-        max_seq_length: the students' tokens a sentence in training, the
-            exports' length (128): news and web sentences run 25-90 tokens.
+        max_seq_length: the students' tokens a sentence in training (the
+            exports take 128; positions past this keep the teacher's, from the
+            weight selection). News and web sentences run 25-90 tokens: 64 keeps
+            most of each (9-25 % of ebible / NTREX / TICO-19 pairs run longer)
+            at 0.6x the step time of 128 (benchmarks/results/main_step.json).
         length_buckets: see `DataConfig.length_buckets` (buckets double in
             width, so 6 spans 32 bytes to 512+).
         teacher_eval_pairs: the teacher is evaluated on the first this many
@@ -623,7 +626,7 @@ class RecipeConfig:
     time_budget_minutes: float = 38.0
     train_steps: int = 0
     global_batch_size: int = 64
-    max_seq_length: int = 128
+    max_seq_length: int = 64
     length_buckets: int = 6
     truncate_teacher: bool = True
     teacher_in_step: bool = True

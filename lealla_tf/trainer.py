@@ -80,6 +80,7 @@ class Trainer:
             self.checkpoint, os.path.join(self.write_dir, CHECKPOINT_DIR),
             max_to_keep=config.keep_checkpoints)
         self.initialization = {}
+        self._embed = None  # the evaluations' embedding function, built at the first
 
     # === One step ===
 
@@ -130,8 +131,10 @@ class Trainer:
         on workers other than the chief)."""
         if not self.config.tatoeba_dir or not self.role.chief:
             return None
-        embed = self.task.embed_function()
-        if embed is None:
+        if self._embed is None:  # traced once: a new function each time retraced the model
+            self._embed = self.task.embed_function() or False
+        embed = self._embed
+        if not embed:
             return None
         from lealla_tf.evaluation import evaluate_tatoeba
 

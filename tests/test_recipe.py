@@ -101,7 +101,7 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
     assert report["tatoeba"]["teacher"]["tatoeba/sentences"] < report["tatoeba"]["student"][
         "tatoeba/sentences"]
     assert report["config"]["truncate_teacher"] and report["config"]["length_buckets"] == 6
-    assert report["config"]["max_seq_length"] == 128 and not report["plan"]["planned"]
+    assert report["config"]["max_seq_length"] == 64 and not report["plan"]["planned"]
     # The held-out news set: no held-out pair in the training sample, either side.
     from lealla_tf.news_set import held_out_sentences
 
