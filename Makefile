@@ -2,7 +2,7 @@
 #   make main   set up, then run the main job end to end
 #   make test   set up, then run the test suite (what CI runs)
 # and, after `make main`, every speed figure in one JSON and one table:
-#   make speed  benchmarks/speed_report.py (about 40 min on 2 cores)
+#   make speed  python -m benchmarks.speed_report (about 40 min on 2 cores)
 PYTHON ?= python3.11
 VENV ?= .venv
 MAIN_FLAGS ?=
@@ -38,7 +38,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_FLAGS)
 
 speed: $(STAMP)
-	$(BIN)/python benchmarks/speed_report.py --output_json=benchmarks/results/speed_report.json
+	$(BIN)/python -m benchmarks.speed_report --output_json=benchmarks/results/speed_report.json
 
 clean:
 	rm -rf $(VENV) .keras .pytest_cache runs

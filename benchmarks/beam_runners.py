@@ -1,6 +1,6 @@
 """Benchmark: the embedding pipeline on the FnApiRunner and on a dask.distributed cluster.
 
-    python benchmarks/beam_runners.py --model=runs/recipe/export/lealla_small \
+    python -m benchmarks.beam_runners --model=runs/recipe/export/lealla_small \
         --output_json=benchmarks/results/beam_runners.json [--num_sentences=20000]
 
 The same --num_sentences tatoeba_dev sentences (every language, both sides) go
@@ -14,17 +14,11 @@ The two outputs are compared: same ids, vectors within 1e-6, same counts.
 
 import argparse
 import os
-import pathlib
 import shutil
-import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.export_size_speed import tatoeba_sentences  # noqa: E402
-from benchmarks.vocab_build import machine, write_result  # noqa: E402
+from benchmarks.common import machine, tatoeba_sentences, write_result
 
 
 def main():

@@ -1,6 +1,6 @@
 """Benchmark: Beam embedding throughput against the bare model, on the same sentences.
 
-    python benchmarks/beam_throughput.py --vocab_file=runs/recipe/vocab.txt \
+    python -m benchmarks.beam_throughput --vocab_file=runs/recipe/vocab.txt \
         --output_json=benchmarks/results/beam_throughput.json
 
 An exported lealla_small (random weights: speed does not depend on them) embeds the
@@ -15,18 +15,12 @@ wall time a user sees).
 import argparse
 import json
 import os
-import pathlib
 import shutil
-import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.export_size_speed import tatoeba_sentences  # noqa: E402
-from benchmarks.vocab_build import machine  # noqa: E402
-from lealla_tf.recipe import find_data_dir  # noqa: E402
+from benchmarks.common import machine, tatoeba_sentences
+from lealla_tf.recipe import find_data_dir
 
 
 def benchmark_sentences(data_dir, count):

@@ -1,6 +1,6 @@
 """Benchmark: the student's encoder compiled with XLA (`jit_compile`) against the plain graph.
 
-    python benchmarks/compiled_encoder.py --model_dir=runs/recipe/student \\
+    python -m benchmarks.compiled_encoder --model_dir=runs/recipe/student \\
         --output_json=benchmarks/results/compiled_encoder.json
 
 Same trained encoder, same sentences (drawn evenly across tatoeba_dev), same
@@ -12,15 +12,10 @@ their embeddings.
 """
 
 import argparse
-import pathlib
-import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from benchmarks.vocab_build import machine, write_result  # noqa: E402
-import lealla_tf  # noqa: E402,F401  (oneDNN default before TensorFlow loads)
-
+from benchmarks.common import machine, write_result
+import lealla_tf  # noqa: F401  (oneDNN default before TensorFlow loads)
 
 
 def main():
@@ -37,7 +32,7 @@ def main():
     import numpy as np
     import tensorflow as tf
 
-    from benchmarks.export_size_speed import tatoeba_sentences
+    from benchmarks.common import tatoeba_sentences
     from lealla_tf.data import trim_to_longest
     from lealla_tf.export_lib import JIT_LENGTH_MULTIPLE, pad_to_multiple
     from lealla_tf.model_dir import load_encoder, load_tokenizer

@@ -1,7 +1,7 @@
 """Benchmark: a longer run on the whole parallel corpus instead of the main job's sample.
 
     make main   # for runs/recipe/vocab.model and the converted teacher
-    python benchmarks/corpus_long_run.py --recipe_dir=runs/recipe --work_dir=runs/ams_corpus \
+    python -m benchmarks.corpus_long_run --recipe_dir=runs/recipe --work_dir=runs/ams_corpus \
         --train_steps=1500 --output_json=benchmarks/results/corpus_long_run.json
 
 The main job's student (lealla_small, mean pooling, the pruned teacher vocabulary,
@@ -29,14 +29,11 @@ import pathlib
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.vocab_build import machine, run_passing_stop_signals, write_result  # noqa: E402
-from lealla_tf.evaluation import (TATOEBA_MARGIN_METRIC,  # noqa: E402
+from benchmarks.common import machine, run_passing_stop_signals, write_result
+from lealla_tf.evaluation import (TATOEBA_MARGIN_METRIC,
                                   TATOEBA_PRIMARY_METRIC, best_and_worst, per_language)
-from lealla_tf.plots import read_jsonl  # noqa: E402
-from lealla_tf.recipe import find_data_dir  # noqa: E402
+from lealla_tf.plots import read_jsonl
+from lealla_tf.recipe import find_data_dir
 
 
 def run(command):

@@ -1,6 +1,6 @@
 """Benchmark: embedding speed of lealla_small against what users would otherwise pick.
 
-    python benchmarks/embed_speed.py --output_json=benchmarks/results/embed_speed.json \\
+    python -m benchmarks.embed_speed --output_json=benchmarks/results/embed_speed.json \\
         --student=runs/recipe/export/lealla_small --teacher=runs/recipe/teacher
 
 One run, the same sentences, the same cores, each model in a fresh process (so
@@ -48,10 +48,8 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from benchmarks.vocab_build import machine, write_result  # noqa: E402
-from lealla_tf.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS  # noqa: E402
+from benchmarks.common import machine, write_result
+from lealla_tf.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
 
 LABSE_VOCABULARY_SIZE = 501_153
 LONG_SENTENCES = 2_000
@@ -89,7 +87,7 @@ MODELS = {
 
 
 def sentence_sets(data_dir, tatoeba_count: int, long_count: int) -> dict:
-    from benchmarks.export_size_speed import tatoeba_sentences
+    from benchmarks.common import tatoeba_sentences
     from lealla_tf.parallel_corpus import find_parallel_files, read_pairs
 
     files = find_parallel_files([str(data_dir / "parallel" / "ntrex")])
@@ -105,7 +103,7 @@ def sentence_sets(data_dir, tatoeba_count: int, long_count: int) -> dict:
 
 
 def vocabulary_file(kind: str, data_dir, work: str) -> str:
-    from benchmarks.export_size_speed import labse_sized_vocabulary
+    from benchmarks.common import labse_sized_vocabulary
     from lealla_tf.vocabulary import build_vocabulary
 
     path = os.path.join(work, f"vocab_{kind}.txt")
@@ -223,8 +221,9 @@ def run_child(spec: dict, sentences_file: str) -> dict:
 
 
 def measure(name: str, spec: dict, sentences_file: str) -> dict:
-    done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec),
-                           "--sentences_file", sentences_file, "--output_json", "-"],
+    done = subprocess.run([sys.executable, "-m", "benchmarks.embed_speed", "--child",
+                           json.dumps(spec), "--sentences_file", sentences_file,
+                           "--output_json", "-"],
                           capture_output=True, text=True)
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-3:]

@@ -1,6 +1,6 @@
 """Benchmark: how near the encoder runs to this machine's matmul speed, and why batch size matters.
 
-    python benchmarks/encoder_roofline.py --output_json=benchmarks/results/encoder_roofline.json
+    python -m benchmarks.encoder_roofline --output_json=benchmarks/results/encoder_roofline.json
 
 One process, nothing else running:
 - `matmuls`: float32 GFLOP/s of one `[rows, k] x [k, n]` matmul, for a 2,048-cube
@@ -21,14 +21,10 @@ One process, nothing else running:
 """
 
 import argparse
-import pathlib
-import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from benchmarks.vocab_build import machine, write_result  # noqa: E402
-import lealla_tf  # noqa: E402,F401  (oneDNN default before TensorFlow loads)
+from benchmarks.common import machine, parse_shapes, write_result
+import lealla_tf  # noqa: F401  (oneDNN default before TensorFlow loads)
 
 LAYER_SHAPES = {128: [(128, 384), (128, 128), (128, 512), (512, 128)],
                 384: [(384, 1152), (384, 384), (384, 1536), (1536, 384)]}
@@ -124,14 +120,6 @@ def parts_table(presets, shapes, part_counts, repeats: int) -> list:
                              "sentences_per_second": batch / fastest[count],
                              "over_one_part": fastest[part_counts[0]] / fastest[count]})
     return rows
-
-
-def parse_shapes(text: str) -> list:
-    shapes = []
-    for item in text.split(","):
-        batch, _, length = item.strip().partition("x")
-        shapes.append((int(batch), int(length)))
-    return shapes
 
 
 def main():

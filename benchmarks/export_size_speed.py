@@ -1,6 +1,6 @@
 """Benchmark: SavedModel size of each main preset, and exported lealla_small vs labse speed.
 
-    python benchmarks/export_size_speed.py --output_json=benchmarks/results/export_size_speed.json
+    python -m benchmarks.export_size_speed --output_json=benchmarks/results/export_size_speed.json
 
 Every preset gets LaBSE's vocabulary size (501,153 tokens): a WordPiece vocabulary
 learned from ../shared/data/parallel (32k) extended with unique private-use-area
@@ -13,43 +13,13 @@ corpus order, same batch size, one process, after one warm-up batch.
 import argparse
 import json
 import os
-import pathlib
 import shutil
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from benchmarks.vocab_build import machine  # noqa: E402
-from lealla_tf.recipe import find_data_dir  # noqa: E402
-
-LABSE_VOCABULARY_SIZE = 501_153
-
-
-def labse_sized_vocabulary(data_dir, path):
-    from lealla_tf.vocabulary import build_vocabulary
-
-    build_vocabulary([str(data_dir / "parallel")], 32000, path, progress=False)
-    tokens = open(path, encoding="utf-8").read().split("\n")[:-1]
-    filler = (f"\U000f0000{i}" for i in range(LABSE_VOCABULARY_SIZE))
-    tokens += [next(filler) for _ in range(LABSE_VOCABULARY_SIZE - len(tokens))]
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(tokens) + "\n")
-    return path
-
-
-def tatoeba_sentences(data_dir, count):
-    from lealla_tf.parallel_corpus import find_tatoeba_languages, read_tatoeba
-
-    sentences = []
-    tatoeba = str(data_dir / "tatoeba_dev")
-    for language in find_tatoeba_languages(tatoeba):
-        source, english = read_tatoeba(tatoeba, language)
-        sentences += source + english
-    # Interleave languages evenly: take every k-th sentence.
-    step = max(1, len(sentences) // count)
-    return sentences[::step][:count]
+from benchmarks.common import (LABSE_VOCABULARY_SIZE, labse_sized_vocabulary, machine,
+                               tatoeba_sentences)
+from lealla_tf.recipe import find_data_dir
 
 
 def throughput(model, sentences, batch_size):

@@ -1,6 +1,6 @@
 """Benchmark: the teacher vectors the main job trains on, in the step vs through Beam.
 
-    python benchmarks/in_step_teacher.py --work_dir=runs/recipe \
+    python -m benchmarks.in_step_teacher --work_dir=runs/recipe \
         --output_json=benchmarks/results/in_step_teacher.json
 
 Since 5948dfd the main job takes the FD/LD targets from the teacher pass the hd
@@ -28,10 +28,8 @@ import pathlib
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from benchmarks.vocab_build import machine, write_result  # noqa: E402
-from lealla_tf.recipe import find_data_dir  # noqa: E402
+from benchmarks.common import machine, write_result
+from lealla_tf.recipe import find_data_dir
 
 
 def in_step_embedder(teacher_dir: str, vocab_file: str, max_seq_length: int,

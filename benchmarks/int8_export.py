@@ -1,6 +1,6 @@
 """Benchmark: the int8 TFLite export against the float32 SavedModel of the same student.
 
-    python benchmarks/int8_export.py --model_dir=runs/recipe/student \\
+    python -m benchmarks.int8_export --model_dir=runs/recipe/student \\
         --output_json=benchmarks/results/int8_export.json
 
 Exports the trained model directory twice (LEALLA-format float32 SavedModel,
@@ -12,15 +12,11 @@ each language), bytes on disk, and sentences/s through `Embedder.encode`
 
 import argparse
 import os
-import pathlib
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from benchmarks.vocab_build import machine, write_result  # noqa: E402
-import lealla_tf  # noqa: E402,F401  (oneDNN default before TensorFlow loads)
+from benchmarks.common import machine, write_result
+import lealla_tf  # noqa: F401  (oneDNN default before TensorFlow loads)
 
 
 def main():

@@ -1,6 +1,6 @@
 """Benchmark: which pooling and loss weights learn fastest from scratch on this CPU.
 
-    python benchmarks/loss_weight_sweep.py --work_dir=runs/sweep \
+    python -m benchmarks.loss_weight_sweep --work_dir=runs/sweep \
         --vocab_file=runs/real/vocab.txt --train_data=runs/real/pairs_teacher \
         --output_json=benchmarks/results/loss_weight_sweep.json
 
@@ -13,14 +13,11 @@ directory that already holds --steps steps is only re-evaluated.
 import argparse
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from benchmarks.vocab_build import machine, run_passing_stop_signals  # noqa: E402
-from lealla_tf.recipe import find_data_dir  # noqa: E402
+from benchmarks.common import machine, run_passing_stop_signals
+from lealla_tf.recipe import find_data_dir
 
 CONFIGURATIONS = {
     "cls_ams": ["--objective=ams"],

@@ -1,6 +1,6 @@
 """Benchmark: the main job's real training step, as its plan stage measures it.
 
-    python benchmarks/main_step.py --work_dir=runs/recipe \
+    python -m benchmarks.main_step --work_dir=runs/recipe \
         --output_json=benchmarks/results/main_step.json
 
 From a main job's work directory (its teacher/, vocab.model and sample/), each
@@ -23,13 +23,9 @@ import argparse
 import dataclasses
 import json
 import os
-import pathlib
-import sys
 import tempfile
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from benchmarks.vocab_build import machine, write_result  # noqa: E402
+from benchmarks.common import machine, write_result
 
 
 def time_steps(train, vocab_file: str, work: str, steps: int, warmup: int) -> dict:

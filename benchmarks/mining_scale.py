@@ -1,6 +1,6 @@
 """Benchmark: mining beyond memory: time, peak memory and recall@1 at 10^6 and 10^7.
 
-    nice -n 19 python benchmarks/mining_scale.py \
+    nice -n 19 python -m benchmarks.mining_scale \
         --output_json=benchmarks/results/mining_scale.json \
         [--only=ivfpq_1e7x1e6_d128,ivfpq_1e6x1e6_d768] [--work_dir=runs/mining_scale]
 
@@ -29,9 +29,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from benchmarks.vocab_build import machine  # noqa: E402
+from benchmarks.common import machine
 
 CASES = {
     "ivfpq_1e6x1e6_d768": {"candidates": 10 ** 6, "queries": 10 ** 6, "d": 768,

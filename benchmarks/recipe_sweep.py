@@ -1,7 +1,7 @@
 """Benchmark: the main job's student retrained with other training flags, scored as the main job.
 
     make main   # once: the teacher, vocabulary and sample this reuses
-    python benchmarks/recipe_sweep.py --work_dir=runs/recipe \
+    python -m benchmarks.recipe_sweep --work_dir=runs/recipe \
         --variant=main_job= --variant=lr1e-3=--learning_rate=1e-3 \
         --variant=ams_lr1e-3='--objective=ams --learning_rate=1e-3' \
         --output_json=benchmarks/results/recipe_sweep.json
@@ -29,9 +29,7 @@ import pathlib
 import shlex
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from benchmarks.vocab_build import machine, stop_signals_passed_to, write_result  # noqa: E402
+from benchmarks.common import machine, stop_signals_passed_to, write_result
 
 # The recipe flags a row may change: they shape only the training stage.
 TRAINING_FLAGS = ("train_steps", "learning_rate", "warmup_steps", "objective", "loss_weights",
@@ -134,7 +132,7 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
                                   student_loss_weights, teacher_in_step, train_config)
     from lealla_tf.training import train
 
-    from benchmarks.vocab_build import machine as this_machine
+    from benchmarks.common import machine as this_machine
 
     config = config_from_args(build_parser().parse_args(argv))
     teacher = finished_stage(work_dir, "teacher")

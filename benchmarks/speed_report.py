@@ -1,6 +1,6 @@
 """Benchmark: every speed figure of the speed issue from one command, in one JSON and one table.
 
-    python benchmarks/speed_report.py --recipe_dir=runs/recipe \\
+    python -m benchmarks.speed_report --recipe_dir=runs/recipe \\
         --output_json=benchmarks/results/speed_report.json
 
 Needs what `make main` leaves in --recipe_dir: the student's model directory
@@ -43,11 +43,11 @@ import sys
 import tempfile
 import time
 
+from benchmarks.common import machine, stop_signals_passed_to
+
+# The repository root: the benchmarks run there, as `python -m benchmarks.<name>`.
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow loads (as `make` sets it)
-# benchmarks.vocab_build (the machine, signal passing) loads TensorFlow: imported
-# where needed, so that --help and a flag's mistake answer at once.
 
 PARTS = ("embed_speed", "int8", "compiled", "beam", "training")
 
@@ -81,26 +81,26 @@ def recipe_inputs(recipe_dir: str) -> dict:
 
 def commands(args, work: str) -> dict:
     """Each part's command line; each writes its JSON to `work`/<part>.json."""
-    python, bench, inputs = sys.executable, ROOT / "benchmarks", args.inputs
+    python, inputs = sys.executable, args.inputs
     data = [f"--data_dir={args.data_dir}"]
 
     def output(name):
         return f"--output_json={os.path.join(work, name + '.json')}"
 
     return {
-        "embed_speed": [python, str(bench / "embed_speed.py"), output("embed_speed"),
+        "embed_speed": [python, "-m", "benchmarks.embed_speed", output("embed_speed"),
                         f"--student={inputs['student_export']}",
                         f"--student_model_dir={inputs['student_model_dir']}",
                         f"--teacher={inputs['teacher']}", f"--rounds={args.rounds}"] + data,
-        "int8": [python, str(bench / "int8_export.py"), output("int8"),
+        "int8": [python, "-m", "benchmarks.int8_export", output("int8"),
                  f"--model_dir={inputs['student_model_dir']}",
                  f"--max_pairs={args.max_pairs}"] + data,
-        "compiled": [python, str(bench / "compiled_encoder.py"), output("compiled"),
+        "compiled": [python, "-m", "benchmarks.compiled_encoder", output("compiled"),
                      f"--model_dir={inputs['student_model_dir']}"] + data,
-        "beam": [python, str(bench / "beam_throughput.py"), output("beam"),
+        "beam": [python, "-m", "benchmarks.beam_throughput", output("beam"),
                  f"--vocab_file={inputs['vocabulary']}",
                  f"--num_sentences={args.beam_sentences}"] + data,
-        "training": [python, str(bench / "train_throughput.py"), output("training"),
+        "training": [python, "-m", "benchmarks.train_throughput", output("training"),
                      "--presets=lealla_small", "--mixed_precision",
                      f"--steps={args.train_steps}"],
     }
@@ -113,8 +113,6 @@ def run_part(name: str, command: list, work: str, echo=print) -> dict:
     A SIGTERM or SIGINT is passed on to its whole process group (its own
     children too: embed_speed's measuring process, Beam's workers), then
     KeyboardInterrupt here."""
-    from benchmarks.vocab_build import stop_signals_passed_to
-
     log_path = os.path.join(work, name + ".log")
     environment = dict(os.environ)
     environment.setdefault("PYTHONUNBUFFERED", "1")
@@ -338,8 +336,6 @@ def main(argv=None) -> int:
 
 
 def run_report(args) -> int:
-    from benchmarks.vocab_build import machine
-
     work = tempfile.mkdtemp(prefix="speed_report_")
     print(f"speed report: {len(args.parts)} benchmarks, logs in {work}", flush=True)
     parts, seconds = {}, {}

@@ -1,6 +1,6 @@
 """Benchmark: where the time of a training step and of an embedding call goes, op by op.
 
-    python benchmarks/step_profile.py --output_json=benchmarks/results/step_profile.json
+    python -m benchmarks.step_profile --output_json=benchmarks/results/step_profile.json
 
 TensorFlow's profiler over `--calls` calls (after warm-up) of
 - `train_float32` / `train_bfloat16`: the training step of
@@ -26,19 +26,14 @@ import argparse
 import collections
 import glob
 import os
-import pathlib
 import re
 import shutil
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from benchmarks.encoder_roofline import parse_shapes  # noqa: E402
-from benchmarks.train_throughput import build_step, synthetic_vocabulary  # noqa: E402
-from benchmarks.vocab_build import machine, write_result  # noqa: E402
-import lealla_tf  # noqa: E402,F401  (oneDNN default before TensorFlow loads)
+from benchmarks.common import machine, parse_shapes, write_result
+from benchmarks.train_throughput import build_step, synthetic_vocabulary
+import lealla_tf  # noqa: F401  (oneDNN default before TensorFlow loads)
 
 GROUPS = [
     ("fused_kernels", r"^Lealla"),

@@ -1,6 +1,6 @@
 """Benchmark: what makes a student learn from multilingual-e5-small on a CPU (ablation table).
 
-    python benchmarks/student_recipe.py --work_dir=runs/ablation \
+    python -m benchmarks.student_recipe --work_dir=runs/ablation \
         --output_json=benchmarks/results/student_recipe.json [--steps=300] [--only=a,b]
 
 Every configuration trains the lealla_small architecture (mean pooling) for the
@@ -28,10 +28,8 @@ import os
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from benchmarks.vocab_build import machine, stop_signals_passed_to  # noqa: E402
-from lealla_tf.configs import RecipeConfig, recipe_loss_weights  # noqa: E402
+from benchmarks.common import machine, stop_signals_passed_to
+from lealla_tf.configs import RecipeConfig, recipe_loss_weights
 
 _MAIN_JOB_INIT = RecipeConfig().embedding_init
 

@@ -1,6 +1,6 @@
 """Benchmark: how anisotropic the teacher's vectors are, raw and centred.
 
-    python benchmarks/teacher_anisotropy.py --train_data=runs/recipe/pairs_teacher \
+    python -m benchmarks.teacher_anisotropy --train_data=runs/recipe/pairs_teacher \
         --output_json=benchmarks/results/teacher_anisotropy.json
 
 Reads the training pairs' precomputed teacher vectors (both sides, as the main
@@ -14,14 +14,11 @@ shared direction.
 """
 
 import argparse
-import pathlib
 import sys
 
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from benchmarks.vocab_build import machine, write_result  # noqa: E402
+from benchmarks.common import machine, write_result
 
 
 def statistics(source, target, permutation, retrieval_pairs) -> dict:

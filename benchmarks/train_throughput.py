@@ -1,6 +1,6 @@
 """Benchmark: training pairs/s of lealla_small and the labse preset on this machine.
 
-    python benchmarks/train_throughput.py --output_json=benchmarks/results/train_throughput.json
+    python -m benchmarks.train_throughput --output_json=runs/train_throughput.json
 
 The real train step of `lealla_tf.trainer.Trainer` (AMS + feature + logit
 distillation, AdamW, global-norm clipping) on batches of 64 pairs x 32 tokens
@@ -8,16 +8,16 @@ per side, with LaBSE's 501,153-token vocabulary and precomputed 768-d teacher
 vectors, measured in one run. Token ids are random (speed does not depend on
 them); fp32 and, with --mixed_precision, bfloat16 compute.
 
-    python benchmarks/train_throughput.py --output_json=... \
+    python -m benchmarks.train_throughput --output_json=... \
         --train_data=runs/recipe/pairs_teacher --vocab=runs/recipe/vocab.model
 
 measures instead the whole training loop (tf.data, tokenization, the step) of
 lealla_small on real pairs with teacher vectors, with and without length
 buckets (`--length_buckets`), and the padding of the batches each produces.
 
-    python benchmarks/train_throughput.py --speedups \
+    python -m benchmarks.train_throughput --speedups \
         --train_data=runs/recipe/pairs_teacher --vocab=runs/recipe/vocab.model \
-        --output_json=benchmarks/results/train_speedups.json
+        --output_json=runs/train_speedups.json
 
 measures, each in a fresh process and all in one run, what each speed-up is
 worth: the step at 64 x 32 with the main job's vocabulary size and LaBSE's,
@@ -26,8 +26,8 @@ and the whole loop on real pairs before (oneDNN off,
 tf.data autotuned on the step's cores) and after (oneDNN on, the input pipeline
 on one thread of its own).
 
-    python benchmarks/train_throughput.py --levers --rounds=2 \
-        --output_json=benchmarks/results/train_levers.json
+    python -m benchmarks.train_throughput --levers --rounds=2 \
+        --output_json=runs/train_levers.json
 
 measures the step at 64 x 32 (LaBSE's 501k vocabulary) as each lever of the
 training step is added, each in a fresh process, round-robin over `--rounds`
@@ -40,19 +40,20 @@ norm, each with its gradient), the table's AdamW in one pass from its sparse
 gradient (today's float32 step), bfloat16 (the Keras Embedding call casting the
 whole table), and the rows looked up before the cast (today's bfloat16 step).
 The "before" levers are rebuilt here by putting the old pieces back in the child.
+
+`benchmarks/results/train_throughput.json` keeps the current result of each of
+these kinds under `variants` (`throughput`, `speedups`, `levers`), with the
+command that wrote it under `commands`.
 """
 
 import argparse
 import json
 import os
-import pathlib
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from benchmarks.vocab_build import machine, write_result  # noqa: E402
+from benchmarks.common import machine, write_result
 
 VOCABULARY_SIZE = 501_153
 
@@ -251,8 +252,9 @@ def run_child(spec: dict, environment=None) -> dict:
     """`child(spec)` in a fresh process; its result with the spec."""
     import subprocess
 
-    done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec),
-                           "--output_json", "-"], env=environment or dict(os.environ),
+    done = subprocess.run([sys.executable, "-m", "benchmarks.train_throughput", "--child",
+                           json.dumps(spec), "--output_json", "-"],
+                          env=environment or dict(os.environ),
                           capture_output=True, text=True)
     if done.returncode != 0:  # the child's own error, not only its exit status
         raise RuntimeError(f"the measurement {spec} failed:\n{done.stderr[-3000:]}")

@@ -1,5 +1,7 @@
-"""Tests of the benchmarks' shared helpers (benchmarks/vocab_build.py), of
-benchmarks/in_step_teacher.py and of train_throughput.py's levers."""
+"""Tests of the benchmarks' shared helpers (benchmarks/common.py), of
+benchmarks/in_step_teacher.py and of train_throughput.py's levers. The benchmarks
+run from the repository root as modules (`python -m benchmarks.<name>`), and so
+do the processes these tests start."""
 
 import os
 import pathlib
@@ -13,6 +15,29 @@ import pytest
 from test_heads import teacher  # noqa: F401  (a converted teacher with a SentencePiece vocabulary)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+BENCHMARKS = sorted(path.stem for path in (REPO / "benchmarks").glob("*.py")
+                    if path.stem not in ("__init__", "common"))
+
+
+def test_each_benchmark_runs_as_a_module_and_keeps_one_result():
+    """`python -m benchmarks.<name> --help` works from the repository root with no
+    sys.path edits, and benchmarks/results/ holds at most one JSON per script
+    (plus the speed report's table, and main_job.json: the main job's own report)."""
+    for name in BENCHMARKS:
+        assert "sys.path" not in (REPO / "benchmarks" / f"{name}.py").read_text(), name
+    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    for start in range(0, len(BENCHMARKS), 4):  # four at a time
+        children = {name: subprocess.Popen(
+            [sys.executable, "-m", f"benchmarks.{name}", "--help"], cwd=REPO, env=environment,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for name in BENCHMARKS[start:start + 4]}
+        for name, child in children.items():
+            out, err = child.communicate(timeout=300)
+            assert child.returncode == 0 and "usage:" in out, f"{name}: {err[-2000:]}"
+    allowed = {f"{name}.json" for name in BENCHMARKS} | {"speed_report.md", "main_job.json"}
+    kept = {path.name for path in (REPO / "benchmarks" / "results").iterdir()}
+    assert kept <= allowed, sorted(kept - allowed)
+
 
 CHILD = textwrap.dedent("""
     import signal, sys, time
@@ -24,8 +49,7 @@ CHILD = textwrap.dedent("""
 
 PARENT = textwrap.dedent(f"""
     import subprocess, sys
-    sys.path.insert(0, {str(REPO)!r})
-    from benchmarks.vocab_build import stop_signals_passed_to
+    from benchmarks.common import stop_signals_passed_to
     child = subprocess.Popen([sys.executable, "-c", {CHILD!r}])
     with stop_signals_passed_to(child.pid) as stopped:
         print("parent ready", flush=True)
@@ -39,7 +63,7 @@ def test_stopping_a_benchmark_stops_the_training_it_started():
     then sees the child's status. (Before, `pkill -f student_recipe.py` left
     the training child running.)"""
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                              cwd=REPO, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     seen = set()
     while seen != {"parent ready", "child ready"}:
         line = parent.stdout.readline()
@@ -52,7 +76,7 @@ def test_stopping_a_benchmark_stops_the_training_it_started():
 
 
 def test_a_child_run_to_its_end_gives_its_exit_status():
-    from benchmarks.vocab_build import run_passing_stop_signals
+    from benchmarks.common import run_passing_stop_signals
 
     assert run_passing_stop_signals([sys.executable, "-c", "import sys; sys.exit(3)"]) == 3
     assert run_passing_stop_signals([sys.executable, "-c", "pass"]) == 0
@@ -66,7 +90,6 @@ def test_the_in_step_teacher_benchmark_embeds_as_the_training_step(teacher, tmp_
     import numpy as np
     import tensorflow as tf
 
-    sys.path.insert(0, str(REPO))
     from benchmarks.in_step_teacher import in_step_embedder
     from lealla_tf.teacher_conversion import SENTENCEPIECE_FILE
 
@@ -77,9 +100,9 @@ def test_the_in_step_teacher_benchmark_embeds_as_the_training_step(teacher, tmp_
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
     assert not np.allclose(vectors[0], vectors[1])
     np.testing.assert_allclose(embed(tf.constant(["the cat"])), vectors[1:2], atol=1e-6)
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "in_step_teacher.py"),
+    done = subprocess.run([sys.executable, "-m", "benchmarks.in_step_teacher",
                            f"--work_dir={tmp_path}", f"--output_json={tmp_path / 'x.json'}"],
-                          capture_output=True, text=True, timeout=300)
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and "run the main job (make main) first" in done.stderr
 
 
@@ -87,7 +110,6 @@ def test_the_long_run_can_train_the_main_jobs_objective_with_the_teacher_in_the_
     """benchmarks/corpus_long_run.py --teacher_in_step: the trainer is asked for
     fd/ld targets from the teacher run in the step (so lealla+hd needs no
     precomputed vectors); without the flag it is not."""
-    sys.path.insert(0, str(REPO))
     from benchmarks.corpus_long_run import build_parser, training_flags
     from lealla_tf.configs import validate_train_config
     from lealla_tf.train import build_parser as train_parser
@@ -117,7 +139,6 @@ def test_a_recipe_sweep_row_changes_only_training_flags(tmp_path, capsys):
 
     import pytest
 
-    sys.path.insert(0, str(REPO))
     from benchmarks.recipe_sweep import main, parse_variant, resolved_recipe
     from lealla_tf.recipe import build_parser, config_from_args
 
@@ -131,7 +152,7 @@ def test_a_recipe_sweep_row_changes_only_training_flags(tmp_path, capsys):
                        ("more=--sample_pairs=9", "--sample_pairs"),
                        ("beam=--objective=lealla", "teacher vectors"),
                        ("slow=--learning_rate=-1", "--learning_rate"),
-                       ("none=--train_steps=0", "--train_steps"),
+                       ("none=--global_batch_size=0", "--global_batch_size"),
                        ("typo=--lerning_rate=1", "unrecognized arguments"),
                        ("no flags", "NAME=FLAGS"), ("=--train_steps=3", "NAME=FLAGS")):
         with pytest.raises(ValueError, match=named):
@@ -204,9 +225,8 @@ def test_the_roofline_benchmark_rejects_bad_part_flags(tmp_path, monkeypatch, ca
     assert message in capsys.readouterr().err
 
 
-LEVERS_PROBE = textwrap.dedent(f"""
+LEVERS_PROBE = textwrap.dedent("""
     import sys
-    sys.path.insert(0, {str(REPO)!r})
     import keras, tensorflow as tf
     from benchmarks import train_throughput
     import lealla_tf.lealla_encoder as encoder_module, lealla_tf.task as task, lealla_tf.trainer as trainer
@@ -234,7 +254,8 @@ def test_the_levers_benchmark_puts_back_the_old_pieces_in_order():
 
     def probe(levers):
         done = subprocess.run([sys.executable, "-c", LEVERS_PROBE, str(levers)], text=True,
-                              capture_output=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                              cwd=REPO, capture_output=True,
+                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
         assert done.returncode == 0, done.stderr[-2000:]
         words = done.stdout.split()
         return dict(zip(words[::2], [w == "True" for w in words[1::2]]))
@@ -480,7 +501,6 @@ WITH_WORKER = textwrap.dedent("""
 
 REPORT_PARENT = textwrap.dedent(f"""
     import sys
-    sys.path.insert(0, {str(REPO)!r})
     from benchmarks import speed_report
     try:
         speed_report.run_part("beam", [sys.executable, "-c", {WITH_WORKER!r}], sys.argv[1],
@@ -494,7 +514,7 @@ def test_stopping_the_speed_report_stops_each_benchmarks_own_workers(tmp_path):
     """The signal goes to the benchmark's whole process group: its worker ends
     too (before, the report waited on the log pipe the worker still held)."""
     parent = subprocess.Popen([sys.executable, "-c", REPORT_PARENT, str(tmp_path)],
-                              stdout=subprocess.PIPE, text=True,
+                              stdout=subprocess.PIPE, text=True, cwd=REPO,
                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     line = parent.stdout.readline()
     assert line.strip().startswith("worker"), line
