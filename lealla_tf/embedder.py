@@ -125,7 +125,7 @@ def encode_in_length_order(embed_batch: Callable, sentences: Sequence, batch_siz
         seconds, sentences_per_second and, with token lengths, tokens,
         padded_tokens and padding_waste (the fraction of padded positions).
     """
-    from tqdm import tqdm
+    from lealla_tf.progress import progress_bar as tqdm
 
     sentences = list(sentences)
     length_batches([], batch_size, max_tokens)  # refuses a bad batch_size or max_tokens

@@ -35,11 +35,11 @@ def read_model_proto(path: str) -> bytes:
 
 def count_pieces(processor, by_language, batch_size: int = 4096, progress: bool = True):
     """{language: Counter of piece ids} over every sentence."""
-    from tqdm import tqdm
+    from lealla_tf.progress import progress_bar
 
     counts = {}
-    for language in tqdm(sorted(by_language), desc="counting pieces", unit="language",
-                         disable=not progress):
+    for language in progress_bar(sorted(by_language), desc="counting pieces",
+                                 unit="language", disable=not progress):
         counter = collections.Counter()
         sentences = by_language[language]
         for start in range(0, len(sentences), batch_size):

@@ -50,7 +50,7 @@ def count_words(files, batch_size: int = 16384, progress: bool = True):
     """
     import tensorflow as tf
     from tensorflow_text.python.ops.bert_tokenizer import BasicTokenizer
-    from tqdm import tqdm
+    from lealla_tf.progress import progress_bar
 
     splitter = BasicTokenizer(lower_case=False)
     counts = collections.defaultdict(collections.Counter)
@@ -64,7 +64,8 @@ def count_words(files, batch_size: int = 16384, progress: bool = True):
             counts[language].update(words.flat_values.numpy().tolist())
         sentences[language] += len(batch)
 
-    for parallel_file in tqdm(files, desc="counting words", unit="file", disable=not progress):
+    for parallel_file in progress_bar(files, desc="counting words", unit="file",
+                                      disable=not progress):
         source, english = [], []
         for src, eng in read_pairs(parallel_file.path, stats):
             source.append(src)
@@ -182,12 +183,12 @@ def learn_wordpiece(words: Sequence[tuple], vocab_size: int, character_coverage:
 
 def read_sentences(files, progress: bool = True):
     """All sentences by language (English de-duplicated), for SentencePiece."""
-    from tqdm import tqdm
+    from lealla_tf.progress import progress_bar
 
     by_language = collections.defaultdict(list)
     seen_english = set()
     stats = {}
-    for parallel_file in tqdm(files, desc="reading", unit="file", disable=not progress):
+    for parallel_file in progress_bar(files, desc="reading", unit="file", disable=not progress):
         for source, english in read_pairs(parallel_file.path, stats):
             by_language[parallel_file.language].append(source)
             if hash(english) not in seen_english:

@@ -1,0 +1,379 @@
+"""What the command lines print while they work: a quiet start-up and progress that
+suits both a terminal and a log file.
+
+`quiet_startup()` is the first thing every command line does, before TensorFlow
+or Beam load: TensorFlow's C++ start-up lines (oneDNN, CUDA drivers, CPU
+features, absl's "All log messages before absl::InitializeLog()", each printed
+twice, and the `cuInit` error of a machine without a GPU), tensorflow_hub's
+`pkg_resources is deprecated` warning and Beam's import-time and INFO logging
+stay out of the output. Every setting is a default: a variable the user set
+(TF_CPP_MIN_LOG_LEVEL=0 to see TensorFlow's logs again) wins, and
+LEALLA_TF_VERBOSE=1 turns all of this off. Library code never calls it, so a
+program that imports lealla_tf keeps its own settings.
+
+`worker_output_filtered()` does the same for the worker processes a local Beam
+runner starts (`--direct_running_mode=multi_processing`), which import Beam and
+TensorFlow afresh and log at INFO: while a pipeline runs, what they write to
+the stderr they inherit goes through a filter that leaves out that noise.
+
+`progress_bar(...)` is what every progress display in lealla_tf goes through:
+tqdm's bar where its stream (stderr) is a terminal; where it is a file or a pipe
+(a log), plain newline-terminated lines instead of tqdm's carriage-return
+redraws: one when the bar starts, one at most every `LEALLA_TF_PROGRESS_SECONDS`
+seconds (30 by default) while it moves, one when it ends. A bar that clears
+itself (`leave=False`) writes nothing unless it runs longer than that.
+
+`logged_progress(*loggers)` shows a library's INFO lines (the steps it logs as it
+finishes them) on stderr while a command line runs, one line each.
+"""
+
+import contextlib
+import importlib.abc
+import importlib.util
+import logging
+import math
+import os
+import re
+import sys
+import tempfile
+import threading
+import warnings
+
+SECONDS_VARIABLE = "LEALLA_TF_PROGRESS_SECONDS"
+DEFAULT_SECONDS = 30.0
+VERBOSE_VARIABLE = "LEALLA_TF_VERBOSE"
+
+# Cursor movements tqdm writes for nested bars: meaningless in a log.
+_ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def progress_seconds() -> float:
+    """Seconds between two progress lines in a log (`LEALLA_TF_PROGRESS_SECONDS`,
+    default 30; 0: a line at every update)."""
+    try:
+        seconds = float(os.environ.get(SECONDS_VARIABLE, DEFAULT_SECONDS))
+    except ValueError:
+        return DEFAULT_SECONDS
+    return seconds if math.isfinite(seconds) and seconds >= 0 else DEFAULT_SECONDS
+
+
+def is_terminal(stream) -> bool:
+    """Whether `stream` is an interactive terminal, or a Jupyter notebook's
+    output (which draws tqdm's bar too); False for files, pipes, None."""
+    if type(stream).__module__.startswith("ipykernel"):
+        return True
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # no isatty, or closed
+        return False
+
+
+# absl's C++ log lines: severity, date, time (00:00:<epoch seconds> before absl
+# is initialised), thread, file:line.
+_CPP_LOG_LINE = re.compile(r"^([IWEF])\d{4} [\d:.]+ +\d+ [^ ]+:\d+\] ")
+_CPP_SEVERITIES = "IWEF"
+# Said once by each of TensorFlow's libraries before it logs its first line, and
+# the second line of the CPU-feature notice.
+_CPP_NOISE = ("WARNING: All log messages before absl::InitializeLog() is called",
+              "To enable the following instructions:")
+# Logged on the root logger as Beam is imported (BigQuery's optional client).
+_BEAM_IMPORT_NOISE = ("apitools not found",)
+# Python logging's default format, as Beam's workers log: their INFO lines, and
+# the warnings every local worker gives as it starts (also passed on by the
+# runner, "Worker: severity: WARN ...").
+_PYTHON_LOG_NOISE = re.compile(r"^(INFO|DEBUG):|^WARNING:root:apitools not found|"
+                               r"No semi_persistent_directory found")
+
+
+def verbose() -> bool:
+    """Whether the user asked to see every log line (LEALLA_TF_VERBOSE=1)."""
+    return os.environ.get(VERBOSE_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _min_log_level() -> int:
+    try:
+        return int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0"))
+    except ValueError:
+        return 0
+
+
+def is_log_noise(line: str, min_level: int) -> bool:
+    """Whether `line` is start-up or worker log noise: one of TensorFlow's C++
+    lines below `min_level` (TF_CPP_MIN_LOG_LEVEL: 0 info, 1 warning, 2 error;
+    fatal lines always show), absl's notice before them, or a Beam worker's INFO
+    line or start-up warning."""
+    match = _CPP_LOG_LINE.match(line)
+    if match:
+        return _CPP_SEVERITIES.index(match.group(1)) < min(min_level, 3)
+    if min_level > 0 and line.startswith(_CPP_NOISE):
+        return True
+    return bool(_PYTHON_LOG_NOISE.search(line))
+
+
+@contextlib.contextmanager
+def _held_stderr(min_level: int):
+    """While in the block, what is written to file descriptor 2 (C++ libraries
+    and Python alike) is held in a temporary file; afterwards the lines that are
+    not start-up noise are written out, in order. A file, not a pipe, so that a
+    library that logs much while it loads cannot block on a full pipe."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().decode("utf-8", "replace").splitlines(True)
+                    if not is_log_noise(line, min_level)]
+            if kept:
+                os.write(2, "".join(kept).encode("utf-8"))
+
+
+class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: on the first `import tensorflow` it hands the import
+    to the real finder, with stderr filtered (`_held_stderr`) while the
+    package and its libraries load. TensorFlow's own C++ library prints its
+    start-up lines whatever TF_CPP_MIN_LOG_LEVEL says."""
+
+    def __init__(self, min_level: int):
+        self._min_level = min_level
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _FilteringLoader(spec.loader, self._min_level)
+        return spec
+
+
+class _FilteringLoader(importlib.abc.Loader):
+    def __init__(self, loader, min_level: int):
+        self._loader, self._min_level = loader, min_level
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        spec = module.__spec__
+        spec.loader = module.__loader__ = self._loader  # the real one, once loaded
+        with _held_stderr(self._min_level):
+            self._loader.exec_module(module)
+
+
+class _DropRecords(logging.Filter):
+    def __init__(self, prefixes):
+        super().__init__()
+        self._prefixes = tuple(prefixes)
+
+    def filter(self, record):
+        return not str(record.msg).startswith(self._prefixes)
+
+
+def _gpu_driver_present() -> bool:
+    return any(os.path.exists(path) for path in ("/dev/nvidiactl", "/proc/driver/nvidia"))
+
+
+def quiet_startup() -> None:
+    """Quiets TensorFlow and Beam for a command line; call it before they are
+    imported (TensorFlow reads TF_CPP_MIN_LOG_LEVEL as it loads).
+
+    - TF_CPP_MIN_LOG_LEVEL: 3 (errors too) on a machine without an NVIDIA
+      driver, where the only error TensorFlow logs at start-up is the failed
+      `cuInit`; 2 (warnings and info) where there is one, so GPU errors show.
+    - `import tensorflow`, when it comes, runs with stderr filtered: the
+      lines its libraries print as they load below that level are left out
+      (its C++ library ignores TF_CPP_MIN_LOG_LEVEL), unless the user set
+      TF_CPP_MIN_LOG_LEVEL or TF_CPP_MAX_VLOG_LEVEL.
+    - tensorflow_hub's `pkg_resources is deprecated` UserWarning is ignored.
+    - Beam's loggers log warnings and errors only (its workers log INFO for
+      every channel they open), and its import-time warning about BigQuery's
+      optional client is left out.
+    - TQDM_MININTERVAL: where stderr is not a terminal, any tqdm bar that does
+      not go through `progress_bar` redraws at most every
+      `progress_seconds()` seconds (tqdm reads TQDM_* defaults).
+    """
+    if verbose():
+        return
+    users_choice = any(name in os.environ
+                       for name in ("TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL"))
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2" if _gpu_driver_present() else "3")
+    if not users_choice and "tensorflow" not in sys.modules and not any(
+            isinstance(finder, _QuietTensorFlowImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _QuietTensorFlowImport(int(os.environ["TF_CPP_MIN_LOG_LEVEL"])))
+    warnings.filterwarnings("ignore", message="pkg_resources is deprecated",
+                            category=UserWarning)
+    if not is_terminal(sys.stderr):
+        os.environ.setdefault("TQDM_MININTERVAL", f"{progress_seconds():g}")
+    for name in ("apache_beam", "absl"):
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
+    root = logging.getLogger()
+    if not any(isinstance(f, _DropRecords) for f in root.filters):
+        root.addFilter(_DropRecords(_BEAM_IMPORT_NOISE))
+
+
+def quiet_startup_if_run_as(module: str) -> None:
+    """`quiet_startup()` when this process is `python -m <module>` (for a package
+    whose `__init__` loads TensorFlow before its `__main__` runs)."""
+    argv = list(getattr(sys, "orig_argv", []))
+    if "-m" in argv[:-1] and argv[argv.index("-m") + 1] == module:
+        quiet_startup()
+
+
+@contextlib.contextmanager
+def worker_output_filtered():
+    """While in the block, file descriptor 2 (the stderr that the worker
+    processes a local runner starts inherit, and that C++ code writes to) is a
+    pipe whose lines a thread passes on to the real stderr, leaving out
+    `is_log_noise` lines; `sys.stderr` (this process's own messages and
+    progress) writes to the real stderr directly. Does nothing where sys.stderr
+    is not file descriptor 2 (captured, as in tests) or LEALLA_TF_VERBOSE=1."""
+    try:
+        direct = sys.stderr.fileno() == 2
+    except (AttributeError, ValueError, OSError):
+        direct = False
+    if verbose() or not direct:
+        yield
+        return
+    min_level = _min_log_level()
+    sys.stderr.flush()
+    real = os.dup(2)
+    read_end, write_end = os.pipe()
+    own = open(real, "w", buffering=1, encoding=sys.stderr.encoding,
+               errors=sys.stderr.errors, closefd=False)
+    saved = sys.stderr
+
+    def forward():
+        with open(read_end, "rb") as pipe:
+            for line in pipe:  # ends when every writer (fd 2 here, the workers) is gone
+                if not is_log_noise(line.decode("utf-8", "replace"), min_level):
+                    os.write(real, line)
+
+    thread = threading.Thread(target=forward, name="worker output filter", daemon=True)
+    thread.start()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    sys.stderr = own
+    try:
+        yield
+    finally:
+        own.flush()
+        sys.stderr = saved
+        os.dup2(real, 2)
+        thread.join(timeout=5)  # a worker that outlives the run keeps it open
+        own.close()  # a stale user of it fails, rather than write to a reused fd
+        if not thread.is_alive():
+            os.close(real)
+
+
+class _LineWriter:
+    """A file for tqdm that turns its carriage-return redraws into whole lines
+    (a redraw that repeats the line before it is dropped)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._last = None
+
+    @property
+    def encoding(self):
+        return getattr(self._stream, "encoding", None) or "utf-8"
+
+    def write(self, text) -> None:
+        for part in re.split(r"[\r\n]", _ESCAPES.sub("", str(text))):
+            line = part.rstrip()
+            if line and line != self._last:
+                self._stream.write(line + "\n")
+                self._last = line
+
+    def flush(self) -> None:
+        flush = getattr(self._stream, "flush", None)
+        if flush is not None:
+            flush()
+
+
+_LOG_BAR = None
+
+
+def _log_bar_class():
+    """tqdm whose status is a line without a bar: `desc: 45% (450/1000)
+    [elapsed<remaining, rate, postfix]`, or with no total known, tqdm's own
+    count-and-rate line."""
+    global _LOG_BAR
+    if _LOG_BAR is None:
+        from tqdm import tqdm
+
+        class LogLines(tqdm):
+            def display(self, msg=None, pos=None):
+                # A redraw with nothing new (close() redraws the last line) is left out.
+                state = (self.n, self.total, self.postfix, self.desc)
+                if msg is None and state == getattr(self, "_shown", None):
+                    return True
+                if msg is None:
+                    self._shown = state
+                return super().display(msg, pos)
+
+            @property
+            def format_dict(self):
+                values = super().format_dict
+                if values.get("total"):
+                    values["bar_format"] = (
+                        ("{desc}: " if values.get("prefix") else "")
+                        + "{percentage:3.0f}% ({n_fmt}/{total_fmt}) "
+                        "[{elapsed}<{remaining}, {rate_fmt}{postfix}]")
+                return values
+
+        _LOG_BAR = LogLines
+    return _LOG_BAR
+
+
+def progress_bar(iterable=None, *, file=None, seconds=None, **kwargs):
+    """A tqdm bar (tqdm's arguments: desc, total, unit, initial, disable, leave,
+    ...) on a terminal, or a bar that writes plain lines at most every `seconds`
+    (default `progress_seconds()`) where `file` (default stderr) is not one.
+    Either way it is a tqdm instance: iterate it, or call update / set_postfix
+    / close, or use it as a context manager."""
+    from tqdm import tqdm
+
+    stream = sys.stderr if file is None else file
+    if kwargs.get("disable") or is_terminal(stream):
+        return tqdm(iterable, file=stream, **kwargs)
+    seconds = progress_seconds() if seconds is None else seconds
+    for terminal_only in ("dynamic_ncols", "ncols", "mininterval", "maxinterval", "miniters",
+                          "ascii", "bar_format"):
+        kwargs.pop(terminal_only, None)
+    if not kwargs.get("leave", True):
+        kwargs.setdefault("delay", seconds)  # a short inner bar stays silent
+    return _log_bar_class()(iterable, file=_LineWriter(stream), mininterval=seconds,
+                            maxinterval=max(seconds, 1.0), miniters=1, ascii=True, **kwargs)
+
+
+@contextlib.contextmanager
+def logged_progress(*names: str, prefix: str = "", stream=None):
+    """While in the block, the INFO (and higher) lines of the loggers `names` go
+    to `stream` (default: stderr), one line each after `prefix`, as the
+    command line's progress; they do not also reach the root logger's handlers. The loggers'
+    levels and propagation are restored afterwards."""
+    handler = logging.StreamHandler(sys.stderr if stream is None else stream)
+    handler.setFormatter(logging.Formatter(prefix.replace("%", "%%") + "%(message)s"))
+    saved = []
+    for name in names:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.level, logger.propagate))
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+        logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        for logger, level, propagate in saved:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+            logger.propagate = propagate
