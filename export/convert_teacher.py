@@ -13,6 +13,11 @@ and beam_pipelines/embed_corpus.py (--model) accept; `default` is the mean-poole
 sentence vector (L2-normalise it for the model's embedding).
 """
 
+if __name__ == "__main__":  # before TensorFlow and Beam load (lealla_tf.progress)
+    from lealla_tf.progress import quiet_startup
+
+    quiet_startup()
+
 import argparse
 import sys
 

@@ -11,6 +11,11 @@ then be fine-tuned (python -m lealla_tf.train --init_from=...) or re-exported
 (export/export_tfhub.py).
 """
 
+if __name__ == "__main__":  # before TensorFlow and Beam load (lealla_tf.progress)
+    from lealla_tf.progress import quiet_startup
+
+    quiet_startup()
+
 import argparse
 import sys
 

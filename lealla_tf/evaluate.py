@@ -17,6 +17,11 @@ that are in neither sentence file, exits 2 naming the file (such a fault would
 otherwise change the average or the recall without a word).
 """
 
+if __name__ == "__main__":  # before TensorFlow and Beam load (lealla_tf.progress)
+    from lealla_tf.progress import quiet_startup
+
+    quiet_startup()
+
 import argparse
 import json
 import os

@@ -17,6 +17,11 @@ Rerunning the same command resumes from the last checkpoint in --model_dir.
 This module only parses flags; the work is `lealla_tf.training.train`.
 """
 
+if __name__ == "__main__":  # before TensorFlow and Beam load (lealla_tf.progress)
+    from lealla_tf.progress import quiet_startup
+
+    quiet_startup()
+
 import argparse
 import sys
 

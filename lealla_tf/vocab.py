@@ -6,6 +6,11 @@ LaBSE's 501,153-token vocabulary. The command line only: the method is in
 `lealla_tf.vocabulary`.
 """
 
+if __name__ == "__main__":  # before TensorFlow and Beam load (lealla_tf.progress)
+    from lealla_tf.progress import quiet_startup
+
+    quiet_startup()
+
 import argparse
 import json
 import os

@@ -47,7 +47,13 @@ import sys
 import tempfile
 from typing import Optional
 
-import tensorflow as tf
+from lealla_tf.progress import quiet_startup_if_run_as
+
+# `python -m lealla_tf.kernels` imports this package, and TensorFlow with it,
+# before its __main__ runs: the command line is quieted here.
+quiet_startup_if_run_as("lealla_tf.kernels")
+
+import tensorflow as tf  # noqa: E402
 
 SOURCES = [pathlib.Path(__file__).with_name(name)
            for name in ("fused_layers.cc", "sparse_adamw.cc")]
