@@ -24,10 +24,10 @@ def assert_one_line_error(capsys, code, *needles):
 
 def assert_one_line_stderr(code, stderr, *needles):
     assert code == 2, stderr[-2000:]
-    # Progress bars and TensorFlow's own log lines aside, stderr is one line.
+    # Progress (bars, lines, steps) and TensorFlow's own log lines aside, stderr is one line.
     lines = [line for line in stderr.replace("\r", "\n").splitlines() if line.strip()
-             and not line.startswith(("WARNING", "I0000", "W0000"))
-             and not re.search(r"\d+%\|", line)]
+             and not line.startswith(("WARNING", "I0000", "W0000", "mine_bitext: "))
+             and not re.search(r"\d+%\||\[\d+:\d\d[<,\]]", line)]
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
     assert "Traceback" not in stderr
     for needle in needles:
@@ -543,3 +543,78 @@ def test_precomputed_english_only_vectors_are_not_silently_used_both_ways(
     args = [f"--model_dir={tmp_path / 'm'}", f"--train_data={tmp_path / 'records'}",
             f"--vocab_file={sentence_vocab_file}", "--objective=ams+fd"]
     assert_one_line_error(capsys, main(args), "--teacher_english_only")
+
+
+# === What the command lines print (issue 46, item 4) ===
+
+# TensorFlow's and absl's C++ log lines (the oneDNN and CPU-feature notices, the
+# failed cuInit of a machine without a GPU), Python logging's INFO lines (Beam's),
+# and tensorflow_hub's pkg_resources warning.
+START_UP_NOISE = re.compile(r"^([IWEF]\d{4} \d\d:\d\d:\d\d|WARNING: All log messages|INFO:|"
+                            r"To enable the following instructions)|cuInit|pkg_resources")
+
+
+def run_as_a_user(*args, progress_seconds="0"):
+    """A command line as a user starts it: without the suite's quieting variables
+    (TF_CPP_MIN_LOG_LEVEL, CUDA_VISIBLE_DEVICES), stdout and stderr piped (not a
+    terminal, as in a log file), a progress line at every update."""
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES", "PYTHONWARNINGS")
+           and not name.startswith("TQDM_")}
+    env["LEALLA_TF_PROGRESS_SECONDS"] = progress_seconds
+    done = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    noise = [line for line in (done.stdout + done.stderr).splitlines()
+             if START_UP_NOISE.search(line)]
+    assert not noise, noise
+    return done
+
+
+@pytest.mark.slow
+def test_embed_corpus_and_mine_bitext_print_progress_lines_and_a_summary(exported, tmp_path):
+    (tmp_path / "in.txt").write_text("The dog is nice.\n\nDer Hund ist nett.\nI like tea.\n")
+    output = tmp_path / "embeddings"
+    done = run_as_a_user("beam_pipelines/embed_corpus.py", f"--input={tmp_path / 'in.txt'}",
+                         f"--model={exported['export']}", f"--output={output}")
+    assert "\r" not in done.stderr
+    steps = done.stderr.splitlines()
+    assert steps and all(line.startswith(("reading: ", "embedding: ")) for line in steps), steps
+    assert steps[-1].startswith("embedding: 100% (3/3)")
+    assert "4 lines read from 1 file" in done.stdout and "dead-lettered  1 line -> " in done.stdout
+    assert f"output         {output}" in done.stdout
+    assert f"ids, vectors = read_embeddings({str(output)!r})" in done.stdout
+
+    mined = tmp_path / "mined.tsv"
+    done = run_as_a_user("beam_pipelines/mine_bitext.py", f"--source={output}",
+                         f"--target={output}", f"--output={mined}", "--k=1")
+    assert "\r" not in done.stderr
+    steps = done.stderr.splitlines()
+    assert steps and all(line.startswith("mine_bitext: ") for line in steps), steps
+    assert any("forward search done" in line for line in steps), steps
+    assert "pairs mined from 3 source x 3 target sentences" in done.stdout
+    assert f"output         {mined} (TSV" in done.stdout and str(mined) + ".dead_letter.jsonl" \
+        in done.stdout
+    namespace = {}
+    exec(done.stdout.split("read it in Python:\n")[1].strip(), namespace)
+    assert [row[1] for row in namespace["rows"]] == [row[2] for row in namespace["rows"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["evaluate", "export", "train", "kernels"])
+def test_command_lines_start_without_tensorflow_start_up_lines(command, exported, train_args,
+                                                               tiny_tatoeba_dir, tmp_path):
+    """No TensorFlow start-up lines on a machine without a GPU (nor on one with
+    it), and progress in a log file as whole lines."""
+    args = {
+        "evaluate": ["-m", "lealla_tf.evaluate", f"--model={exported['export']}",
+                     f"--tatoeba_dir={tiny_tatoeba_dir}", f"--output_json={tmp_path / 'e.json'}"],
+        "export": ["export/export_tfhub.py", f"--model_dir={exported['model_dir']}",
+                   f"--export_path={tmp_path / 'x'}"],
+        # The trainer's own bar is not yet this helper's (trainer.py): --no_progress.
+        "train": ["-m", "lealla_tf.train", *train_args()],
+        "kernels": ["-m", "lealla_tf.kernels"],
+    }[command]
+    done = run_as_a_user(*args)
+    if command != "train":
+        assert "\r" not in done.stderr

@@ -354,3 +354,63 @@ def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(model, dask_cluste
     ids, vectors = read_embeddings(output)
     assert sorted(ids) == sorted(f"big.txt:{i}" for i in range(1, 6001))  # once each
     assert np.all(np.isfinite(vectors))
+
+
+def test_the_command_line_shows_progress_and_a_summary_that_reads_the_output(
+        model, corpus, capsys, monkeypatch):
+    """Progress on stderr as newline-ended lines (stderr is not a terminal here),
+    then a summary on stdout: the counts, the dead letters' file, the output,
+    and Python lines that read it, which run as written."""
+    monkeypatch.setenv("LEALLA_TF_PROGRESS_SECONDS", "0")
+    output = str(corpus / "out")
+    assert embed_corpus.main([f"--input={corpus / 'in' / '*'}", f"--model={model[0]}",
+                              f"--output={output}"]) == 0
+    captured = capsys.readouterr()
+    assert "\r" not in captured.err and "\x1b" not in captured.err
+    lines = captured.err.splitlines()
+    assert any(line.startswith("reading: ") and "2/2 files" in line for line in lines), lines
+    assert lines[-1].startswith("embedding: 100% (8/8)"), lines
+    summary = captured.out
+    assert "11 lines read from 2 files" in summary
+    assert "embedded       8 sentences" in summary
+    dead = os.path.join(output, read_manifest(output)["run"], "dead_letter.jsonl")
+    assert f"dead-lettered  3 lines -> {dead}" in summary
+    assert f"output         {output} (" in summary and not os.path.exists(
+        os.path.join(output, read_manifest(output)["run"], embed_corpus.PROGRESS_FOLDER))
+    assert len(summary.splitlines()) <= 12  # one screen
+    example = summary.split("read it in Python:\n")[1]
+    assert "read_embeddings(" in example and "mmap_embeddings(" in example
+    namespace = {}
+    exec("\n".join(line.strip() for line in example.splitlines()), namespace)
+    assert len(namespace["ids"]) == 8 and namespace["vectors"].shape == (8, 16)
+    assert namespace["mapped"].rows == 8
+    # --help shows the same lines
+    help_text = embed_corpus.build_parser().format_help()
+    assert all(f"  {line}\n" in help_text
+               for line in embed_corpus.reading_example("runs/embeddings").splitlines())
+
+
+def test_progress_files_report_lines_read_and_sentences_embedded(model, corpus, tmp_path):
+    progress_dir = str(tmp_path / "progress")
+    reader = embed_corpus.ReadLines(str(corpus / "in"), progress_dir)
+    assert len(list(reader.process(str(corpus / "in" / "a.txt")))) == 10  # 9 lines + count
+    shard = embed_corpus.EmbedShard(model[0], str(tmp_path / "run"), 1, False, False, 16,
+                                    progress_dir=progress_dir)
+    list(shard.process((("embeddings", 0), [(f"k{i}", s) for i, s in enumerate(SENTENCES)])))
+    assert embed_corpus.read_progress(progress_dir) == {"files_read": 1, "lines_read": 9,
+                                                        "embedded": len(SENTENCES)}
+    assert embed_corpus.read_progress(str(tmp_path / "absent")) == {
+        "files_read": 0, "lines_read": 0, "embedded": 0}
+
+
+def test_a_shard_embedded_in_chunks_gives_the_same_vectors_in_id_order(model, corpus,
+                                                                        monkeypatch):
+    path, reference = model
+    monkeypatch.setattr(embed_corpus, "SHARD_CHUNK", 3)
+    output = str(corpus / "chunked")
+    embed_corpus.run([f"--input={corpus / 'in' / '*'}", f"--model={path}", f"--output={output}",
+                      "--num_shards=1"])
+    ids, vectors, texts = read_embeddings(output, with_text=True)
+    assert len(ids) == 8
+    for text, vector in zip(texts, vectors):
+        np.testing.assert_allclose(vector, reference[text], atol=1e-5)

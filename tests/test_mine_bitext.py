@@ -179,7 +179,7 @@ def assert_one_line_error(capsys, code, *needles):
     stderr = capsys.readouterr().err
     assert code == 2, stderr[-2000:]
     lines = [line for line in stderr.splitlines() if line.strip()
-             and not line.startswith(("WARNING", "I0000", "W0000"))]
+             and not line.startswith(("WARNING", "I0000", "W0000", "mine_bitext: "))]
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
     assert "Traceback" not in stderr
     for needle in needles:

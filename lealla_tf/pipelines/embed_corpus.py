@@ -27,6 +27,10 @@ rerunning into the same --output is safe; a second run into an --output that a
 live run holds is refused. A run that fails or is refused removes its run
 folder; the run folders of killed runs are removed by the next run.
 
+The command line shows its progress (lines read, then sentences embedded: a bar
+on a terminal, a line every 30 s in a log) and ends with a summary: the counts,
+where the output and the dead letters are, and how to read the output.
+
 The library call is `embed_corpus(...)`; `run(argv)` parses the flags; without
 --runner it uses Beam's FnApiRunner (the local runner, without the Prism download
 DirectRunner would attempt); any portable runner (Dataflow, Flink, Spark) and the
@@ -39,10 +43,13 @@ import json
 import logging
 import os
 import sys
+import threading
+import time
 import zlib
 from typing import Any, Dict, Optional, Sequence
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from lealla_tf.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
@@ -52,6 +59,12 @@ NAMESPACE = "embed_corpus"
 COUNTERS = ("lines_read", "embedded", "dead_lettered")
 RUN_SUMMARY = "RUN_SUMMARY.json"
 DEAD_LETTER_FILE = "dead_letter.jsonl"
+# Progress of a local run: each input file's lines read and each shard's
+# sentences embedded so far, one small file each, in the run folder (removed
+# before the run commits); the command line's progress bar reads them.
+PROGRESS_FOLDER = ".progress"
+READ_REPORT_LINES = 100_000  # lines read between two reports of a file
+SHARD_CHUNK = 8192  # sentences a shard embeds between two reports
 
 
 # One loaded model per worker process, whatever the runner does with DoFn instances
@@ -112,6 +125,114 @@ def threads_per_worker(options, asked: Optional[int] = None) -> Optional[int]:
     return None
 
 
+def _report(progress_dir: Optional[str], name: str, value: str) -> None:
+    """Replaces `progress_dir/name` with `value` (best effort: progress never
+    fails a run)."""
+    if progress_dir is None:
+        return
+    path = os.path.join(progress_dir, name)
+    temporary = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+    try:
+        os.makedirs(progress_dir, exist_ok=True)
+        with open(temporary, "w") as handle:
+            handle.write(value)
+        os.replace(temporary, path)
+    except OSError:
+        pass
+
+
+def read_progress(progress_dir: str) -> Dict[str, int]:
+    """What a run's progress files say: files_read (completely), lines_read
+    (so far) and embedded (so far)."""
+    state = {"files_read": 0, "lines_read": 0, "embedded": 0}
+    try:
+        names = os.listdir(progress_dir)
+    except OSError:
+        return state
+    for name in names:
+        if ".tmp-" in name:
+            continue
+        try:
+            with open(os.path.join(progress_dir, name)) as handle:
+                fields = handle.read().split()
+            count = int(fields[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        if name.startswith("read-"):
+            state["lines_read"] += count
+            state["files_read"] += fields[1:] == ["done"]
+        elif name.startswith("embedded-"):
+            state["embedded"] += count
+    return state
+
+
+class ProgressDisplay:
+    """The command line's progress while the pipeline runs: a `reading` bar
+    (lines, files so far), then an `embedding` bar (sentences or pairs of the
+    lines read), from a thread that reads the run's progress files each
+    second. `finish(counts)` ends it at the run's final counts (the
+    embedding total then leaves the dead letters out)."""
+
+    def __init__(self, progress_dir: Optional[str], files: int, unit: str = "sentence",
+                 interval: float = 1.0):
+        self._dir, self._files, self._unit, self._interval = progress_dir, files, unit, interval
+        self._stop = threading.Event()
+        self._thread = None
+        self._reading = self._embedding = None
+
+    def __enter__(self):
+        if self._dir is not None:
+            from lealla_tf.progress import progress_bar
+
+            self._reading = progress_bar(desc="reading", unit="line")  # timed from here
+            self._thread = threading.Thread(target=self._watch, name="embed_corpus progress",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self._halt()
+        for bar in (self._reading, self._embedding):
+            if bar is not None:
+                bar.close()
+        self._reading = self._embedding = None
+
+    def _halt(self):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _watch(self):
+        while not self._stop.wait(self._interval):
+            self._show(read_progress(self._dir))
+
+    def _show(self, state, final: bool = False):
+        from lealla_tf.progress import progress_bar
+
+        if self._embedding is None:
+            self._reading.set_postfix_str(f"{state['files_read']}/{self._files} files",
+                                          refresh=False)
+            self._reading.update(state["lines_read"] - self._reading.n)
+            if state["files_read"] == self._files or state["embedded"] or final:
+                self._reading.close()
+                self._embedding = progress_bar(desc="embedding", unit=self._unit,
+                                               total=state["lines_read"])
+        if self._embedding is not None:
+            self._embedding.update(state["embedded"] - self._embedding.n)
+
+    def finish(self, counts: Dict[str, int]) -> None:
+        """Ends the display at the run's counts (lines_read, embedded, dead_lettered)."""
+        if self._dir is None:
+            return
+        self._halt()
+        self._show({"files_read": self._files, "lines_read": counts["lines_read"],
+                    "embedded": self._embedding.n if self._embedding else 0}, final=True)
+        self._embedding.total = counts["lines_read"] - counts["dead_lettered"]
+        self._embedding.update(counts["embedded"] - self._embedding.n)
+        self.__exit__()
+
+
 # Steps emit (kind, value) pairs and `_kind` splits them, where Beam would use tagged
 # outputs: the DaskRunner's ParDo passes tagged outputs on as main outputs.
 LINE, VALID, DEAD, COUNT = "line", "valid", "dead", "count"
@@ -133,18 +254,23 @@ class ReadLines(beam.DoFn):
     files called deu.txt in different folders give different ids.
     """
 
-    def __init__(self, root: str = ""):
+    def __init__(self, root: str = "", progress_dir: Optional[str] = None):
         self._root = root
+        self._progress_dir = progress_dir
 
     def process(self, path):
         lines_read = beam.metrics.Metrics.counter(NAMESPACE, "lines_read")
         name = os.path.relpath(path, self._root) if self._root else os.path.basename(path)
+        report = f"read-{zlib.crc32(path.encode('utf-8')):08x}"
         number = 0
         with FileSystems.open(path) as handle:
             # Beam's CompressedFile has readline() but is not iterable.
             for number, line in enumerate(iter(handle.readline, b""), start=1):
                 lines_read.inc()
+                if number % READ_REPORT_LINES == 0:
+                    _report(self._progress_dir, report, str(number))
                 yield LINE, (name, number, line.rstrip(b"\n").rstrip(b"\r"))
+        _report(self._progress_dir, report, f"{number} done")
         yield COUNT, ("lines_read", number)
 
 
@@ -258,16 +384,37 @@ class EmbedShard(beam.DoFn):
 
     Batching happens here, on the whole shard, instead of in RunInference and
     BatchElements: those emit their last batch from finish_bundle, whose
-    outputs the DaskRunner drops. Yields ("file", name) and ("embedded", n).
+    outputs the DaskRunner drops. The shard is sorted by length and embedded
+    `SHARD_CHUNK` sentences a call (so each call's batches are as even as the
+    whole shard's), its progress reported after each. Yields ("file", name)
+    and ("embedded", n).
     """
 
     def __init__(self, model: str, run_dir: str, num_shards: int, pairs: bool,
                  english_only: bool, batch_size: int, max_seq_length: Optional[int] = None,
-                 max_tokens: Optional[int] = None, threads: Optional[int] = None):
+                 max_tokens: Optional[int] = None, threads: Optional[int] = None,
+                 progress_dir: Optional[str] = None):
         self._model, self._run_dir, self._num_shards = model, run_dir, num_shards
         self._pairs, self._english_only, self._batch_size = pairs, english_only, batch_size
         self._max_seq_length, self._max_tokens = max_seq_length, max_tokens
-        self._threads = threads
+        self._threads, self._progress_dir = threads, progress_dir
+
+    def _encode(self, embedder, sides: Dict[str, list], report: str) -> Dict[str, np.ndarray]:
+        """{side: sentences} -> {side: [n, d] rows}, in chunks of similar length
+        (sorted by the first side's characters)."""
+        first = next(iter(sides.values()))
+        order = np.argsort([len(text) for text in first], kind="stable")
+        vectors = {}
+        for start in range(0, len(order), SHARD_CHUNK):
+            rows = order[start:start + SHARD_CHUNK]
+            for side, texts in sides.items():
+                part = embedder.encode([texts[i] for i in rows], self._batch_size,
+                                       max_tokens=self._max_tokens)
+                if side not in vectors:
+                    vectors[side] = np.empty((len(first), part.shape[1]), np.float32)
+                vectors[side][rows] = part
+            _report(self._progress_dir, report, str(start + len(rows)))
+        return vectors
 
     def process(self, element):
         from lealla_tf.embedding_io import embedding_example, pair_example
@@ -275,21 +422,22 @@ class EmbedShard(beam.DoFn):
         (prefix, shard), items = element
         items = sorted(items, key=lambda item: item[0])  # a retry writes the same file
         embedder = _embedder(self._model, self._max_seq_length, self._threads)
+        name = f"{prefix}-{shard:05d}-of-{self._num_shards:05d}.tfrecord.gz"
+        report = f"embedded-{name}"
         if self._pairs:
-            target = embedder.encode([p["target"] for _, p in items], self._batch_size,
-                                     max_tokens=self._max_tokens)
-            source = (None if self._english_only else
-                      embedder.encode([p["source"] for _, p in items], self._batch_size,
-                                      max_tokens=self._max_tokens))
+            sides = {"target": [p["target"] for _, p in items]}
+            if not self._english_only:
+                sides["source"] = [p["source"] for _, p in items]
+            vectors = self._encode(embedder, sides, report)
+            target, source = vectors["target"], vectors.get("source")
             records = [pair_example(p["source"], p["target"],
                                     None if source is None else source[i], target[i])
                        for i, (_, p) in enumerate(items)]
         else:
-            vectors = embedder.encode([text for _, text in items], self._batch_size,
-                                      max_tokens=self._max_tokens)
+            vectors = self._encode(embedder, {"text": [text for _, text in items]},
+                                   report)["text"]
             records = [embedding_example(key, vectors[i], text=text)
                        for i, (key, text) in enumerate(items)]
-        name = f"{prefix}-{shard:05d}-of-{self._num_shards:05d}.tfrecord.gz"
         write_atomically(FileSystems.join(self._run_dir, name),
                          lambda handle: _write_tfrecords(handle, records))
         beam.metrics.Metrics.counter(NAMESPACE, "embedded").inc(len(records))
@@ -348,7 +496,7 @@ def build_pipeline(pipeline, files: Sequence[str], model: str, run_dir: str,
                    num_shards: int = 4, model_batch_size: int = PIPELINE_BATCH_SIZE,
                    max_seq_length: Optional[int] = None,
                    model_max_tokens: Optional[int] = PIPELINE_MAX_TOKENS,
-                   threads: Optional[int] = None):
+                   threads: Optional[int] = None, progress_dir: Optional[str] = None):
     """Adds the embedding steps to `pipeline`; returns the run summary's PCollection.
 
     Lines are read, parsed (dead letters aside), grouped into `num_shards`
@@ -357,11 +505,12 @@ def build_pipeline(pipeline, files: Sequence[str], model: str, run_dir: str,
     counts, duplicate ids) flows into one final step that writes
     RUN_SUMMARY.json into `run_dir`. Only ParDo, GroupByKey, Flatten and Create
     are used, so the DaskRunner runs it as every other runner does.
+    `progress_dir`: where the steps report their progress (see `read_progress`).
     """
     root = os.path.commonpath([os.path.dirname(f) for f in files]) if "://" not in files[0] else ""
     read = (pipeline
             | "ListFiles" >> beam.Create(list(files))
-            | "ReadLines" >> beam.ParDo(ReadLines(root)))
+            | "ReadLines" >> beam.ParDo(ReadLines(root, progress_dir)))
     parsed = (read
               | "Lines" >> beam.FlatMap(_kind(LINE))
               | "Redistribute" >> beam.Reshuffle()
@@ -391,7 +540,7 @@ def build_pipeline(pipeline, files: Sequence[str], model: str, run_dir: str,
                   | "GatherShards" >> beam.GroupByKey()
                   | "EmbedShards" >> beam.ParDo(EmbedShard(
                       model, run_dir, num_shards, pairs, english_only, model_batch_size,
-                      max_seq_length, model_max_tokens, threads)))
+                      max_seq_length, model_max_tokens, threads, progress_dir)))
     return (events
             | "Events" >> beam.Flatten()
             | "OneKey" >> beam.Map(lambda event: (None, event))
@@ -415,13 +564,16 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
                  model_batch_size: int = PIPELINE_BATCH_SIZE, pipeline_args: Sequence[str] = (),
                  test_pipeline=None, max_seq_length: Optional[int] = None,
                  model_max_tokens: Optional[int] = PIPELINE_MAX_TOKENS,
-                 threads_per_worker_asked: Optional[int] = None) -> dict:
+                 threads_per_worker_asked: Optional[int] = None,
+                 progress: bool = False) -> dict:
     """Embeds the files matching `inputs` into `output`; returns the committed manifest.
 
     `pipeline_args` are Beam's own flags (--runner=..., --direct_num_workers=...).
     `max_seq_length` truncates what the model embeds (see `load_embedder`).
     `threads_per_worker_asked`: TensorFlow threads of each worker's model (see
     `threads_per_worker`; None: shared out among local worker processes).
+    `progress`: show the run's progress on stderr (`ProgressDisplay`; local
+    outputs only).
     Raises FileNotFoundError / ValueError for bad arguments, RuntimeError when
     lines went missing or ids collide (naming a few duplicated ids and the
     "file:line" of each) or when another run holds a local `output` (the
@@ -446,17 +598,21 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
     files = expand_inputs(inputs)
     FileSystems.mkdirs(output) if not FileSystems.exists(output) else None
     with output_lock(output), run_directory(output) as run_dir:
+        progress_dir = (os.path.join(run_dir, PROGRESS_FOLDER)
+                        if progress and "://" not in run_dir else None)
         pipeline = test_pipeline or beam.Pipeline(options=options)
         build_pipeline(pipeline, files, model, run_dir, input_format, pairs, english_only,
                        num_shards, model_batch_size, max_seq_length, model_max_tokens,
-                       threads)
-        run_pipeline(pipeline)
-        summary_path = os.path.join(run_dir, RUN_SUMMARY)
-        if not os.path.exists(summary_path):
-            raise RuntimeError(f"the pipeline finished without writing {summary_path}")
-        with open(summary_path) as f:
-            summary = json.load(f)
-        counts = {name: int(summary["counts"][name]) for name in COUNTERS}
+                       threads, progress_dir)
+        with ProgressDisplay(progress_dir, len(files), "pair" if pairs else "sentence") as shown:
+            run_pipeline(pipeline)
+            summary_path = os.path.join(run_dir, RUN_SUMMARY)
+            if not os.path.exists(summary_path):
+                raise RuntimeError(f"the pipeline finished without writing {summary_path}")
+            with open(summary_path) as f:
+                summary = json.load(f)
+            counts = {name: int(summary["counts"][name]) for name in COUNTERS}
+            shown.finish(counts)
         lost = counts["lines_read"] - counts["embedded"] - counts["dead_lettered"]
         if lost != 0:
             raise RuntimeError(f"{lost} lines unaccounted for: {counts}")
@@ -473,8 +629,9 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
 
         for name in os.listdir(run_dir):
             path = os.path.join(run_dir, name)
-            if name.startswith(".temp") and os.path.isdir(path):
-                shutil.rmtree(path, ignore_errors=True)  # Beam's emptied staging folders
+            if name.startswith((".temp", PROGRESS_FOLDER)) and os.path.isdir(path):
+                # Beam's emptied staging folders, our progress reports
+                shutil.rmtree(path, ignore_errors=True)
         written = [os.path.join(run_dir, name) for name in summary["files"]]
         missing = [path for path in written if not os.path.isfile(path)]
         if missing:
@@ -485,8 +642,48 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
     return manifest
 
 
+def reading_example(output: str) -> str:
+    """Python lines that read an embeddings output (`embedding_io`'s readers)."""
+    return (f"from lealla_tf.embedding_io import mmap_embeddings, read_embeddings\n"
+            f"ids, vectors = read_embeddings({output!r})  # float32 [n, d], in id order\n"
+            f"mapped = mmap_embeddings({output!r})  # memory-mapped: "
+            ".parts, .ids(rows), .texts(rows)")
+
+
+def format_summary(manifest: dict, output: str, seconds: Optional[float] = None) -> str:
+    """The command line's closing summary of a committed run: what was read,
+    embedded and dead-lettered, where the output is and how to read it."""
+    counts = manifest["counts"]
+    files = manifest["files"]
+    shards = [f for f in files if f.endswith(".tfrecord.gz")]
+    dead = [os.path.join(output, f) for f in files if f.endswith(DEAD_LETTER_FILE)]
+    unit = "pairs" if manifest.get("pairs") else "sentences"
+    took = f" in {seconds:.1f} s" if seconds is not None else ""
+    inputs = len(manifest.get("inputs", []))
+    lines = [f"embed_corpus: {counts['lines_read']:,} lines read from {inputs:,} "
+             f"file{'s' if inputs != 1 else ''}{took}",
+             f"  embedded       {counts['embedded']:,} {unit}",
+             f"  dead-lettered  {counts['dead_lettered']:,} line"
+             f"{'s' if counts['dead_lettered'] != 1 else ''}"
+             + (f" -> {dead[0]} (a JSON line each: file, line, reason)" if dead else ""),
+             f"  output         {output} ({len(shards)} TFRecord shard"
+             f"{'s' if len(shards) != 1 else ''} in {manifest['run']}/, listed in MANIFEST.json)"]
+    if manifest.get("pairs"):
+        lines += ["train on it:", f"  python -m lealla_tf.train --train_data={output} ..."]
+    else:
+        lines += ["read it in Python:"] + [f"  {line}" for line in
+                                           reading_example(output).splitlines()]
+    return "\n".join(lines)
+
+
+EPILOG = ("reading an embeddings output in Python:\n"
+          + "".join(f"  {line}\n" for line in reading_example("runs/embeddings").splitlines())
+          + "a --pairs output is training data: python -m lealla_tf.train --train_data=DIR")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="beam_pipelines/embed_corpus.py", description=__doc__,
+                                     epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", required=True, action="append",
                         help="file pattern(s); repeat for several")
@@ -516,24 +713,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run(argv=None, test_pipeline=None) -> dict:
+def run(argv=None, test_pipeline=None, progress: bool = False) -> dict:
     """Parses flags (Beam's own pass through) and calls `embed_corpus`."""
     known, pipeline_args = build_parser().parse_known_args(argv)
     return embed_corpus(known.input, known.model, known.output, known.format, known.pairs,
                         known.english_only, known.num_shards, known.model_batch_size,
                         pipeline_args, test_pipeline, known.max_seq_length,
-                        known.model_max_tokens, known.threads_per_worker)
+                        known.model_max_tokens, known.threads_per_worker, progress)
 
 
 def main(argv=None) -> int:
+    """The command line: progress on stderr, the summary on stdout."""
+    from lealla_tf.progress import worker_output_filtered
+
     logging.getLogger().setLevel(logging.WARNING)
+    output = build_parser().parse_known_args(argv)[0].output
+    started = time.time()
     try:
-        manifest = run(argv)
+        with worker_output_filtered():
+            manifest = run(argv, progress=True)
     except (FileNotFoundError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    counts = manifest["counts"]
-    print(f"read {counts['lines_read']:,} lines: {counts['embedded']:,} embedded, "
-          f"{counts['dead_lettered']:,} dead-lettered -> {manifest['run']} "
-          f"({len(manifest['files'])} files)")
+    print(format_summary(manifest, output, time.time() - started))
     return 0

@@ -37,6 +37,11 @@ Outputs, each written atomically:
   <output>.summary.json        the counts.
 A run holds <output>.lock while it writes: a second run into the same --output is
 refused. Beam carries the step, so the same command runs on any runner.
+
+The command line prints each step as it finishes (the shards mapped, each
+search, the scoring, the matching, the pairs written) and ends with a summary:
+the sentences read, the pairs mined, the embeddings dead-lettered and where
+each output is.
 """
 
 import argparse
@@ -47,6 +52,7 @@ import math
 import os
 import re
 import sys
+import time
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -55,6 +61,9 @@ DEAD_LETTER_SUFFIX, SUMMARY_SUFFIX = ".dead_letter.jsonl", ".summary.json"
 LOCK_SUFFIX = ".lock"
 MARGINS = ("absolute", "distance", "ratio", "ratio_shifted")
 WRITE_BATCH = 65_536
+log = logging.getLogger(__name__)
+# The loggers whose INFO lines are the command line's progress.
+PROGRESS_LOGGERS = (__name__, "lealla_tf.mining")
 
 
 def _index_options(nlist, nprobe) -> dict:
@@ -74,6 +83,8 @@ def mine_to_files(source_dir: str, target_dir: str, output: str, margin: str = "
 
     sides = {"source": mmap_embeddings(source_dir, cache_dir),
              "target": mmap_embeddings(target_dir, cache_dir)}
+    log.info("mining %s source x %s target sentences",
+             f"{sides['source'].rows:,}", f"{sides['target'].rows:,}")
     mined = mine(Rows(sides["source"].parts, "--source"), Rows(sides["target"].parts, "--target"),
                  k=k, margin=margin, retrieval=retrieval, threshold=threshold, index_type=index,
                  memory_budget_gb=memory_budget_gb, work_dir=cache_dir, skip_invalid=True,
@@ -97,6 +108,7 @@ def mine_to_files(source_dir: str, target_dir: str, output: str, margin: str = "
         for identifier, reason in zip(sides[side].ids(indices), mined[f"invalid_{side}_reason"]):
             dead.append(json.dumps({"side": side, "directory": directory, "id": identifier,
                                     "reason": reason}, ensure_ascii=False))
+    log.info("writing %s pairs to %s", f"{len(mined['score']):,}", output)
     write_atomically(output, write_pairs)
     write_atomically(output + DEAD_LETTER_SUFFIX,
                      lambda handle: handle.write("".join(f"{line}\n" for line in dead).encode(
@@ -131,7 +143,10 @@ def check_inputs(source: str, target: str, k: int, index: str, memory_budget_gb,
                          f"{memory_budget_gb}")
     sides = {}
     for flag, directory in (("--source", source), ("--target", target)):
+        started = time.time()
         sides[flag] = mmap_embeddings(directory, cache_dir)
+        log.info("%s=%s: %s sentences, memory-mapped in %.1f s", flag, directory,
+                 f"{sides[flag].rows:,}", time.time() - started)
         if sides[flag].rows == 0:
             raise ValueError(f"{flag}={directory} has no embeddings to mine: its embed_corpus run "
                              "embedded no line (see its dead_letter.jsonl)")
@@ -158,6 +173,8 @@ class MineDirectories(beam.DoFn):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="beam_pipelines/mine_bitext.py", description=__doc__,
+                                     epilog="reading the mined pairs in Python:\n  "
+                                     + reading_example("runs/mined_deu_eng.tsv"),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source", required=True)
     parser.add_argument("--target", required=True)
@@ -246,14 +263,49 @@ def run(argv=None, test_pipeline=None) -> int:
                        known.nprobe)
 
 
+def reading_example(output: str) -> str:
+    """A Python line that reads a mined TSV."""
+    return (f"rows = [line.rstrip('\\n').split('\\t') for line in open({output!r}, "
+            "encoding='utf-8')]  # [score, source, target]")
+
+
+def format_summary(summary: dict, output: str, with_ids: bool = False,
+                   seconds=None) -> str:
+    """The command line's closing summary: sentences read, pairs mined,
+    embeddings dead-lettered, where each output is and how to read it."""
+    took = f" in {seconds:.1f} s" if seconds is not None else ""
+    lines = [f"mine_bitext: {summary['pairs']:,} pairs mined from {summary['source_rows']:,} "
+             f"source x {summary['target_rows']:,} target sentences{took}",
+             f"  dead-lettered  {summary['dead_lettered']:,} embeddings (NaN, infinite or "
+             f"zero) -> {output + DEAD_LETTER_SUFFIX}"]
+    undefined = summary.get("undefined_ratio")
+    if undefined:
+        lines.append(f"  no ratio       {undefined['source_sentences']:,} source and "
+                     f"{undefined['target_sentences']:,} target sentences (a cosine <= 0 among "
+                     f"their k nearest): {undefined['candidates']:,} candidates left out")
+    columns = "score, source, target" + (", source id, target id" if with_ids else "")
+    lines += [f"  output         {output} (TSV: {columns}; best first)",
+              f"  counts         {output + SUMMARY_SUFFIX}",
+              "read it in Python:", f"  {reading_example(output)}"]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
+    """The command line: its steps on stderr as they finish, the summary on stdout."""
     from lealla_tf.embedding_io import OutputLockedError
+    from lealla_tf.progress import logged_progress, worker_output_filtered
 
     logging.getLogger().setLevel(logging.WARNING)
+    known = build_parser().parse_known_args(argv)[0]
+    started = time.time()
     try:
-        count = run(argv)
+        with worker_output_filtered(), logged_progress(*PROGRESS_LOGGERS,
+                                                       prefix="mine_bitext: "):
+            run(argv)
     except (FileNotFoundError, ValueError, OutputLockedError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(f"mined {count:,} pairs")
+    with FileSystems.open(known.output + SUMMARY_SUFFIX) as handle:
+        summary = json.loads(handle.read().decode("utf-8"))
+    print(format_summary(summary, known.output, known.with_ids, time.time() - started))
     return 0
