@@ -9,12 +9,14 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from lealla_tf.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
+from lealla_tf.mining import mean_cosine
 from lealla_tf.parallel_corpus import find_tatoeba_languages, read_tatoeba
 
 # The metric names, spelled here and nowhere else.
 TATOEBA_PRIMARY_METRIC = "tatoeba/average_p_at_1"
 TATOEBA_MARGIN_METRIC = "tatoeba_margin/average_p_at_1"
 TATOEBA_SENTENCES = "tatoeba/sentences"
+TATOEBA_MEAN_COSINE = "tatoeba/mean_cosine"  # between different English sentences
 BUCC_AVERAGE_F1 = "bucc/average_f1"
 UN_AVERAGE_P_AT_1 = "un/average_p_at_1"
 
@@ -114,6 +116,10 @@ def tatoeba_metrics(embedded) -> Dict[str, float]:
     metrics[TATOEBA_PRIMARY_METRIC] = float(np.mean(
         [metrics[f"tatoeba/{lang}/p_at_1"] for lang in embedded]))
     metrics["tatoeba/languages"] = len(embedded)
+    # How far apart different sentences are (near 1: a collapsed model).
+    english = np.concatenate([english for _, english in embedded.values()])
+    metrics[TATOEBA_MEAN_COSINE] = mean_cosine(
+        english[::max(1, len(english) // 2000)])
     return metrics
 
 

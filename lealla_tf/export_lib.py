@@ -356,4 +356,19 @@ def export_model_dir(model_dir: str, export_path: str, export_format: str = "lea
             paths = export_labse_pair(encoder, tokenizer, export_path, seq_length=seq_length)
     summary["paths"] = paths
     summary["bytes"] = {name: saved_model_size(path) for name, path in paths.items()}
+    if tokenizer is not None:  # a model that maps every sentence to one point says so
+        from lealla_tf.mining import collapse_warning, mean_cosine
+
+        embedded = encoder(tokenizer(tf.constant(SPREAD_SENTENCES)))["sentence_embedding"]
+        summary["mean_cosine"] = mean_cosine(embedded.numpy())
+        summary["collapse_warning"] = collapse_warning(summary["mean_cosine"],
+                                                       f"the model exported to {export_path}")
     return summary
+
+
+# Unrelated sentences in several scripts: the export's spread check.
+SPREAD_SENTENCES = ["The dog is nice.", "Stock markets fell sharply on Monday.",
+                    "Der Zug hat zehn Minuten Verspätung.", "我喜欢喝茶。",
+                    "Правительство объявило новые выборы.", "¿Dónde está la biblioteca?",
+                    "The patient was given antibiotics twice a day.", "7 + 5 = 12",
+                    "Le musée ferme à dix-huit heures.", "彼は毎朝走っています。"]

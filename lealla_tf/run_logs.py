@@ -85,6 +85,8 @@ def format_summary(summary: dict) -> str:
     if summary["evaluations"]:
         curve = "  ".join(f"{e['step']}:{100 * e['p_at_1']:.2f}" for e in summary["evaluations"])
         lines.append(f"Tatoeba dev P@1 by step: {curve}")
+    if summary.get("collapse_warning"):
+        lines.append(summary["collapse_warning"])
     lines.append(f"checkpoint: {summary['checkpoint']}")
     lines.append(f"logs: {os.path.join(summary['model_dir'], 'logs')} (TensorBoard), "
                  "train_log.jsonl, eval_log.jsonl, train_summary.json")

@@ -30,7 +30,8 @@ import tensorflow as tf
 
 from lealla_tf.configs import TrainConfig
 from lealla_tf.distribution import any_worker, worker_role
-from lealla_tf.evaluation import TATOEBA_PRIMARY_METRIC
+from lealla_tf.evaluation import TATOEBA_MEAN_COSINE, TATOEBA_PRIMARY_METRIC
+from lealla_tf.mining import collapse_warning
 from lealla_tf.model_dir import CHECKPOINT_DIR
 from lealla_tf.optimizers import FusedAdamW
 from lealla_tf.run_logs import RunLogs, truncate_log
@@ -157,7 +158,7 @@ class Trainer:
         called only before the warmup ends, so the rate so far does not depend
         on n.
         """
-        from tqdm import tqdm
+        from lealla_tf.progress import progress_bar as tqdm
 
         config = self.config
         if planner is not None and self.role.workers > 1:
@@ -262,9 +263,14 @@ class Trainer:
                    / max(seconds, 1e-9), "train_seconds": train_seconds,
                    "last": last, "checkpoint": checkpoint,
                    "evaluations": [{"step": e["step"], "p_at_1": e[TATOEBA_PRIMARY_METRIC],
+                                    "mean_cosine": e.get(TATOEBA_MEAN_COSINE),
                                     "train_seconds": e["train_seconds"]} for e in evaluations],
                    "weights": self.task.weights, "replicas": self.strategy.num_replicas_in_sync,
                    "data": self.task.data_info, "initialization": self.initialization}
+        if evaluations:
+            summary["collapse_warning"] = collapse_warning(
+                evaluations[-1].get(TATOEBA_MEAN_COSINE, float("nan")),
+                f"the model in {self.model_dir}")
         if self.role.chief:
             with open(os.path.join(self.model_dir, "train_summary.json"), "w") as f:
                 json.dump(summary, f, indent=2, default=str)

@@ -104,6 +104,17 @@ def test_compiled_lealla_format_equals_the_model_in_a_fresh_process(model, sente
     assert_dropout_only_in_training(results, expected)
 
 
+def test_lealla_format_trains_inside_fit_in_both_keras(model, sentences, exported, tmp_path):
+    """hub.KerasLayer in a tf.keras.Sequential (with TF_USE_LEGACY_KERAS=1, the one
+    line the export prints), and LeallaSavedModelLayer in a Keras 3 model: fit
+    changes the encoder's weights, and the layers embed as the model does."""
+    expected = expected_outputs(model, sentences[:8])["sentence_embedding"].numpy()
+    for loader in ("hub_keras_layer", "keras3_layer"):
+        results = probe(loader, "lealla", exported["lealla"], sentences[:8], tmp_path)
+        np.testing.assert_allclose(results["batch"], expected, atol=TOLERANCE)
+        assert int(results["fit_changed"]) >= len(model[0].trainable_variables) // 2, loader
+
+
 def test_lealla_format_with_keras3_tfsm_layer(model, sentences, exported, tmp_path):
     results = probe("tfsm_layer", "lealla", exported["lealla"], sentences, tmp_path)
     expected = expected_outputs(model, sentences)["sentence_embedding"].numpy()
@@ -235,3 +246,36 @@ def test_export_cli_reads_everything_from_model_dir(model, sentence_vocab_file, 
                                atol=TOLERANCE)
     assert export_tfhub.main([f"--model_dir={tmp_path / 'nope'}",
                               f"--export_path={tmp_path / 'x'}"]) == 2
+
+
+def test_a_collapsed_model_is_named_at_export(sentence_vocab_file, tmp_path, capsys,
+                                              monkeypatch):
+    """Every layer norm's scale at 0: every sentence gets the same vector, and the
+    export says so loudly. A model whose tokens differ says nothing (a freshly
+    initialised one would warn too: its 0.02-scale token embeddings leave every
+    sentence at one point). The check sentences are ones this tiny vocabulary can
+    read (the shipped ones are mostly [UNK] to it)."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "export"))
+    import export_tfhub
+
+    monkeypatch.setattr(export_lib, "SPREAD_SENTENCES", multilingual_sentences()[:12])
+
+    tokenizer = Tokenizer(sentence_vocab_file, max_seq_length=32)
+    encoder = build_encoder(EncoderConfig(
+        vocabulary_size=tokenizer.vocab_size, num_layers=1, num_heads=2, hidden_dim=16,
+        intermediate_dim=32, dropout=0.0, pooling="mean"))
+    table = encoder.token_embedding.embeddings
+    table.assign(np.random.default_rng(0).normal(size=table.shape).astype("float32"))
+    for directory, collapse in (("spread", False), ("collapsed", True)):
+        if collapse:
+            for weight in encoder.weights:
+                if "gamma" in weight.path:
+                    weight.assign(tf.zeros_like(weight))
+        model_dir = str(tmp_path / directory)
+        write_model_config(model_dir, encoder.encoder_config, TokenizerConfig(max_seq_length=32),
+                           source_vocab_file=sentence_vocab_file)
+        save_encoder_checkpoint(model_dir, encoder)
+        assert export_tfhub.main([f"--model_dir={model_dir}",
+                                  f"--export_path={tmp_path / (directory + '_export')}"]) == 0
+        error = capsys.readouterr().err
+        assert ("WARNING" in error and "has collapsed" in error) == collapse, error

@@ -475,3 +475,22 @@ mining.mine(rng.normal(size=(50, 8)), rng.normal(size=(60, 8)), memory_budget_gb
     finally:
         live.kill()
         live.wait()
+
+
+def test_mean_cosine_tells_a_collapsed_model_from_a_spread_one():
+    from lealla_tf.mining import COLLAPSED_MEAN_COSINE, collapse_warning, mean_cosine
+
+    rng = np.random.default_rng(0)
+    spread = rng.normal(size=(50, 8))
+    unit = spread / np.linalg.norm(spread, axis=1, keepdims=True)
+    cosines = unit @ unit.T
+    expected = (cosines.sum() - np.trace(cosines)) / (50 * 49)  # the definition, written out
+    assert mean_cosine(spread) == pytest.approx(expected, abs=1e-6)
+    collapsed = np.ones((50, 8)) + 1e-6 * rng.normal(size=(50, 8))
+    assert mean_cosine(collapsed) > 0.9999 > COLLAPSED_MEAN_COSINE
+    assert collapse_warning(mean_cosine(spread), "m") is None
+    assert "m has collapsed" in collapse_warning(mean_cosine(collapsed), "m")
+    assert np.isnan(mean_cosine(spread[:1])) and collapse_warning(float("nan"), "m") is None
+    assert mean_cosine(np.zeros((5, 8))) == 1.0  # collapsed to the origin
+    half = np.concatenate([np.zeros((2, 8)), unit[:2]])  # 1 zero pair, 1 unit pair of 12
+    assert mean_cosine(half) == pytest.approx((2 * (1 + unit[0] @ unit[1])) / 12, abs=1e-6)

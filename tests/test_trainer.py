@@ -218,3 +218,26 @@ def test_a_plan_after_the_warmup_is_refused(sentence_vocab_file, tiny_parallel_d
     with pytest.raises(ValueError, match="during the warmup"):
         Trainer(config, str(tmp_path), None, sentence_vocab_file, progress=False).train(
             lambda measured: {"train_steps": 6} if measured["step"] == 3 else None)
+
+
+def test_a_collapsed_student_is_named_in_the_summary(sentence_vocab_file, tiny_parallel_dir,
+                                                     tiny_tatoeba_dir, tmp_path):
+    """Every layer norm's scale at 0 and a rate of 0: every sentence gets one vector.
+    The run still reaches its steps, and its summary says loudly that the model has
+    collapsed, measured from the spread of the evaluation's embeddings."""
+    from lealla_tf.run_logs import format_summary
+
+    config = tiny_config(vocab_size(sentence_vocab_file), tiny_parallel_dir, "ams",
+                         train_steps=2, eval_every=2, tatoeba_dir=tiny_tatoeba_dir)
+    config.optimizer.learning_rate = 0.0
+    trainer = Trainer(config, str(tmp_path), None, sentence_vocab_file, progress=False)
+    trainer.restore_or_initialize()
+    for weight in trainer.task.trainable:
+        if "gamma" in weight.path:
+            weight.assign(tf.zeros_like(weight))
+    trainer.restore_or_initialize = lambda: 0  # keep the collapsed weights
+    summary = trainer.train()
+    assert summary["final_step"] == 2 and summary["evaluations"][-1]["mean_cosine"] > 0.999
+    assert "has collapsed" in summary["collapse_warning"]
+    assert "has collapsed" in format_summary(summary)
+    assert json.load(open(tmp_path / "train_summary.json"))["collapse_warning"]
