@@ -16,8 +16,8 @@ __version__ = "0.1.0"
 
 # TensorFlow leaves its oneDNN kernels off on CPUs it does not recognise (this
 # project's AMD EPYC among them); on, the training step at 64 x 32 is 1.54x
-# faster here (benchmarks/results/train_speedups.json). Only takes effect when lealla_tf is
-# imported before tensorflow; a value the user set is kept.
+# faster here (benchmarks/results/train_throughput.json, `variants.speedups`). Only takes
+# effect when lealla_tf is imported before tensorflow; a value the user set is kept.
 _os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 _EXPORTS = {
@@ -31,6 +31,7 @@ _EXPORTS = {
     "Embedder": "lealla_tf.embedder",
     "load_embedder": "lealla_tf.embedder",
     "load": "lealla_tf.embedder",
+    "LeallaSavedModelLayer": "lealla_tf.layers.saved_model_layer",
 }
 
 

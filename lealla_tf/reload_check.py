@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-LOADERS = ("hub_keras_layer", "tfsm_layer", "saved_model_load")
+LOADERS = ("hub_keras_layer", "tfsm_layer", "keras3_layer", "saved_model_load")
 
 
 def reload_in_fresh_process(path: str, sentences, loader: str = "hub_keras_layer",
@@ -50,6 +50,20 @@ def reload_in_fresh_process(path: str, sentences, loader: str = "hub_keras_layer
             raise RuntimeError(f"{loader} could not reload {path} in a fresh process:\n"
                                f"{result.stderr[-4000:]}")
         return dict(np.load(output))
+
+
+def fit_changes(model, layer, batch, loss):
+    """Fits `model` (strings -> 2 logits) with `loss` for two epochs on `batch`
+    and returns how many of `layer`'s trainable weights changed."""
+    import numpy as np
+    import tensorflow as tf
+
+    model.compile(optimizer="adam", loss=loss)
+    before = [np.array(w.numpy()) for w in layer.trainable_weights]
+    labels = tf.constant([i % 2 for i in range(int(batch.shape[0]))])
+    model.fit(tf.data.Dataset.from_tensor_slices((batch, labels)).batch(4), epochs=2, verbose=0)
+    return np.array(sum(not np.array_equal(b, np.array(w.numpy()))
+                        for b, w in zip(before, layer.trainable_weights)))
 
 
 def main():
@@ -93,6 +107,22 @@ def main():
         results["training_a"] = embed(batch, True).numpy()
         results["training_b"] = embed(batch, True).numpy()
         weights = layer.trainable_weights
+        if args.format == "lealla":  # inside tf.keras.Sequential, trained by fit
+            results["fit_changed"] = fit_changes(
+                tf.keras.Sequential([layer, tf.keras.layers.Dense(2)]), layer, batch,
+                tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    elif args.loader == "keras3_layer":
+        import keras
+
+        from lealla_tf.layers.saved_model_layer import LeallaSavedModelLayer
+
+        layer = LeallaSavedModelLayer(args.path, trainable=True)
+        text = keras.Input(shape=(), dtype="string")
+        model = keras.Model(text, keras.layers.Dense(2)(layer(text)))
+        results["batch"] = layer(batch).numpy()
+        results["fit_changed"] = fit_changes(
+            model, layer, batch, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        weights = layer.weights
     elif args.loader == "tfsm_layer":
         import keras
 

@@ -15,7 +15,7 @@ LAYERS = [
     {"losses", "mining", "tokenizer", "parallel_corpus", "embedding_io", "sentencepiece_model",
      "e5_checkpoint", "distribution", "beam_options", "reload_check", "layers",
      "layers.l2_normalization", "layers.masked_mean_pooling", "layers.hash_dropout",
-     "pipelines", "json_files", "machine", "kernels", "progress"},
+     "layers.saved_model_layer", "pipelines", "json_files", "machine", "kernels", "progress"},
     {"objectives", "configs", "presets", "lealla_encoder", "vocabulary", "flags", "schedules",
      "optimizers"},
     {"model_dir", "data", "checkpoint_conversion", "vocab_pruning"},
