@@ -58,27 +58,35 @@ def read_jsonl(path: str) -> list:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def plot_training(runs: Dict[str, str], path: str, loss_term: str = "total") -> str:
-    """Training loss and dev P@1 against step for each {name: model_dir}."""
+def plot_training(runs: Dict[str, str], path: str, eval_pairs: int = 0) -> str:
+    """Each loss term and dev P@1 against step, for each {name: model_dir}.
+
+    The loss panel draws every term of every run unweighted (a term is the same
+    quantity in each run that has it, e.g. AMS in the student and in AMS alone),
+    not the weighted totals of different objectives. `eval_pairs`: the dev
+    evaluations' pairs a language (0: all), named on the axis."""
     from lealla_tf.evaluation import TATOEBA_PRIMARY_METRIC
+    from lealla_tf.objectives import OBJECTIVES
 
     plt = _pyplot()
     figure, (loss_axis, p_axis) = plt.subplots(1, 2, figsize=(11, 4))
     for name, model_dir in runs.items():
         rows = read_jsonl(os.path.join(model_dir, "train_log.jsonl"))
-        key = loss_term if rows and loss_term in rows[0] else "total"
-        if rows:
-            loss_axis.plot([r["step"] for r in rows], [r[key] for r in rows], label=f"{name}: {key}")
+        terms = [key for key in (rows[0] if rows else {}) if key in OBJECTIVES]
+        for term in terms:
+            loss_axis.plot([r["step"] for r in rows], [r[term] for r in rows],
+                           label=f"{name}: {term}", linewidth=0.8)
         evals = read_jsonl(os.path.join(model_dir, "eval_log.jsonl"))
         if evals:
             p_axis.plot([e["step"] for e in evals],
                         [100 * e[TATOEBA_PRIMARY_METRIC] for e in evals], marker="o", label=name)
     loss_axis.set_xlabel("step")
-    loss_axis.set_ylabel("loss (training batch)")
+    loss_axis.set_ylabel("loss term, unweighted (training batch)")
     loss_axis.set_yscale("log")
-    loss_axis.legend(fontsize=8)
+    loss_axis.legend(fontsize=7)
     p_axis.set_xlabel("step")
-    p_axis.set_ylabel("Tatoeba dev P@1 (%), first pairs per language")
+    basis = f"first {eval_pairs} pairs a language" if eval_pairs else "all pairs"
+    p_axis.set_ylabel(f"Tatoeba dev P@1 (%), {basis}")
     p_axis.legend(fontsize=8)
     figure.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

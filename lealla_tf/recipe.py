@@ -29,6 +29,11 @@ Every stage is a library call returning a dict; `Stages` handles reuse, timing a
 the summary, and each model is loaded once and shared between stages.
 """
 
+if __name__ == "__main__":  # before TensorFlow and Beam load (lealla_tf.progress)
+    from lealla_tf.progress import quiet_startup
+
+    quiet_startup()
+
 import dataclasses
 import json
 import os
@@ -100,9 +105,10 @@ class Stages:
             if os.path.exists(self.marker(name)):
                 with open(self.marker(name)) as f:
                     recorded = json.load(f).get("settings")
-                if recorded is not None:
-                    stored.update(recorded)
-                    wanted.update(_comparable(values))
+                if recorded is None:  # an older job's marker
+                    check_same_settings(name, None, values)
+                stored.update(recorded)
+                wanted.update(_comparable(values))
         check_same_settings("finished", stored, wanted)
 
     def elapsed(self) -> float:
@@ -150,10 +156,13 @@ def _comparable(value):
 
 def check_same_settings(name: str, stored: Optional[dict], wanted: Optional[dict]) -> None:
     """ValueError in one line naming every flag whose value differs from the one
-    a finished stage was made with (a marker without settings, from an older
-    job, is taken as it is)."""
-    if stored is None or wanted is None:
+    a finished stage was made with. A marker without settings (an older job's,
+    which recorded none) cannot be shown to match, and is refused too."""
+    if wanted is None:
         return
+    if stored is None:
+        raise ValueError(f"the work dir's {name} stages were made by an older lealla_tf that "
+                         "recorded no flags: pass --fresh or another --work_dir")
     wanted = _comparable(wanted)
     differing = [f"--{flag}={stored.get(flag)!r} (now {wanted.get(flag)!r})"
                  for flag in sorted(set(stored) | set(wanted))
@@ -317,7 +326,7 @@ def mixed_precision(config: RecipeConfig, run_dir: Optional[str] = None) -> bool
     where this CPU multiplies bfloat16 natively (`lealla_tf.machine`). The main
     job's student scored 41.91 % Tatoeba dev P@1 in bfloat16 against 42.20 in
     float32 and trained 1.39x faster on a Zen 4
-    (benchmarks/results/recipe_sweep_precision.json)."""
+    (benchmarks/results/recipe_sweep.json, rows float32 and bfloat16)."""
     from lealla_tf.machine import bfloat16_arithmetic
 
     if config.mixed_precision is not None:
@@ -494,6 +503,8 @@ def export_stage(model_dir: str, export_path: str, sentences, models: Models) ->
     expected = encoder(tokenizer(tf.constant(sentences)))["sentence_embedding"].numpy()
     summary["reload_max_abs_difference"] = float(np.abs(reloaded - expected).max())
     summary["reload_sentences"] = len(sentences)
+    if summary.get("collapse_warning"):
+        print(summary["collapse_warning"])
     print(f"exported {summary['bytes']['model'] / 1e6:.1f} MB; hub.KerasLayer reload in a fresh "
           f"process matches the in-memory model to {summary['reload_max_abs_difference']:.1e} "
           f"on {len(sentences)} sentences")
@@ -562,6 +573,8 @@ def mine_stage(config: RecipeConfig, data_dir, sample_dir: str, bucc_dir: str,
             print(f"skipping {language}: {error}")
     results = {}
     for name, path in models.items():
+        if not available:
+            break
         results[name] = evaluate_bucc(loaded.get(path), bucc_dir, available)
         print(f"{name}: " + ", ".join(
             f"{lang} F1 {100 * results[name][f'bucc/{lang}/f1']:.1f}" for lang in available)
@@ -636,6 +649,8 @@ def format_summary(report: dict) -> str:
             f"{name} {precision}" for name, precision in report["precision"].items())
             + " (the exports compute in float32)")
     export = report["export"]
+    if export.get("collapse_warning"):
+        lines.append(export["collapse_warning"])
     lines.append(f"model: {export['parameters']:,} parameters, {export['embedding_dim']}-d, "
                  f"SavedModel {export['bytes']['model'] / 1e6:.1f} MB, hub.KerasLayer reload "
                  f"max |diff| {export['reload_max_abs_difference']:.1e}")
@@ -683,17 +698,20 @@ def check_sentences(tatoeba_dir: str):
 # PLAN_AT_STEP steps, timing all but the first PLAN_SKIP_STEPS (tracing, and
 # oneDNN's first pass over new batch shapes); both warm up over
 # PLANNED_WARMUP_STEPS, so the rate before the plan does not depend on it.
-PLAN_AT_STEP, PLAN_SKIP_STEPS, PLANNED_WARMUP_STEPS = 30, 8, 60
+# On the main job's student (Xeon, 2 cores) steps 9-30 took 1.53 s, 16-50 1.31 s
+# and the whole run 1.19 s: the first steps pay for new batch shapes, so the plan
+# waits for step 50.
+PLAN_AT_STEP, PLAN_SKIP_STEPS, PLANNED_WARMUP_STEPS = 50, 15, 60
 # Dev evaluations along each student's training when --eval_every is 0.
 PLANNED_EVALUATIONS = 5
 # The plan keeps this share of the budget in hand (the machine's speed drifts).
 PLAN_MARGIN = 0.05
-# The comparison's step (AMS alone, no teacher pass) over the student's, and the
-# stages after training (export, evaluations, mining, report) over the teacher's
-# evaluation stage, both measured on one machine (benchmarks/results/main_step.json
-# and the main job's report, docs/benchmarks.md): the plan scales them by what
-# this machine measures.
-COMPARISON_STEP_RATIO = 0.75
+# The comparison's step (AMS alone, no teacher pass) over the student's (0.52 in
+# the main job on a 2-core Xeon: 0.61 s against 1.19), and the stages after
+# training (export, evaluations, mining, report) over the teacher's evaluation
+# stage, both measured in the main job's report (benchmarks/results/main_job.json),
+# with a margin: the plan scales them by what this machine measures.
+COMPARISON_STEP_RATIO = 0.6
 AFTER_TRAINING_PER_TEACHER_EVALUATION = 1.2
 # Fewer steps than this and the report says the run was cut short by the budget.
 SHORT_RUN_STEPS = 300
@@ -751,12 +769,18 @@ class BudgetPlanner:
                            if self.plan["short"] else ""))
         with open(os.path.join(self.model_dir, BUDGET_PLAN_FILE), "w") as f:
             json.dump(self.plan, f, indent=2)
-        every = self.config.eval_every or max(1, steps // PLANNED_EVALUATIONS)
+        every = self.config.eval_every or planned_every(steps)
         return {"train_steps": steps, "eval_every": every,
-                "checkpoint_every": max(1, steps // 5),
+                "checkpoint_every": planned_every(steps),
                 # a run that overshoots its plan by a third stops
                 "time_budget_minutes": (measured["start_seconds"] + step * per_step
                                         + 4 / 3 * own) / 60}
+
+
+def planned_every(steps: int) -> int:
+    """Steps between evaluations (and checkpoints): `PLANNED_EVALUATIONS` of them,
+    the last at the last step rather than one beside it."""
+    return max(1, -(-steps // PLANNED_EVALUATIONS))
 
 
 def student_run_config(train: "TrainConfig", config: RecipeConfig, steps: Optional[int],
@@ -769,9 +793,8 @@ def student_run_config(train: "TrainConfig", config: RecipeConfig, steps: Option
         warmup = (config.warmup_steps if config.warmup_steps is not None
                   else (PLANNED_WARMUP_STEPS if not config.train_steps
                         else max(1, steps // 10)))
-        every = config.eval_every or max(1, steps // PLANNED_EVALUATIONS)
-        changes = dict(train_steps=steps, eval_every=every,
-                       checkpoint_every=max(1, steps // 5))
+        every = config.eval_every or planned_every(steps)
+        changes = dict(train_steps=steps, eval_every=every, checkpoint_every=planned_every(steps))
     else:  # planned at PLAN_AT_STEP: nothing saved or evaluated before
         warmup = PLANNED_WARMUP_STEPS
         changes = dict(train_steps=100 * PLANNED_WARMUP_STEPS, eval_every=PLANNED_WARMUP_STEPS,
@@ -1059,7 +1082,8 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
 
     curve_runs = {f"{runs[n][0]} (student)" if n == STUDENT else f"{runs[n][0]} alone":
                   paths[n] for n in training}
-    plot_training(curve_runs, os.path.join(report_dir, "training_curve.png"))
+    plot_training(curve_runs, os.path.join(report_dir, "training_curve.png"),
+                  config.eval_max_pairs)
     compared = {STUDENT: tatoeba.get(STUDENT_ON_TEACHER_PAIRS, tatoeba[STUDENT]),
                 TEACHER: tatoeba[TEACHER]}
     subset = (f", first {config.teacher_eval_pairs} pairs a language"
@@ -1101,9 +1125,33 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
               "precision": {name: "bfloat16" if train.mixed_precision else "float32"
                             for name, train in trains.items()},
               "distillation": distillation, "mining": mining, **stages.summary()}
+    report["headline"] = headline(report)
     with open(os.path.join(report_dir, "report.json"), "w") as f:
         json.dump(report, f, indent=2, default=str)
+    with open(os.path.join(report_dir, "summary.md"), "w", encoding="utf-8") as f:
+        f.write("# The main job\n\n```\n" + format_summary(report).strip("\n=") + "\n```\n")
     return report
+
+
+def headline(report: dict) -> dict:
+    """The report's figures a person quotes, in percent, each on its basis."""
+    from lealla_tf.evaluation import TATOEBA_PRIMARY_METRIC
+    from lealla_tf.news_set import NEWS_PRIMARY_METRIC
+
+    tatoeba = report["tatoeba"]
+    figures = {"tatoeba_dev_all_pairs_p_at_1": {
+        name: round(100 * tatoeba[name][TATOEBA_PRIMARY_METRIC], 2)
+        for name in (STUDENT, COMPARISON, TEACHER)
+        if name in tatoeba and not tatoeba[name].get("max_pairs")}}
+    news = report.get("news") or {}
+    if news:
+        figures["news_mining_f1"] = {name: round(100 * m[NEWS_PRIMARY_METRIC], 2)
+                                     for name, m in news.items()}
+        figures["news_length_p_at_1"] = {name: round(100 * m["news_length/average_p_at_1"], 2)
+                                         for name, m in news.items()}
+    figures["basis"] = ("Tatoeba: all pairs of every tatoeba_dev language, each model; news: "
+                        "the held-out NTREX set, every model on the same pairs")
+    return figures
 
 
 # === Command line ===

