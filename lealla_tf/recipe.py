@@ -644,6 +644,13 @@ def format_summary(report: dict) -> str:
                      f"{comparison['comparison_objective']} alone "
                      f"{100 * comparison['comparison']:.2f}% vs {comparison['objective']} "
                      f"{100 * comparison['full']:.2f}% ({comparison['gain_points']:+.2f} points)")
+    pairs = report["config"].get("eval_max_pairs")
+    for name, run in report["training"].items():
+        curve = " ".join(f"{e['step']}:{100 * e['p_at_1']:.1f}" for e in run["evaluations"])
+        if curve:
+            lines.append(f"dev P@1 along training, {name} (step:P@1, "
+                         f"{f'first {pairs} pairs' if pairs else 'all pairs'} a language): "
+                         f"{curve}")
     if report.get("precision"):
         lines.append("training precision: " + ", ".join(
             f"{name} {precision}" for name, precision in report["precision"].items())

@@ -108,8 +108,9 @@ def main():
         results["training_b"] = embed(batch, True).numpy()
         weights = layer.trainable_weights
         if args.format == "lealla":  # inside tf.keras.Sequential, trained by fit
+            trained = hub.KerasLayer(args.path, trainable=True)  # the weights above stay
             results["fit_changed"] = fit_changes(
-                tf.keras.Sequential([layer, tf.keras.layers.Dense(2)]), layer, batch,
+                tf.keras.Sequential([trained, tf.keras.layers.Dense(2)]), trained, batch,
                 tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     elif args.loader == "keras3_layer":
         import keras
@@ -120,9 +121,9 @@ def main():
         text = keras.Input(shape=(), dtype="string")
         model = keras.Model(text, keras.layers.Dense(2)(layer(text)))
         results["batch"] = layer(batch).numpy()
+        weights = [np.array(w.numpy()) for w in layer.weights]  # as loaded, before fit
         results["fit_changed"] = fit_changes(
             model, layer, batch, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        weights = layer.weights
     elif args.loader == "tfsm_layer":
         import keras
 
@@ -156,7 +157,7 @@ def main():
         results["training_a"] = embed(batch, True).numpy()
         results["training_b"] = embed(batch, True).numpy()
     for i, weight in enumerate(weights):
-        results[f"weight_{i:04d}"] = np.asarray(weight.numpy())
+        results[f"weight_{i:04d}"] = np.asarray(getattr(weight, "numpy", lambda: weight)())
     np.savez(args.output, **results)
 
 

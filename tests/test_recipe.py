@@ -118,6 +118,13 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
         assert sum(news[f"news_length/{band}/pairs"] for band in length_band_names()) == sum(
             report["news_set"]["pairs"].values())
     assert "news mining F1" in out and "news P@1 by tokens" in out
+    assert "dev P@1 along training, student (step:P@1, first 4 pairs a language): 0:" in out
+    summary = (work / "report" / "summary.md").read_text()
+    assert "dev P@1 along training, student" in summary and "news mining F1" in summary
+    headline = report["headline"]
+    assert headline["tatoeba_dev_all_pairs_p_at_1"]["student"] == round(
+        100 * report["tatoeba"]["student"]["tatoeba/average_p_at_1"], 2)
+    assert set(headline["news_mining_f1"]) == {"student", "teacher"}
     # hd's teacher pass gives the fd/ld targets: no Beam stage precomputes them.
     assert report["teacher_vectors"]["backend"]["backend"] == "in_step"
     assert "teacher_vectors" not in report["stage_seconds"]
@@ -509,9 +516,9 @@ def test_the_plan_fits_both_students_and_the_later_stages_in_the_budget(tmp_path
 
 @pytest.mark.slow
 def test_the_main_job_killed_in_training_resumes_exactly(tiny_data, tmp_path):
-    """kill -9 once the student's first checkpoint exists, rerun the same
-    command: the student trains on the same batches, to the same weights, as a
-    run never killed (bfloat16, length buckets)."""
+    """kill -9 once the student's first checkpoint exists (step 2 of 6), rerun the
+    same command: the student trains on the same batches, to the same weights, as
+    a run never killed (bfloat16, length buckets)."""
     import shutil
     import signal
     import subprocess
@@ -547,9 +554,9 @@ def test_the_main_job_killed_in_training_resumes_exactly(tiny_data, tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "lealla_tf.recipe",
                                 f"--work_dir={killed}", *arguments], env=environment,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    checkpoint = killed / "student" / "checkpoints" / "ckpt-1.index"
+    checkpoints = killed / "student" / "checkpoints"
     deadline = time.time() + 600
-    while not checkpoint.exists() and time.time() < deadline:
+    while not list(checkpoints.glob("ckpt-*.index")) and time.time() < deadline:
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
     process.wait()
@@ -601,15 +608,15 @@ def test_the_main_job_on_your_own_pairs_learns(shared_data, tmp_path, capsys):
         (dev / f"tatoeba.{language}-eng.eng").write_text(
             "".join(e + "\n" for _, e in pairs[600:]), encoding="utf-8")
     work = tmp_path / "work"
-    assert main([f"--data_dir={mine}", f"--work_dir={work}", "--train_steps=40",
-                 "--eval_every=40", "--global_batch_size=16", "--skip_comparison",
-                 "--encoder_overrides=num_layers=2,hidden_dim=32,num_heads=2,"
-                 "intermediate_dim=64", "--bucc_languages="]) == 0
+    assert main([f"--data_dir={mine}", f"--work_dir={work}", "--train_steps=60",
+                 "--eval_every=60", "--eval_max_pairs=0", "--global_batch_size=32",
+                 "--skip_comparison", "--encoder_overrides=num_layers=4,hidden_dim=64,"
+                 "num_heads=4,intermediate_dim=128", "--bucc_languages="]) == 0
     out = capsys.readouterr().out
     assert "the news evaluation is skipped" in out  # no NTREX folder of one's own
     curve = json.loads((work / "report" / "report.json").read_text())["training"]["student"][
         "evaluations"]
-    assert [e["step"] for e in curve] == [0, 40]
+    assert [e["step"] for e in curve] == [0, 60]
     assert curve[-1]["p_at_1"] > curve[0]["p_at_1"] + 0.05, curve
     assert (work / "export" / "lealla_small" / "saved_model.pb").exists()
     assert (work / "report" / "summary.md").read_text().startswith("# The main job")
