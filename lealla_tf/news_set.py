@@ -21,7 +21,7 @@ Two evaluations read the held-out pairs:
 
 import hashlib
 import os
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -134,12 +134,10 @@ class CachedEmbedder:
 
     def encode(self, sentences: Sequence[str], *args, **kwargs) -> np.ndarray:
         """Rows for `sentences`, embedding (in one length-sorted pass, with the
-        pipelines' batching) only those not seen before."""
-        from lealla_tf.evaluation import embed_sentences
-
+        pipelines' batching, `Embedder.encode`'s default) only those not seen before."""
         new = sorted({s for s in sentences if s not in self.cache})
         if new:
-            for sentence, row in zip(new, embed_sentences(self.embedder, new)):
+            for sentence, row in zip(new, self.embedder.encode(new)):
                 self.cache[sentence] = row
         if not sentences:
             return np.zeros((0, self.embedder.dimension), np.float32)
@@ -156,13 +154,13 @@ def p_at_1_by_length(embed, news_dir: str, languages: Sequence[str],
     languages, `news_length/<lang>/p_at_1`, and `news_length/average_p_at_1`
     (the languages' average).
     """
-    from lealla_tf.evaluation import _unit_rows
+    from lealla_tf.mining import normalize_rows
 
     hits, lengths, metrics = [], [], {}
     for language in languages:
         pairs = read_news_pairs(news_dir, language)
-        source = _unit_rows(embed.encode([s for s, _ in pairs]))
-        english = _unit_rows(embed.encode([e for _, e in pairs]))
+        source = normalize_rows(embed.encode([s for s, _ in pairs]))
+        english = normalize_rows(embed.encode([e for _, e in pairs]))
         similarities = source @ english.T
         truth = np.arange(len(pairs))
         correct = ((similarities.argmax(axis=1) == truth).astype(np.float64)
@@ -205,24 +203,3 @@ def evaluate_news(embedder, news_dir: str, languages: Sequence[str],
 
 def length_band_names() -> List[str]:
     return [band_name(band) for band in LENGTH_BANDS]
-
-
-def format_news_table(results: Dict[str, Dict[str, float]],
-                      languages: Optional[Sequence[str]] = None) -> str:
-    """A plain-text table: F1 per language and P@1 per length band, a column a model."""
-    names = list(results)
-    first = results[names[0]]
-    languages = languages or sorted({k.split("/")[1] for k in first
-                                     if k.startswith("news/") and k.endswith("/f1")})
-    rows = [("", *names)]
-    rows += [(f"F1 {lang}", *(f"{100 * results[n][f'news/{lang}/f1']:.1f}" for n in names))
-             for lang in languages]
-    rows.append(("F1 average", *(f"{100 * results[n][NEWS_PRIMARY_METRIC]:.1f}"
-                                 for n in names)))
-    for band in length_band_names():
-        pairs = first[f"news_length/{band}/pairs"]
-        values = [results[n][f"news_length/{band}/p_at_1"] for n in names]
-        rows.append((f"P@1 {band} tokens ({pairs} pairs)",
-                     *("-" if v is None else f"{100 * v:.1f}" for v in values)))
-    width = max(len(r[0]) for r in rows)
-    return "\n".join(f"{r[0]:<{width}}  " + "  ".join(f"{c:>12}" for c in r[1:]) for r in rows)
