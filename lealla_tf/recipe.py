@@ -823,14 +823,6 @@ def read_plan(model_dir: str, name: str = "plan.json") -> Optional[dict]:
         return json.load(f)
 
 
-def tatoeba_sentence_count(tatoeba_dir: str, max_pairs: int = 0) -> int:
-    from lealla_tf.parallel_corpus import find_tatoeba_languages, read_tatoeba
-
-    count = 0
-    for language in find_tatoeba_languages(tatoeba_dir):
-        source, _ = read_tatoeba(tatoeba_dir, language)
-        count += 2 * (min(len(source), max_pairs) if max_pairs else len(source))
-    return count
 
 
 # === The held-out news set ===
@@ -876,10 +868,6 @@ def news_stage(models: Dict[str, str], news_dir: str, languages, vocab_file: str
               f"{100 * results[name]['news_length/average_p_at_1']:.1f} "
               f"({time.time() - start:.0f} s)")
     return results
-
-
-def news_sentence_count(news: dict) -> int:
-    return sum(news["pairs"].values()) * 2
 
 
 # === The job ===
