@@ -25,8 +25,8 @@ $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev,teacher]"
 	$(BIN)/python -m pip check
-	# The fused training kernels, compiled for this machine (see lealla_tf/kernels).
-	$(BIN)/python -m lealla_tf.kernels
+	# The fused training kernels, compiled for this machine (see lealla_tf/models/kernels).
+	$(BIN)/python -m lealla_tf.models.kernels
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -65,7 +65,7 @@ setup(
     python_requires=">=3.10,<3.14",
     packages=find_packages(include=["lealla_tf", "lealla_tf.*"]),
     # The fused kernels' C++ sources: compiled on the machine that trains.
-    package_data={"lealla_tf.kernels": ["*.cc"]},
+    package_data={"lealla_tf.models.kernels": ["*.cc"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,
 )

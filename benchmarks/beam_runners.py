@@ -34,9 +34,9 @@ def main():
     import distributed
     import numpy as np
 
-    from lealla_tf.embedding_io import read_embeddings
+    from lealla_tf.mining.shards import read_embeddings
     from lealla_tf.pipelines.embed_corpus import embed_corpus
-    from lealla_tf.recipe import find_data_dir
+    from lealla_tf.recipe.config import find_data_dir
 
     sentences = [s for s in tatoeba_sentences(find_data_dir(args.data_dir), args.num_sentences)
                  if s.strip()]

@@ -20,7 +20,7 @@ import tempfile
 import time
 
 from benchmarks.common import machine, tatoeba_sentences
-from lealla_tf.recipe import find_data_dir
+from lealla_tf.recipe.config import find_data_dir
 
 
 def benchmark_sentences(data_dir, count):
@@ -51,13 +51,13 @@ def main():
     parser.add_argument("--data_dir", default=None)
     args = parser.parse_args()
 
-    from lealla_tf.embedder import load_embedder
-    from lealla_tf.evaluation import embed_sentences
-    from lealla_tf.export_lib import export_lealla_model
-    from lealla_tf.lealla_encoder import build_encoder
+    from lealla_tf.inference.embedder import load_embedder
+    from lealla_tf.evaluation.retrieval import embed_sentences
+    from lealla_tf.inference.export import export_lealla_model
+    from lealla_tf.models.encoder import build_encoder
     from lealla_tf.pipelines import embed_corpus
-    from lealla_tf.presets import get_preset
-    from lealla_tf.tokenizer import Tokenizer
+    from lealla_tf.models.presets import get_preset
+    from lealla_tf.tokenizers.tokenizer import Tokenizer
 
     sentences = benchmark_sentences(find_data_dir(args.data_dir), args.num_sentences)
     work = tempfile.mkdtemp(prefix="beam_bench_")

@@ -95,7 +95,7 @@ def labse_sized_vocabulary(data_dir, path):
     pieces learned from `data_dir`/parallel, extended with unique private-use-area
     fillers that never match text (the embedding table and the asset get the
     released models' sizes)."""
-    from lealla_tf.vocabulary import build_vocabulary
+    from lealla_tf.tokenizers.vocabulary import build_vocabulary
 
     build_vocabulary([str(data_dir / "parallel")], 32000, path, progress=False)
     tokens = open(path, encoding="utf-8").read().split("\n")[:-1]

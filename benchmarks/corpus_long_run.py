@@ -30,10 +30,10 @@ import sys
 import time
 
 from benchmarks.common import machine, run_passing_stop_signals, write_result
-from lealla_tf.evaluation import (TATOEBA_MARGIN_METRIC,
+from lealla_tf.evaluation.retrieval import (TATOEBA_MARGIN_METRIC,
                                   TATOEBA_PRIMARY_METRIC, best_and_worst, per_language)
-from lealla_tf.plots import read_jsonl
-from lealla_tf.recipe import find_data_dir
+from lealla_tf.evaluation.plots import read_jsonl
+from lealla_tf.recipe.config import find_data_dir
 
 
 def run(command):
@@ -45,7 +45,7 @@ def run(command):
 
 
 def training_flags(args, data: pathlib.Path, recipe: pathlib.Path) -> list:
-    """`lealla_tf.train`'s flags for this run: the main job's student on every
+    """`lealla_tf.cli.train`'s flags for this run: the main job's student on every
     pair of `data`/parallel, with `recipe`'s vocabulary and teacher."""
     tatoeba = str(data / "tatoeba_dev")
     train_flags = [
@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--work_dir", default="runs/ams_corpus")
     parser.add_argument("--objective", default="ams")
     parser.add_argument("--loss_weights", default="",
-                        help="as lealla_tf.train's, e.g. hd=300 (the main job's weight)")
+                        help="as lealla_tf.cli.train's, e.g. hd=300 (the main job's weight)")
     parser.add_argument("--embedding_init", default="teacher_pca",
                         help="the runs in the README used teacher_pca; the main job's "
                              "student now starts from teacher_select")
@@ -102,11 +102,11 @@ def main():
     train_flags = training_flags(args, data, recipe)
     tatoeba = str(data / "tatoeba_dev")
     start = time.perf_counter()
-    run([sys.executable, "-m", "lealla_tf.train", *train_flags])
+    run([sys.executable, "-m", "lealla_tf.cli.train", *train_flags])
     train_wall = time.perf_counter() - start
     full_json = os.path.join(args.work_dir, "tatoeba_dev_all.json")
     start = time.perf_counter()
-    run([sys.executable, "-m", "lealla_tf.evaluate", f"--model={args.work_dir}",
+    run([sys.executable, "-m", "lealla_tf.cli.evaluate", f"--model={args.work_dir}",
          f"--tatoeba_dir={tatoeba}", f"--output_json={full_json}", "--no_progress"])
     eval_wall = time.perf_counter() - start
 

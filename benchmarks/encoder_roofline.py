@@ -67,8 +67,8 @@ def layer_table(num_layers: int, batch: int, length: int, repeats: int) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from lealla_tf.lealla_encoder import build_encoder
-    from lealla_tf.presets import get_preset
+    from lealla_tf.models.encoder import build_encoder
+    from lealla_tf.models.presets import get_preset
 
     config = get_preset("lealla_small").encoder.replace(vocabulary_size=1000,
                                                         num_layers=num_layers)
@@ -93,8 +93,8 @@ def parts_table(presets, shapes, part_counts, repeats: int) -> list:
     import numpy as np
     import tensorflow as tf
 
-    from lealla_tf.lealla_encoder import build_encoder
-    from lealla_tf.presets import get_preset
+    from lealla_tf.models.encoder import build_encoder
+    from lealla_tf.models.presets import get_preset
 
     rows = []
     for preset in presets:
@@ -145,7 +145,7 @@ def main():
                      f"like 340x12,100x40; got {args.rows!r}, {args.parts!r}, "
                      f"{args.part_shapes!r}")
     presets = [p.strip() for p in args.part_presets.split(",") if p.strip()]
-    from lealla_tf.presets import PRESETS
+    from lealla_tf.models.presets import PRESETS
 
     unknown = [p for p in presets if p not in PRESETS]
     if unknown:

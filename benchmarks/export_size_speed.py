@@ -19,7 +19,7 @@ import time
 
 from benchmarks.common import (LABSE_VOCABULARY_SIZE, labse_sized_vocabulary, machine,
                                tatoeba_sentences)
-from lealla_tf.recipe import find_data_dir
+from lealla_tf.recipe.config import find_data_dir
 
 
 def throughput(model, sentences, batch_size):
@@ -49,10 +49,10 @@ def main():
     import tensorflow as tf
     import tensorflow_text  # noqa: F401
 
-    from lealla_tf.export_lib import export_lealla_model, saved_model_size
-    from lealla_tf.lealla_encoder import build_encoder
-    from lealla_tf.presets import count_parameters, get_preset
-    from lealla_tf.tokenizer import Tokenizer
+    from lealla_tf.inference.export import export_lealla_model, saved_model_size
+    from lealla_tf.models.encoder import build_encoder
+    from lealla_tf.models.presets import count_parameters, get_preset
+    from lealla_tf.tokenizers.tokenizer import Tokenizer
 
     data_dir = find_data_dir(args.data_dir)
     sentences = tatoeba_sentences(data_dir, args.num_sentences)

@@ -4,7 +4,7 @@
         --output_json=benchmarks/results/in_step_teacher.json
 
 Since 5948dfd the main job takes the FD/LD targets from the teacher pass the hd
-term runs in each step (`lealla_tf.teachers.InStepTeacher`): the converted
+term runs in each step (`lealla_tf.train.teacher_sources.InStepTeacher`): the converted
 teacher's encoder on the student's own tokens (the pruned vocabulary, cut at
 --max_seq_length), without the module's "query: " prefix (`in_step`), or with
 its pieces put after the start token (`in_step_prefix`, not what training
@@ -29,7 +29,7 @@ import sys
 import time
 
 from benchmarks.common import machine, write_result
-from lealla_tf.recipe import find_data_dir
+from lealla_tf.recipe.config import find_data_dir
 
 
 def in_step_embedder(teacher_dir: str, vocab_file: str, max_seq_length: int,
@@ -41,10 +41,10 @@ def in_step_embedder(teacher_dir: str, vocab_file: str, max_seq_length: int,
     import tensorflow as tf
 
     from lealla_tf.configs import TokenizerConfig
-    from lealla_tf.embedding_init import student_pieces
-    from lealla_tf.heads import TeacherLayers
-    from lealla_tf.model_dir import build_tokenizer
-    from lealla_tf.teachers import InStepTeacher
+    from lealla_tf.train.initialization import student_pieces
+    from lealla_tf.train.heads import TeacherLayers
+    from lealla_tf.models.model_dir import build_tokenizer
+    from lealla_tf.train.teacher_sources import InStepTeacher
 
     tokenizer = build_tokenizer(TokenizerConfig(max_seq_length=max_seq_length), vocab_file)
     teacher = InStepTeacher(TeacherLayers(teacher_dir, student_pieces(tokenizer), hidden_dim,
@@ -61,11 +61,11 @@ def in_step_embedder(teacher_dir: str, vocab_file: str, max_seq_length: int,
 def main():
     import numpy as np
 
-    from lealla_tf.embedder import load_embedder
-    from lealla_tf.evaluation import embed_sentences, evaluate_tatoeba
-    from lealla_tf.heads import teacher_prefix
+    from lealla_tf.inference.embedder import load_embedder
+    from lealla_tf.evaluation.retrieval import embed_sentences, evaluate_tatoeba
+    from lealla_tf.train.heads import teacher_prefix
     from lealla_tf.parallel_corpus import read_pairs
-    from lealla_tf.teacher_conversion import SENTENCEPIECE_FILE
+    from lealla_tf.teachers.conversion import SENTENCEPIECE_FILE
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data_dir", default=None)

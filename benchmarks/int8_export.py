@@ -28,10 +28,10 @@ def main():
                         help="first pairs of each language (0: all)")
     args = parser.parse_args()
 
-    from lealla_tf.embedder import load_embedder
-    from lealla_tf.evaluation import TATOEBA_PRIMARY_METRIC, evaluate_tatoeba
-    from lealla_tf.export_lib import export_model_dir
-    from lealla_tf.recipe import find_data_dir
+    from lealla_tf.inference.embedder import load_embedder
+    from lealla_tf.evaluation.retrieval import TATOEBA_PRIMARY_METRIC, evaluate_tatoeba
+    from lealla_tf.inference.export import export_model_dir
+    from lealla_tf.recipe.config import find_data_dir
 
     tatoeba = str(find_data_dir(args.data_dir) / "tatoeba_dev")
     result = {"benchmark": "int8_export", "machine": machine(), "model_dir": args.model_dir,

@@ -30,7 +30,7 @@ class CheckpointModels:
         self.model_dir = model_dir
 
     def get(self, checkpoint: str):
-        from lealla_tf.embedder import load_embedder
+        from lealla_tf.inference.embedder import load_embedder
 
         return load_embedder(self.model_dir, checkpoint=checkpoint)
 
@@ -39,7 +39,7 @@ def kept_checkpoints(model_dir: str) -> list:
     """[(step, checkpoint prefix)] of the trainer's kept checkpoints, oldest first."""
     import tensorflow as tf
 
-    from lealla_tf.model_dir import CHECKPOINT_DIR
+    from lealla_tf.models.model_dir import CHECKPOINT_DIR
 
     state = tf.train.get_checkpoint_state(os.path.join(model_dir, CHECKPOINT_DIR))
     if state is None:
@@ -50,9 +50,9 @@ def kept_checkpoints(model_dir: str) -> list:
 
 def checkpoint_curve(report: dict, model_dir: str) -> list:
     """Each kept checkpoint's Tatoeba (all pairs) and news figures."""
-    from lealla_tf.evaluation import TATOEBA_PRIMARY_METRIC
-    from lealla_tf.news_set import NEWS_PRIMARY_METRIC
-    from lealla_tf.recipe import evaluate_stage, news_stage
+    from lealla_tf.evaluation.retrieval import TATOEBA_PRIMARY_METRIC
+    from lealla_tf.evaluation.news import NEWS_PRIMARY_METRIC
+    from lealla_tf.recipe.stages import evaluate_stage, news_stage
 
     data_dir = report["data_dir"]
     work = report["work_dir"]

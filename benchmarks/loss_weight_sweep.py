@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 from benchmarks.common import machine, run_passing_stop_signals
-from lealla_tf.recipe import find_data_dir
+from lealla_tf.recipe.config import find_data_dir
 
 CONFIGURATIONS = {
     "cls_ams": ["--objective=ams"],
@@ -47,7 +47,7 @@ def main():
     results = {}
     for name in names:
         model_dir = os.path.join(args.work_dir, name)
-        command = [sys.executable, "-m", "lealla_tf.train", "--preset=lealla_small",
+        command = [sys.executable, "-m", "lealla_tf.cli.train", "--preset=lealla_small",
                    f"--vocab_file={args.vocab_file}", f"--train_data={args.train_data}",
                    "--teacher_english_only", f"--model_dir={model_dir}", "--max_seq_length=32",
                    "--global_batch_size=64", f"--train_steps={args.steps}", "--warmup_steps=30",
@@ -56,7 +56,7 @@ def main():
         if code:
             raise subprocess.CalledProcessError(code, command)
         output = os.path.join(args.work_dir, f"{name}.json")
-        subprocess.run([sys.executable, "-m", "lealla_tf.evaluate", f"--model={model_dir}",
+        subprocess.run([sys.executable, "-m", "lealla_tf.cli.evaluate", f"--model={model_dir}",
                         f"--tatoeba_dir={tatoeba}", "--max_pairs=100", f"--output_json={output}",
                         "--no_progress"], check=True, env=environment, stdout=subprocess.DEVNULL)
         metrics = json.load(open(output))["metrics"]

@@ -34,7 +34,7 @@ def time_steps(train, vocab_file: str, work: str, steps: int, warmup: int) -> di
     import shutil
     import time
 
-    from lealla_tf.training import train as run_training
+    from lealla_tf.train.run import train as run_training
 
     directory = tempfile.mkdtemp(prefix="main_step-", dir=work)
     try:
@@ -57,9 +57,9 @@ def time_steps(train, vocab_file: str, work: str, steps: int, warmup: int) -> di
 
 def step_rows(work_dir: str, data_dir, rows, steps: int, warmup: int,
               mixed_precision=None) -> dict:
-    from lealla_tf.configs import COMPARISON_LEARNING_RATE, RecipeConfig
-    from lealla_tf.recipe import (mixed_precision as default_precision, student_loss_weights,
-                                  train_config)
+    from lealla_tf.recipe.config import COMPARISON_LEARNING_RATE, RecipeConfig
+    from lealla_tf.recipe.stages import (mixed_precision as default_precision,
+                                         student_loss_weights, train_config)
 
     with open(os.path.join(work_dir, "stages", "teacher.json")) as f:
         teacher = json.load(f)["result"]
@@ -94,7 +94,7 @@ def main():
     parser.add_argument("--steps", type=int, default=60, help="steps a row")
     parser.add_argument("--warmup", type=int, default=20, help="first steps left out")
     args = parser.parse_args()
-    from lealla_tf.recipe import find_data_dir
+    from lealla_tf.recipe.config import find_data_dir
 
     rows = {"before": {"max_seq_length": 32, "length_buckets": 4},
             "after": {}, "length_128": {"max_seq_length": 128}}

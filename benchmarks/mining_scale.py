@@ -10,7 +10,7 @@ read (its VmHWM, which counts memory-mapped pages while they are mapped):
    unit vectors around 1,000 gaussian cluster centres (cosine ~0.5 within a
    cluster); every even query is a planted near-duplicate of a candidate (cosine
    ~0.96), every odd one a fresh point, so recall is meaningful;
-2. mine: `lealla_tf.mining.mine` over the shards memory-mapped (`Rows`), k = 4,
+2. mine: `lealla_tf.mining.margins.mine` over the shards memory-mapped (`Rows`), k = 4,
    ratio margin, max retrieval, under `memory_budget_gb`, keeping its neighbour
    lists;
 3. recall: the IVF(-PQ) top-1 of 10^4 sampled queries (from those lists) against
@@ -110,7 +110,7 @@ json.dump({{"candidates": candidates.close(), "queries": queries.close(), "strid
 MINE = """
 import json, logging, os, sys, time
 import numpy as np
-from lealla_tf.mining import Rows, log, mine
+from lealla_tf.mining.margins import Rows, log, mine
 config, directory = json.loads(sys.argv[1]), sys.argv[2]
 
 class Phases(logging.Handler):  # each phase's end, as a JSON line, even if killed later
@@ -141,7 +141,7 @@ print(json.dumps({"seconds": seconds, "pairs": int(len(mined["score"])),
 RECALL = """
 import json, os, sys, time
 import numpy as np
-from lealla_tf.mining import Rows, knn
+from lealla_tf.mining.margins import Rows, knn
 config, directory = json.loads(sys.argv[1]), sys.argv[2]
 parts = json.load(open(os.path.join(directory, "parts.json")))
 queries = Rows([tuple(p) for p in parts["queries"]], "queries")

@@ -57,9 +57,10 @@ def parse_variant(text: str):
         raise ValueError(f"--variant={text!r}: {', '.join('--' + k for k in refused)} would "
                          "need another teacher, vocabulary or sample than the main job's; "
                          f"a row may change only --{', --'.join(TRAINING_FLAGS)}")
-    from lealla_tf.objectives import OBJECTIVES, parse_objective
-    from lealla_tf.recipe import (check_learning_rates, config_from_args, student_loss_weights,
-                                  teacher_in_step, train_config)
+    from lealla_tf.losses.objectives import OBJECTIVES, parse_objective
+    from lealla_tf.recipe.stages import (check_learning_rates, student_loss_weights,
+                                         teacher_in_step, train_config)
+    from lealla_tf.cli.recipe import config_from_args
 
     try:
         config = config_from_args(argparse.Namespace(**parsed))
@@ -88,7 +89,7 @@ class _QuietParser(argparse.ArgumentParser):
 
 def recipe_parser():
     """The main job's flags; a mistake is a ValueError, not argparse's usage and exit."""
-    from lealla_tf.recipe import build_parser
+    from lealla_tf.cli.recipe import build_parser
 
     parser = build_parser()
     parser.__class__ = _QuietParser
@@ -111,7 +112,7 @@ def resolved_recipe(argv) -> dict:
     are the same)."""
     import dataclasses
 
-    from lealla_tf.recipe import build_parser, config_from_args
+    from lealla_tf.cli.recipe import build_parser, config_from_args
 
     settings = dataclasses.asdict(config_from_args(build_parser().parse_args(argv)))
     return json.loads(json.dumps({k: settings[k] for k in TRAINING_FLAGS}))
@@ -124,13 +125,14 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
     import dataclasses
     import time
 
-    from lealla_tf.embedder import load_embedder
-    from lealla_tf.evaluation import (TATOEBA_PRIMARY_METRIC, embed_tatoeba, first_pairs,
+    from lealla_tf.inference.embedder import load_embedder
+    from lealla_tf.evaluation.retrieval import (TATOEBA_PRIMARY_METRIC, embed_tatoeba, first_pairs,
                                       tatoeba_metrics_with_margin)
-    from lealla_tf.model_dir import read_model_config
-    from lealla_tf.recipe import (build_parser, config_from_args, mixed_precision,
-                                  student_loss_weights, teacher_in_step, train_config)
-    from lealla_tf.training import train
+    from lealla_tf.models.model_dir import read_model_config
+    from lealla_tf.cli.recipe import build_parser, config_from_args
+    from lealla_tf.recipe.stages import (mixed_precision, student_loss_weights, teacher_in_step,
+                                         train_config)
+    from lealla_tf.train.run import train
 
     from benchmarks.common import machine as this_machine
 
@@ -197,7 +199,7 @@ def main(argv=None) -> int:
                         help="NAME=FLAGS (repeat); FLAGS are the main job's training flags")
     parser.add_argument("--output_json", required=True)
     args = parser.parse_args(argv)
-    from lealla_tf.recipe import find_data_dir
+    from lealla_tf.recipe.config import find_data_dir
 
     try:
         variants = [parse_variant(v) for v in args.variant]

@@ -124,8 +124,8 @@ def embed_function(preset: str, rows: int, length: int):
     import numpy as np
     import tensorflow as tf
 
-    from lealla_tf.lealla_encoder import build_encoder
-    from lealla_tf.presets import get_preset
+    from lealla_tf.models.encoder import build_encoder
+    from lealla_tf.models.presets import get_preset
 
     config = get_preset(preset).encoder
     encoder = build_encoder(config)
@@ -154,7 +154,7 @@ def main():
         parser.error(f"--what takes train_float32, train_bfloat16 and embed; got {args.what!r}")
     if args.calls < 1:
         parser.error(f"--calls must be at least 1, got {args.calls}")
-    from lealla_tf.presets import PRESETS
+    from lealla_tf.models.presets import PRESETS
 
     presets = [p.strip() for p in args.embed_presets.split(",") if p.strip()]
     if [p for p in presets if p not in PRESETS]:

@@ -29,7 +29,7 @@ import pathlib
 import sys
 
 from benchmarks.common import machine, stop_signals_passed_to
-from lealla_tf.configs import RecipeConfig, recipe_loss_weights
+from lealla_tf.recipe.config import RecipeConfig, recipe_loss_weights
 
 _MAIN_JOB_INIT = RecipeConfig().embedding_init
 
@@ -56,7 +56,7 @@ CONFIGURATIONS["main_job_lealla"] = {"vocabulary": "pruned", "init": _MAIN_JOB_I
                                      "objective": LEALLA, "main_job": "student"}
 CONFIGURATIONS["main_job_ams_only"] = {"vocabulary": "pruned", "init": _MAIN_JOB_INIT,
                                        "objective": "ams", "main_job": "student_ams_only"}
-# Loss weights of the e5 recipe (lealla_tf.configs.RECIPE_LOSS_WEIGHTS); the
+# Loss weights of the e5 recipe (lealla_tf.recipe.config.RECIPE_LOSS_WEIGHTS); the
 # --only=weights_* runs sweep them.
 WEIGHTS = {LEALLA: recipe_loss_weights(LEALLA), "fd": recipe_loss_weights("fd")}
 for _beta in (1.0, 10.0, 100.0):
@@ -64,7 +64,7 @@ for _beta in (1.0, 10.0, 100.0):
         CONFIGURATIONS[f"weights_fd{_beta:g}_ld{_gamma:g}"] = {
             "vocabulary": "pruned", "init": "teacher_pca", "objective": LEALLA,
             "weights": {"fd": _beta, "ld": _gamma}}
-# Distillation from centred teacher vectors (lealla_tf.teachers.CenteredTeacher).
+# Distillation from centred teacher vectors (lealla_tf.train.teacher_sources.CenteredTeacher).
 CONFIGURATIONS["centered_lealla"] = {"vocabulary": "pruned", "init": "teacher_pca",
                                      "objective": LEALLA, "center": True}
 CONFIGURATIONS["centered_fd_only"] = {"vocabulary": "pruned", "init": "teacher_pca",
@@ -119,9 +119,9 @@ def vocab_path(work_dir, kind):
 def prepare(work_dir, data_dir, sample_pairs, max_pieces, kinds=()):
     """Teacher, both vocabularies (and the uncapped pruned one when `kinds` holds
     "pruned_all"), the sample and its teacher vectors (reused)."""
-    from lealla_tf.configs import DEFAULT_WORDPIECE_SIZE, RecipeConfig
-    from lealla_tf.recipe import (Models, Stages, choose_teacher_backend, sample_stage,
-                                  teacher_stage, teacher_vectors_stage, vocabulary_stage)
+    from lealla_tf.recipe.config import DEFAULT_WORDPIECE_SIZE, RecipeConfig
+    from lealla_tf.recipe.stages import (Models, Stages, choose_teacher_backend, sample_stage,
+                                         teacher_stage, teacher_vectors_stage, vocabulary_stage)
 
     recipe = RecipeConfig(work_dir=work_dir, sample_pairs=sample_pairs)
     stages, models = Stages(work_dir), Models()
@@ -155,12 +155,13 @@ def prepare(work_dir, data_dir, sample_pairs, max_pieces, kinds=()):
 def train_configuration(name, spec, work_dir, data_dir, steps, eval_pairs, result_file):
     """Runs in a fresh process: trains one configuration and evaluates it."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    from lealla_tf.configs import (DataConfig, LossConfig, OptimizerConfig, RecipeConfig,
-                                   TeacherConfig, TokenizerConfig, TrainConfig)
-    from lealla_tf.embedder import load_embedder
-    from lealla_tf.evaluation import TATOEBA_PRIMARY_METRIC, evaluate_tatoeba
-    from lealla_tf.presets import get_preset
-    from lealla_tf.training import train
+    from lealla_tf.configs import (DataConfig, LossConfig, OptimizerConfig, TeacherConfig,
+                                   TokenizerConfig, TrainConfig)
+    from lealla_tf.recipe.config import RecipeConfig
+    from lealla_tf.inference.embedder import load_embedder
+    from lealla_tf.evaluation.retrieval import TATOEBA_PRIMARY_METRIC, evaluate_tatoeba
+    from lealla_tf.models.presets import get_preset
+    from lealla_tf.train.run import train
 
     tatoeba = str(pathlib.Path(data_dir) / "tatoeba_dev")
     vocab = vocab_path(work_dir, spec["vocabulary"])
@@ -179,7 +180,7 @@ def train_configuration(name, spec, work_dir, data_dir, steps, eval_pairs, resul
         model_dir = os.path.join(work_dir, "runs", name + (f"_stage{index + 1}"
                                                            if len(stages) > 1 else ""))
         if index > 0:  # a later stage continues the previous stage's architecture
-            from lealla_tf.model_dir import encoder_config_of
+            from lealla_tf.models.model_dir import encoder_config_of
 
             encoder = encoder_config_of(previous)
         config = TrainConfig(
@@ -203,7 +204,7 @@ def train_configuration(name, spec, work_dir, data_dir, steps, eval_pairs, resul
         previous = model_dir
     embedder = load_embedder(previous)
     final = evaluate_tatoeba(embedder, tatoeba, max_pairs=eval_pairs)
-    from lealla_tf.model_dir import load_encoder
+    from lealla_tf.models.model_dir import load_encoder
 
     parameters = load_encoder(previous).count_params()
     curve, offset_steps, offset_seconds = [], 0, 0.0
@@ -249,7 +250,7 @@ def main():
                         help="training time at which rows are compared (default: the "
                              "shortest of this run's rows); pass the earlier run's to add rows")
     args = parser.parse_args()
-    from lealla_tf.recipe import find_data_dir
+    from lealla_tf.recipe.config import find_data_dir
 
     data_dir = find_data_dir(args.data_dir)
     os.makedirs(args.work_dir, exist_ok=True)

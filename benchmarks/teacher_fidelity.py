@@ -15,7 +15,7 @@ import os
 import time
 
 from benchmarks.common import machine
-from lealla_tf.recipe import find_data_dir
+from lealla_tf.recipe.config import find_data_dir
 
 SCRIPTS_FROM_NTREX = ("arb", "fas", "urd", "tha", "hin", "amh", "kat", "hye", "tam")
 
@@ -39,10 +39,10 @@ def main():
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the preprocessor's ops)
 
-    from lealla_tf.embedder import load_embedder
-    from lealla_tf.evaluation import per_language, tatoeba_metrics
+    from lealla_tf.inference.embedder import load_embedder
+    from lealla_tf.evaluation.retrieval import per_language, tatoeba_metrics
     from lealla_tf.parallel_corpus import find_tatoeba_languages, read_tatoeba
-    from lealla_tf.teacher_conversion import convert_teacher, fidelity_report
+    from lealla_tf.teachers.conversion import convert_teacher, fidelity_report
 
     data_dir = find_data_dir(args.data_dir)
     if not os.path.exists(os.path.join(args.teacher_dir, "teacher.json")):

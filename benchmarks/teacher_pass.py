@@ -4,13 +4,13 @@
         --output_json=benchmarks/results/teacher_pass.json
 
 The main job's student runs the frozen teacher on both sides of every batch
-(`lealla_tf.heads.TeacherLayers`). This times that pass, in one process, on the
+(`lealla_tf.train.heads.TeacherLayers`). This times that pass, in one process, on the
 same batches, three ways:
 
 - `module_float32`: the converted teacher's `encoder/` SavedModel (what every
   teacher converted before its teacher.json recorded the architecture runs);
 - `network_float32`: the same weights as a `LeallaEncoder` rebuilt in-process
-  (`lealla_tf.heads.teacher_network`), with `lealla_tf.kernels`' fused layers;
+  (`lealla_tf.train.heads.teacher_network`), with `lealla_tf.models.kernels`' fused layers;
 - `network_bfloat16`: that network under the mixed_bfloat16 policy (what
   `--mixed_precision` and the main job on a CPU with native bfloat16 run).
 
@@ -37,7 +37,7 @@ def batches(work_dir: str, count: int, batch_size: int, max_seq_length: int) -> 
     import tensorflow as tf
 
     from lealla_tf.configs import TokenizerConfig
-    from lealla_tf.model_dir import build_tokenizer
+    from lealla_tf.models.model_dir import build_tokenizer
     from lealla_tf.parallel_corpus import find_parallel_files, read_pairs
 
     tokenizer = build_tokenizer(TokenizerConfig(max_seq_length=max_seq_length),
@@ -61,8 +61,8 @@ def batches(work_dir: str, count: int, batch_size: int, max_seq_length: int) -> 
 def teacher_layers(teacher_dir: str, tokenizer, max_seq_length: int, way: str):
     import keras
 
-    import lealla_tf.heads as heads
-    from lealla_tf.embedding_init import student_pieces
+    import lealla_tf.train.heads as heads
+    from lealla_tf.train.initialization import student_pieces
 
     keras.mixed_precision.set_dtype_policy("mixed_bfloat16" if way == "network_bfloat16"
                                            else "float32")
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
             parser.error(f"{needed} is missing: run the main job (make main) first")
     import numpy as np
 
-    from lealla_tf.teacher_conversion import read_teacher_summary
+    from lealla_tf.teachers.conversion import read_teacher_summary
 
     if not (read_teacher_summary(teacher_dir) or {}).get("encoder_config"):
         parser.error(f"{teacher_dir}/teacher.json records no architecture (converted before "

@@ -2,7 +2,7 @@
 
     python -m benchmarks.train_throughput --output_json=runs/train_throughput.json
 
-The real train step of `lealla_tf.trainer.Trainer` (AMS + feature + logit
+The real train step of `lealla_tf.train.trainer.Trainer` (AMS + feature + logit
 distillation, AdamW, global-norm clipping) on batches of 64 pairs x 32 tokens
 per side, with LaBSE's 501,153-token vocabulary and precomputed 768-d teacher
 vectors, measured in one run. Token ids are random (speed does not depend on
@@ -35,7 +35,7 @@ training step is added, each in a fresh process, round-robin over `--rounds`
 dense table gradient through the Keras call (the step before them), then
 `FusedAdamW`, the table's gradient kept sparse, the fused forward (with Keras'
 Philox dropout), the hash-mask dropout, the fused layer kernels of
-`lealla_tf.kernels` (attention, bias + GELU, bias + dropout + residual + layer
+`lealla_tf.models.kernels` (attention, bias + GELU, bias + dropout + residual + layer
 norm, each with its gradient), the table's AdamW in one pass from its sparse
 gradient (today's float32 step), bfloat16 (the Keras Embedding call casting the
 whole table), and the rows looked up before the cast (today's bfloat16 step).
@@ -68,7 +68,7 @@ def synthetic_vocabulary(path, size=VOCABULARY_SIZE):
 
 def build_step(preset, vocab, batch_size, length, mixed_precision, model_dir,
                vocabulary_size=VOCABULARY_SIZE, jit_compile=False):
-    """The real train step of `lealla_tf.trainer.Trainer` and one batch of random
+    """The real train step of `lealla_tf.train.trainer.Trainer` and one batch of random
     ids (`batch_size` pairs x `length` tokens a side, 768-d teacher vectors):
     (step function, batch, task). Ids do not change the speed."""
     import keras
@@ -77,12 +77,12 @@ def build_step(preset, vocab, batch_size, length, mixed_precision, model_dir,
 
     from lealla_tf.configs import (LossConfig, OptimizerConfig, TokenizerConfig, TrainConfig,
                                    resolve_train_config)
-    from lealla_tf.distribution import make_strategy
-    from lealla_tf.presets import get_preset
-    from lealla_tf.task import DistillationTask
-    from lealla_tf.teachers import PrecomputedTeacher
-    from lealla_tf.tokenizer import Tokenizer
-    from lealla_tf.trainer import Trainer
+    from lealla_tf.train.distribution import make_strategy
+    from lealla_tf.models.presets import get_preset
+    from lealla_tf.train.task import DistillationTask
+    from lealla_tf.train.teacher_sources import PrecomputedTeacher
+    from lealla_tf.tokenizers.tokenizer import Tokenizer
+    from lealla_tf.train.trainer import Trainer
 
     keras.mixed_precision.set_dtype_policy("mixed_bfloat16" if mixed_precision else "float32")
     config = resolve_train_config(TrainConfig(
@@ -150,8 +150,8 @@ def measure_real_data(train_data, vocab, buckets, steps, batch_size, length):
     import shutil
 
     from lealla_tf.configs import DataConfig, LossConfig, TokenizerConfig, TrainConfig
-    from lealla_tf.presets import get_preset
-    from lealla_tf.training import build_trainer
+    from lealla_tf.models.presets import get_preset
+    from lealla_tf.train.run import build_trainer
 
     config = TrainConfig(
         encoder=get_preset("lealla_small").encoder.replace(pooling="mean"),
@@ -195,11 +195,11 @@ def restore_old_pieces(levers: int) -> None:
     import keras
     import tensorflow as tf
 
-    import lealla_tf.lealla_encoder as encoder_module
-    import lealla_tf.optimizers as optimizers_module
-    import lealla_tf.students as students_module
-    import lealla_tf.task as task_module
-    import lealla_tf.trainer as trainer_module
+    import lealla_tf.models.encoder as encoder_module
+    import lealla_tf.train.optimizers as optimizers_module
+    import lealla_tf.train.students as students_module
+    import lealla_tf.train.task as task_module
+    import lealla_tf.train.trainer as trainer_module
 
     def added(name):
         return LEVERS.index(name) < levers
@@ -235,9 +235,9 @@ def child(spec: dict) -> dict:
                            spec["warmup"], spec["steps"],
                            spec["levers"] > LEVERS.index("bfloat16"))
     if not spec["lean_input"]:
-        import lealla_tf.data
+        import lealla_tf.train.data
 
-        lealla_tf.data.FEW_CORES = 0  # tf.data's defaults: autotuned, on the shared pool
+        lealla_tf.train.data.FEW_CORES = 0  # tf.data's defaults: autotuned, on the shared pool
     if spec["kind"] == "step":
         with tempfile.TemporaryDirectory() as tmp:
             vocab = synthetic_vocabulary(os.path.join(tmp, "vocab.txt"), spec["vocabulary_size"])

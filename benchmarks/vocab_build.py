@@ -17,8 +17,8 @@ import tempfile
 import time
 
 from benchmarks.common import machine
-from lealla_tf.recipe import find_data_dir
-from lealla_tf.vocabulary import build_vocabulary, format_report, vocabulary_report
+from lealla_tf.recipe.config import find_data_dir
+from lealla_tf.tokenizers.vocabulary import build_vocabulary, format_report, vocabulary_report
 
 
 def main():

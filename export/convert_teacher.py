@@ -21,7 +21,7 @@ if __name__ == "__main__":  # before TensorFlow and Beam load (lealla_tf.progres
 import argparse
 import sys
 
-from lealla_tf.teacher_conversion import DEFAULT_TEACHER, TEACHERS
+from lealla_tf.teachers.conversion import DEFAULT_TEACHER, TEACHERS
 
 
 def main(argv=None) -> int:
@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     if args.seq_length < 3:
         parser.error(f"--seq_length must be at least 3, got {args.seq_length}")
 
-    from lealla_tf.teacher_conversion import convert_teacher
+    from lealla_tf.teachers.conversion import convert_teacher
 
     try:
         summary = convert_teacher(args.teacher, args.export_path, args.seq_length, args.source)

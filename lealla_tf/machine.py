@@ -7,6 +7,8 @@ only comparable with the processor named beside it, so it is recorded, with its
 family and model: two "AMD EPYC" machines with AVX-512 of 2026-11-25 were a
 Zen 5 (family 26, 441 GFLOP/s on a 2,048-cube matmul) and a Zen 4 (family 25,
 model 17, 186 GFLOP/s), and the model name alone did not tell them apart.
+
+May import: nothing else of lealla_tf.
 """
 
 import os

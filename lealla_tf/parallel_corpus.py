@@ -5,6 +5,8 @@ A file's language comes from its name, as in ../shared/data/parallel:
 suffix (`aze-Latn`, `ber_Latn`, `deu-deu1912`, `pt-BR`). Two-letter ISO 639-1
 codes are mapped to ISO 639-3 so that one language from two corpora is one
 language for sampling and reports.
+
+May import: nothing else of lealla_tf.
 """
 
 import dataclasses

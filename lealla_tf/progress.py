@@ -25,6 +25,8 @@ itself (`leave=False`) writes nothing unless it runs longer than that.
 
 `logged_progress(*loggers)` shows a library's INFO lines (the steps it logs as it
 finishes them) on stderr while a command line runs, one line each.
+
+May import: nothing else of lealla_tf.
 """
 
 import contextlib

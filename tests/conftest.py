@@ -152,9 +152,9 @@ def generated_sentences(per_language):
 
 @pytest.fixture(scope="session")
 def sentence_vocab_file(tmp_path_factory):
-    """A real WordPiece vocabulary learned (by lealla_tf.vocab) from the same
+    """A real WordPiece vocabulary learned (by lealla_tf.cli.vocab) from the same
     sentences the export tests embed, so tokenization is realistic."""
-    from lealla_tf.vocabulary import build_vocabulary
+    from lealla_tf.tokenizers.vocabulary import build_vocabulary
 
     root = tmp_path_factory.mktemp("sentence_vocab")
     sentences = [s.decode("utf-8") for s in multilingual_sentences(per_language=200)]

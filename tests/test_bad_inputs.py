@@ -54,15 +54,15 @@ def train_args(sentence_vocab_file, tiny_parallel_dir, tmp_path):
     ("--encoder_overrides=bogus=1", "bogus"), ("--loss_weights=ams=x", "--loss_weights"),
     ("--language_alpha=2", "--language_alpha")])
 def test_train_flag_mistakes(train_args, capsys, flag, needle):
-    from lealla_tf.train import main
+    from lealla_tf.cli.train import main
 
     args = [a for a in train_args() if not a.startswith(flag.split("=")[0] + "=")] + [flag]
     assert_one_line_error(capsys, main(args), needle)
 
 
 def test_train_data_faults_name_the_file(train_args, tmp_path, capsys):
-    from lealla_tf.data import write_pairs_tfrecord
-    from lealla_tf.train import main
+    from lealla_tf.train.data import write_pairs_tfrecord
+    from lealla_tf.cli.train import main
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -87,7 +87,7 @@ def test_train_data_faults_name_the_file(train_args, tmp_path, capsys):
 
 
 def test_a_failed_first_run_does_not_block_the_corrected_rerun(train_args, tmp_path, capsys):
-    from lealla_tf.train import main
+    from lealla_tf.cli.train import main
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -100,14 +100,14 @@ def test_a_failed_first_run_does_not_block_the_corrected_rerun(train_args, tmp_p
 
 def test_zero_learning_rate_is_kept(train_args, tmp_path):
     from lealla_tf.configs import read_json
-    from lealla_tf.train import main
+    from lealla_tf.cli.train import main
 
     assert main(train_args("--learning_rate=0")) == 0
     assert read_json(str(tmp_path / "m" / "config.json"))["optimizer"]["learning_rate"] == 0.0
 
 
 def test_a_checkpoint_write_cut_by_a_kill_is_cleaned_on_resume(train_args, tmp_path):
-    from lealla_tf.train import main
+    from lealla_tf.cli.train import main
 
     assert main(train_args()) == 0
     leftover = tmp_path / "m" / "checkpoints" / "ckpt-2_temp" / "part-00000-of-00001"
@@ -118,7 +118,7 @@ def test_a_checkpoint_write_cut_by_a_kill_is_cleaned_on_resume(train_args, tmp_p
 
 
 def test_vocab_faults(tmp_path, capsys):
-    from lealla_tf.vocab import main
+    from lealla_tf.cli.vocab import main
 
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "deu-eng.tsv").write_text("only one column\n")
@@ -139,8 +139,8 @@ def test_vocab_outputs_sizes_and_binary_inputs(tmp_path, capsys, monkeypatch):
     """A directory --output failed after the vocabulary was learned; a --vocab_size
     below the character count and a binary --input ended in SentencePiece's
     RuntimeError traceback."""
-    from lealla_tf import vocabulary
-    from lealla_tf.vocab import main
+    from lealla_tf.tokenizers import vocabulary
+    from lealla_tf.cli.vocab import main
 
     data = tmp_path / "d"
     data.mkdir()
@@ -179,10 +179,10 @@ def test_vocab_outputs_sizes_and_binary_inputs(tmp_path, capsys, monkeypatch):
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, sentence_vocab_file):
     from lealla_tf.configs import EncoderConfig, TokenizerConfig
-    from lealla_tf.export_lib import export_lealla_model
-    from lealla_tf.lealla_encoder import build_encoder
-    from lealla_tf.model_dir import save_encoder_checkpoint, write_model_config
-    from lealla_tf.tokenizer import Tokenizer
+    from lealla_tf.inference.export import export_lealla_model
+    from lealla_tf.models.encoder import build_encoder
+    from lealla_tf.models.model_dir import save_encoder_checkpoint, write_model_config
+    from lealla_tf.tokenizers.tokenizer import Tokenizer
 
     root = tmp_path_factory.mktemp("exported")
     tokenizer = Tokenizer(sentence_vocab_file)
@@ -197,7 +197,7 @@ def exported(tmp_path_factory, sentence_vocab_file):
 
 
 def test_evaluate_faults(exported, tiny_tatoeba_dir, tmp_path, capsys):
-    from lealla_tf.evaluate import main
+    from lealla_tf.cli.evaluate import main
 
     base = [f"--model={exported['export']}", f"--tatoeba_dir={tiny_tatoeba_dir}",
             "--no_progress"]
@@ -226,9 +226,9 @@ def test_evaluate_input_faults_are_named_before_the_model_loads(exported, tiny_t
     with exit 0. Each is one line naming the file, before the model is loaded."""
     import shutil
 
-    from lealla_tf import embedder
-    from lealla_tf.evaluate import main
-    from lealla_tf.evaluation import write_bucc_split
+    from lealla_tf.inference import embedder
+    from lealla_tf.cli.evaluate import main
+    from lealla_tf.evaluation.retrieval import write_bucc_split
 
     monkeypatch.setattr(embedder, "load_embedder", lambda *_: pytest.fail("model loaded"))
     tatoeba = tmp_path / "tatoeba"
@@ -257,9 +257,9 @@ def test_a_model_that_does_not_embed_strings_is_one_line(exported, tiny_tatoeba_
     model directory whose config.json is {} a KeyError."""
     import shutil
 
-    from lealla_tf.embedder import load_embedder
-    from lealla_tf.evaluate import main
-    from lealla_tf.export_lib import export_model_dir
+    from lealla_tf.inference.embedder import load_embedder
+    from lealla_tf.cli.evaluate import main
+    from lealla_tf.inference.export import export_model_dir
 
     export_model_dir(exported["model_dir"], str(tmp_path / "pair"), "labse")
     empty_config = tmp_path / "empty_config"
@@ -323,8 +323,8 @@ def test_embed_corpus_faults(exported, tmp_path, capsys):
 
 
 def test_model_and_export_paths_that_cannot_be_written(train_args, tmp_path, capsys):
-    from lealla_tf.export_lib import export_model_dir
-    from lealla_tf.train import main
+    from lealla_tf.inference.export import export_model_dir
+    from lealla_tf.cli.train import main
 
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
@@ -345,7 +345,7 @@ def dead_pid() -> int:
 def test_output_lock_has_one_winner_among_racing_threads(tmp_path, stale):
     """Threads (one pid) race for one output, free or holding a killed run's lock:
     exactly one wins each round, every other one gets OutputLockedError."""
-    from lealla_tf.embedding_io import OutputLockedError, output_lock
+    from lealla_tf.mining.shards import OutputLockedError, output_lock
 
     contenders, dead = 8, dead_pid()
     for round_number in range(25):
@@ -380,7 +380,7 @@ def test_output_lock_has_one_winner_among_racing_threads(tmp_path, stale):
 
 LOCK_CONTENDER = """
 import os, sys, time
-from lealla_tf.embedding_io import OutputLockedError, output_lock
+from lealla_tf.mining.shards import OutputLockedError, output_lock
 folder, signals, contenders = sys.argv[1], sys.argv[2], int(sys.argv[3])
 open(os.path.join(signals, f"ready-{os.getpid()}"), "w").close()
 while not os.path.exists(os.path.join(signals, "go")):
@@ -434,7 +434,7 @@ def test_output_lock_has_one_winner_among_racing_processes(tmp_path):
 
 
 def test_output_lock_takes_over_only_a_stale_lock(tmp_path):
-    from lealla_tf.embedding_io import UNREADABLE_LOCK_SECONDS, OutputLockedError, output_lock
+    from lealla_tf.mining.shards import UNREADABLE_LOCK_SECONDS, OutputLockedError, output_lock
 
     lock = tmp_path / ".lock"
     # A killed run's lock (its pid is gone) is taken over; the new lock names its pid.
@@ -466,7 +466,7 @@ def test_output_lock_takes_over_only_a_stale_lock(tmp_path):
 
 
 def test_same_file_name_in_two_folders_gives_two_ids(exported, tmp_path):
-    from lealla_tf.embedding_io import read_embeddings
+    from lealla_tf.mining.shards import read_embeddings
     from lealla_tf.pipelines.embed_corpus import embed_corpus
 
     for folder in ("a", "b"):
@@ -534,8 +534,8 @@ def test_precomputed_english_only_vectors_are_not_silently_used_both_ways(
         sentence_vocab_file, tmp_path, capsys):
     import numpy as np
 
-    from lealla_tf.data import write_pairs_tfrecord
-    from lealla_tf.train import main
+    from lealla_tf.train.data import write_pairs_tfrecord
+    from lealla_tf.cli.train import main
 
     (tmp_path / "records").mkdir()
     write_pairs_tfrecord(str(tmp_path / "records" / "deu-eng.tfrecord"), [("Hund", "dog")] * 8,
@@ -607,13 +607,13 @@ def test_command_lines_start_without_tensorflow_start_up_lines(command, exported
     """No TensorFlow start-up lines on a machine without a GPU (nor on one with
     it), and progress in a log file as whole lines."""
     args = {
-        "evaluate": ["-m", "lealla_tf.evaluate", f"--model={exported['export']}",
+        "evaluate": ["-m", "lealla_tf.cli.evaluate", f"--model={exported['export']}",
                      f"--tatoeba_dir={tiny_tatoeba_dir}", f"--output_json={tmp_path / 'e.json'}"],
         "export": ["export/export_tfhub.py", f"--model_dir={exported['model_dir']}",
                    f"--export_path={tmp_path / 'x'}"],
         # The trainer's own bar is not yet this helper's (trainer.py): --no_progress.
-        "train": ["-m", "lealla_tf.train", *train_args()],
-        "kernels": ["-m", "lealla_tf.kernels"],
+        "train": ["-m", "lealla_tf.cli.train", *train_args()],
+        "kernels": ["-m", "lealla_tf.models.kernels"],
     }[command]
     done = run_as_a_user(*args)
     if command != "train":

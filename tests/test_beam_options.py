@@ -1,8 +1,8 @@
-"""lealla_tf.beam_options: the local-runner default and save_main_session."""
+"""lealla_tf.pipelines.options: the local-runner default and save_main_session."""
 
 from apache_beam.options.pipeline_options import SetupOptions, StandardOptions
 
-from lealla_tf.beam_options import pipeline_options
+from lealla_tf.pipelines.options import pipeline_options
 
 
 def test_defaults_to_the_fn_api_runner():

@@ -91,7 +91,7 @@ def test_the_in_step_teacher_benchmark_embeds_as_the_training_step(teacher, tmp_
     import tensorflow as tf
 
     from benchmarks.in_step_teacher import in_step_embedder
-    from lealla_tf.teacher_conversion import SENTENCEPIECE_FILE
+    from lealla_tf.teachers.conversion import SENTENCEPIECE_FILE
 
     directory, _, _ = teacher
     embed = in_step_embedder(directory, os.path.join(directory, SENTENCEPIECE_FILE), 16, 8, 4)
@@ -112,8 +112,8 @@ def test_the_long_run_can_train_the_main_jobs_objective_with_the_teacher_in_the_
     precomputed vectors); without the flag it is not."""
     from benchmarks.corpus_long_run import build_parser, training_flags
     from lealla_tf.configs import validate_train_config
-    from lealla_tf.train import build_parser as train_parser
-    from lealla_tf.train import config_from_flags
+    from lealla_tf.cli.train import build_parser as train_parser
+    from lealla_tf.cli.train import config_from_flags
 
     def config(*flags):
         args = build_parser().parse_args([f"--output_json={tmp_path / 'x.json'}",
@@ -140,7 +140,7 @@ def test_a_recipe_sweep_row_changes_only_training_flags(tmp_path, capsys):
     import pytest
 
     from benchmarks.recipe_sweep import main, parse_variant, resolved_recipe
-    from lealla_tf.recipe import build_parser, config_from_args
+    from lealla_tf.cli.recipe import build_parser, config_from_args
 
     name, argv = parse_variant("lr1e-3=--learning_rate=1e-3 --train_steps=300")
     assert name == "lr1e-3" and argv == ["--learning_rate=1e-3", "--train_steps=300"]
@@ -229,8 +229,8 @@ LEVERS_PROBE = textwrap.dedent("""
     import sys
     import keras, tensorflow as tf
     from benchmarks import train_throughput
-    import lealla_tf.lealla_encoder as encoder_module, lealla_tf.task as task, lealla_tf.trainer as trainer
-    import lealla_tf.optimizers as optimizers, lealla_tf.students as students
+    import lealla_tf.models.encoder as encoder_module, lealla_tf.train.task as task, lealla_tf.train.trainer as trainer
+    import lealla_tf.train.optimizers as optimizers, lealla_tf.train.students as students
     levers = int(sys.argv[1])
     forward = encoder_module.LeallaEncoder.forward_batches
     dropout = encoder_module.hash_dropout.dropout
@@ -470,9 +470,9 @@ def test_embed_speed_reports_the_padding_its_batches_wasted(sentence_vocab_file,
     from benchmarks import embed_speed
     from conftest import multilingual_sentences
     from lealla_tf.configs import EncoderConfig
-    from lealla_tf.export_lib import export_lealla_model
-    from lealla_tf.lealla_encoder import build_encoder
-    from lealla_tf.tokenizer import Tokenizer
+    from lealla_tf.inference.export import export_lealla_model
+    from lealla_tf.models.encoder import build_encoder
+    from lealla_tf.tokenizers.tokenizer import Tokenizer
 
     tokenizer = Tokenizer(sentence_vocab_file, max_seq_length=16)
     encoder = build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lealla_tf.checkpoint_conversion import (assign_weights, detect_layout,
+from lealla_tf.models.checkpoint_conversion import (assign_weights, detect_layout,
                                              encoder_from_huggingface, import_saved_model,
                                              infer_encoder_config)
 from lealla_tf.configs import EncoderConfig
-from lealla_tf.export_lib import export_model_dir
-from lealla_tf.lealla_encoder import build_encoder
-from lealla_tf.model_dir import load_encoder, load_tokenizer
-from lealla_tf.tokenizer import Tokenizer
+from lealla_tf.inference.export import export_model_dir
+from lealla_tf.models.encoder import build_encoder
+from lealla_tf.models.model_dir import load_encoder, load_tokenizer
+from lealla_tf.tokenizers.tokenizer import Tokenizer
 from conftest import SHARED_DATA, multilingual_sentences
 
 
@@ -250,7 +250,7 @@ def test_minilm_teacher_matches_sentence_transformers(tmp_path):
     pytest.importorskip("sentence_transformers")
     sentences = english_sentences(1000)
     assert len(sentences) == 1000
-    from lealla_tf.teacher_conversion import convert_teacher
+    from lealla_tf.teachers.conversion import convert_teacher
 
     assert convert_teacher("all-minilm-l6-v2", str(tmp_path / "teacher"))["teacher"] == (
         "all-minilm-l6-v2")

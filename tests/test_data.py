@@ -7,11 +7,11 @@ import pytest
 import tensorflow as tf
 
 from lealla_tf.configs import DataConfig
-from lealla_tf.data import (find_training_files, pair_dataset, teacher_dimension_of,
+from lealla_tf.train.data import (find_training_files, pair_dataset, teacher_dimension_of,
                             tokenize_batches, write_pairs_tfrecord)
 from lealla_tf.parallel_corpus import language_sampling_probabilities
-from lealla_tf.teachers import PrecomputedTeacher
-from lealla_tf.tokenizer import Tokenizer
+from lealla_tf.train.teacher_sources import PrecomputedTeacher
+from lealla_tf.tokenizers.tokenizer import Tokenizer
 from conftest import write_pairs
 
 
@@ -117,7 +117,7 @@ def test_missing_training_data_is_named(tmp_path):
 
 def expected_bucket(length, buckets):
     """The bucket by doublings of BUCKET_BYTES, written out: <32, 32-63, 64-127, ..."""
-    from lealla_tf.data import BUCKET_BYTES
+    from lealla_tf.train.data import BUCKET_BYTES
 
     bucket, upper = 0, BUCKET_BYTES
     while length >= upper and bucket < buckets - 1:
@@ -126,7 +126,7 @@ def expected_bucket(length, buckets):
 
 
 def test_length_buckets_double_in_width():
-    from lealla_tf.data import length_bucket
+    from lealla_tf.train.data import length_bucket
 
     lengths = [0, 1, 31, 32, 63, 64, 127, 128, 255, 256, 511, 512, 5000]
     got = length_bucket(tf.constant(lengths), 6).numpy().tolist()
@@ -136,7 +136,7 @@ def test_length_buckets_double_in_width():
 
 
 def test_length_buckets_batch_similar_lengths_deterministically(tmp_path):
-    from lealla_tf.data import BUCKET_BYTES, SOURCE, TARGET, batch_by_length
+    from lealla_tf.train.data import BUCKET_BYTES, SOURCE, TARGET, batch_by_length
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 4 * BUCKET_BYTES, size=600)
@@ -160,7 +160,7 @@ def test_length_buckets_batch_similar_lengths_deterministically(tmp_path):
 def test_bucketed_batches_resume_at_the_same_batch(tmp_path):
     """Resume skips k bucketed batches, not k x batch raw pairs: bucketing takes
     pairs out of order and holds partial buckets back, so the two differ."""
-    from lealla_tf.data import LANGUAGE, SOURCE, TARGET, tokenize_batches
+    from lealla_tf.train.data import LANGUAGE, SOURCE, TARGET, tokenize_batches
 
     rng = np.random.default_rng(1)
     lengths = rng.integers(1, 400, size=3000)
@@ -203,8 +203,8 @@ def test_negative_length_buckets_are_refused(tmp_path):
 
 def test_input_pipeline_stays_off_the_steps_cores_on_a_small_host(tmp_path, tiny_vocab_file,
                                                                    monkeypatch):
-    import lealla_tf.data
-    from lealla_tf.data import input_pipeline_options
+    import lealla_tf.train.data
+    from lealla_tf.train.data import input_pipeline_options
 
 
     small, large = input_pipeline_options(2), input_pipeline_options(64)
@@ -214,7 +214,7 @@ def test_input_pipeline_stays_off_the_steps_cores_on_a_small_host(tmp_path, tiny
     assert large.autotune.enabled is not False
     assert large.threading.private_threadpool_size in (None, 0)
     # On a small host the training pipeline carries them, and still yields batches.
-    monkeypatch.setattr(lealla_tf.data, "FEW_CORES", 10_000)
+    monkeypatch.setattr(lealla_tf.train.data, "FEW_CORES", 10_000)
     pairs = tf.data.Dataset.from_tensor_slices(
         {"src_raw": ["un chien", "le chat"] * 4, "tgt_raw": ["a dog", "the cat"] * 4,
          "language": [0] * 8})

@@ -16,9 +16,9 @@ import tensorflow as tf
 
 from conftest import REPO_ROOT
 from helpers.multi_worker_probe import flatten
-from lealla_tf.distribution import make_strategy, worker_role
-from lealla_tf.train import build_parser, config_from_flags
-from lealla_tf.training import build_trainer
+from lealla_tf.train.distribution import make_strategy, worker_role
+from lealla_tf.cli.train import build_parser, config_from_flags
+from lealla_tf.train.run import build_trainer
 from test_train import environment
 from test_trainer import teacher_records  # noqa: F401  (a fixture)
 
@@ -205,7 +205,7 @@ def test_chief_checkpoint_resumes_on_both_workers(two_worker_run, teacher_record
                                                                  "ckpt-2")] * WORKERS
 
     # The real command, on both workers, resumes at step 2 and runs to 4.
-    outputs = run_workers(lambda i: [sys.executable, "-m", "lealla_tf.train",
+    outputs = run_workers(lambda i: [sys.executable, "-m", "lealla_tf.cli.train",
                                      "--strategy=multi_worker"]
                           + flags(model_dir, teacher_records, sentence_vocab_file, 4), root)
     for output in outputs:

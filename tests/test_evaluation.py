@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lealla_tf.evaluation import (build_bucc_like_split, embed_sentences, evaluate_bucc,
+from lealla_tf.evaluation.retrieval import (build_bucc_like_split, embed_sentences, evaluate_bucc,
                                   evaluate_tatoeba, evaluate_un_style, read_bucc_split,
                                   retrieval_accuracy, tatoeba_accuracy, tatoeba_margin_accuracy,
                                   write_bucc_split)
@@ -114,8 +114,8 @@ def real_or_fixture_pairs(language="deu", count=300):
 
 @pytest.mark.parametrize("noise", [0.0, 0.7])
 def test_bucc_protocol_on_pairs_hidden_among_distractors(tmp_path, noise):
-    from lealla_tf.evaluation import bucc_candidates
-    from lealla_tf.mining import best_threshold
+    from lealla_tf.evaluation.retrieval import bucc_candidates
+    from lealla_tf.mining.margins import best_threshold
 
     pairs = real_or_fixture_pairs(count=300)
     for split, seed in (("training", 1), ("test", 2)):
@@ -174,10 +174,10 @@ def test_un_style_retrieval():
 def test_evaluate_cli_writes_table_json_and_png(tmp_path, tiny_tatoeba_dir, sentence_vocab_file,
                                                 capsys):
     from lealla_tf.configs import EncoderConfig
-    from lealla_tf.evaluate import main
-    from lealla_tf.export_lib import export_lealla_model
-    from lealla_tf.lealla_encoder import build_encoder
-    from lealla_tf.tokenizer import Tokenizer
+    from lealla_tf.cli.evaluate import main
+    from lealla_tf.inference.export import export_lealla_model
+    from lealla_tf.models.encoder import build_encoder
+    from lealla_tf.tokenizers.tokenizer import Tokenizer
 
     tokenizer = Tokenizer(sentence_vocab_file)
     encoder = build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
@@ -198,7 +198,7 @@ def test_evaluate_cli_writes_table_json_and_png(tmp_path, tiny_tatoeba_dir, sent
 
 
 def test_the_first_pairs_of_one_pass_score_as_a_pass_over_the_first_pairs(tiny_tatoeba_dir):
-    from lealla_tf.evaluation import (embed_tatoeba, first_pairs, tatoeba_metrics_with_margin,
+    from lealla_tf.evaluation.retrieval import (embed_tatoeba, first_pairs, tatoeba_metrics_with_margin,
                                       tatoeba_with_margin)
 
     pairs = [p for ps in TINY_PAIRS.values() for p in ps]

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lealla_tf import export_lib
+from lealla_tf.inference import export as export_lib
 from lealla_tf.configs import EncoderConfig
-from lealla_tf.lealla_encoder import build_encoder
-from lealla_tf.model_dir import TokenizerConfig, save_encoder_checkpoint, write_model_config
-from lealla_tf.reload_check import reload_in_fresh_process
-from lealla_tf.tokenizer import Tokenizer
+from lealla_tf.models.encoder import build_encoder
+from lealla_tf.models.model_dir import TokenizerConfig, save_encoder_checkpoint, write_model_config
+from lealla_tf.inference.reload_check import reload_in_fresh_process
+from lealla_tf.tokenizers.tokenizer import Tokenizer
 from conftest import multilingual_sentences
 from test_tokenizer import BAD_INPUTS
 
@@ -204,7 +204,7 @@ def test_encoder_only_converts_to_tflite(model, sentences, exported):
 
 
 def test_int8_tflite_export_embeds_text_close_to_float(model, sentences, tmp_path):
-    from lealla_tf.embedder import load_embedder, model_kind
+    from lealla_tf.inference.embedder import load_embedder, model_kind
 
     encoder, tokenizer = model
     path = export_lib.export_int8_tflite(encoder, tokenizer, str(tmp_path / "int8"))

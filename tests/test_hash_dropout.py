@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lealla_tf.layers import hash_dropout
+from lealla_tf.models.layers import hash_dropout
 
 N = 1 << 20
 

@@ -1,4 +1,4 @@
-"""The heads an objective's terms need (`lealla_tf.heads`): the frozen teacher's
+"""The heads an objective's terms need (`lealla_tf.train.heads`): the frozen teacher's
 layer outputs for hidden-state distillation (`TeacherLayers`, the hd term)."""
 
 import numpy as np
@@ -6,15 +6,15 @@ import pytest
 import tensorflow as tf
 
 from conftest import tiny_vocabulary
-from lealla_tf import sentencepiece_model as spm_model
+from lealla_tf.tokenizers import sentencepiece_model as spm_model
 from lealla_tf.configs import (DataConfig, EncoderConfig, LossConfig, OptimizerConfig,
                                TokenizerConfig, TrainConfig, resolve_train_config)
-from lealla_tf.embedding_init import WORD_START, match_rows, select_teacher_weights
-from lealla_tf.export_lib import export_labse_pair
-from lealla_tf.heads import TeacherLayers
-from lealla_tf.lealla_encoder import build_encoder
-from lealla_tf.teacher_conversion import SENTENCEPIECE_FILE
-from lealla_tf.tokenizer import Tokenizer
+from lealla_tf.train.initialization import WORD_START, match_rows, select_teacher_weights
+from lealla_tf.inference.export import export_labse_pair
+from lealla_tf.train.heads import TeacherLayers
+from lealla_tf.models.encoder import build_encoder
+from lealla_tf.teachers.conversion import SENTENCEPIECE_FILE
+from lealla_tf.tokenizers.tokenizer import Tokenizer
 
 WIDTH, LAYERS = 16, 2
 
@@ -59,7 +59,7 @@ def student_inputs(ids):
 
 
 def test_a_student_selected_from_the_teacher_at_its_shape_has_zero_loss(teacher):
-    from lealla_tf.losses import hidden_state_distillation_loss
+    from lealla_tf.losses.functions import hidden_state_distillation_loss
 
     directory, teacher_encoder, pieces = teacher
     student_vocabulary = tiny_vocabulary()[::-1]  # other ids for the same pieces
@@ -120,7 +120,7 @@ def test_the_hd_term_trains_and_needs_a_teacher_directory(teacher, tiny_vocab_fi
     import dataclasses
     import os
 
-    from lealla_tf.training import train
+    from lealla_tf.train.run import train
 
     directory, _, pieces = teacher
     # The student tokenizes with the teacher's own SentencePiece vocabulary.
@@ -155,8 +155,8 @@ def test_the_hd_term_trains_and_needs_a_teacher_directory(teacher, tiny_vocab_fi
 def test_hdsrc_is_the_source_half_of_hd_and_runs_the_teacher_on_it_only(teacher):
     import types
 
-    from lealla_tf.losses import hidden_state_distillation_loss
-    from lealla_tf.objectives import TermInputs, compute_terms
+    from lealla_tf.losses.functions import hidden_state_distillation_loss
+    from lealla_tf.losses.objectives import TermInputs, compute_terms
 
     directory, _, pieces = teacher
     student_vocabulary = tiny_vocabulary()
@@ -248,8 +248,8 @@ def test_the_teachers_prefix_runs_before_the_sentence_and_leaves_the_hd_targets(
     import json
     import shutil
 
-    from lealla_tf.heads import prefix_pieces, teacher_prefix
-    from lealla_tf.teacher_conversion import TEACHER_SUMMARY
+    from lealla_tf.train.heads import prefix_pieces, teacher_prefix
+    from lealla_tf.teachers.conversion import TEACHER_SUMMARY
 
     directory, teacher_encoder, pieces = teacher
     prefixed = tmp_path / "prefixed"

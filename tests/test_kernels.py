@@ -1,4 +1,4 @@
-"""The fused CPU kernels (lealla_tf.kernels) against the op-by-op TensorFlow they replace."""
+"""The fused CPU kernels (lealla_tf.models.kernels) against the op-by-op TensorFlow they replace."""
 
 import hashlib
 import os
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lealla_tf import kernels
-from lealla_tf.layers import hash_dropout
+from lealla_tf.models import kernels
+from lealla_tf.models.layers import hash_dropout
 
 if shutil.which(os.environ.get("CXX", "g++")) is None:  # pragma: no cover - CI has g++
     pytest.skip("no C++ compiler to build the fused kernels", allow_module_level=True)
@@ -154,7 +154,7 @@ def adamw_run(fused, duplicates, steps=3):
     table gradient, with or without the fused kernel."""
     import keras
 
-    from lealla_tf.optimizers import FusedAdamW
+    from lealla_tf.train.optimizers import FusedAdamW
 
     previous = os.environ.get(kernels.SWITCH)
     os.environ[kernels.SWITCH] = "1" if fused else "0"
@@ -220,7 +220,7 @@ def test_without_a_compiler_training_falls_back_with_one_warning(tmp_path):
         "import numpy as np, tensorflow as tf\n"
         "from lealla_tf import kernels\n"
         "from lealla_tf.configs import EncoderConfig\n"
-        "from lealla_tf.lealla_encoder import build_encoder\n"
+        "from lealla_tf.models.encoder import build_encoder\n"
         "assert not kernels.available() and not kernels.available()\n"
         "print('reason:', kernels.unavailable_reason())\n"
         "encoder = build_encoder(EncoderConfig(vocabulary_size=30, num_layers=2, num_heads=2,\n"
@@ -247,7 +247,7 @@ def test_the_switch_turns_them_off(monkeypatch):
 
 
 def test_a_failed_compile_is_named_and_the_setup_step_goes_on(tmp_path):
-    """`python -m lealla_tf.kernels` (make setup): a compiler error is one line
+    """`python -m lealla_tf.models.kernels` (make setup): a compiler error is one line
     with the compiler's own error; exit 0 (training falls back), 1 with --strict."""
     compiler = tmp_path / "broken-g++"
     compiler.write_text("#!/bin/sh\n"
@@ -257,7 +257,7 @@ def test_a_failed_compile_is_named_and_the_setup_step_goes_on(tmp_path):
     compiler.chmod(0o755)
     environment = {**os.environ, "CXX": str(compiler), kernels.CACHE: str(tmp_path / "cache")}
     for flags, code in (([], 0), (["--strict"], 1)):
-        done = subprocess.run([sys.executable, "-m", "lealla_tf.kernels", *flags],
+        done = subprocess.run([sys.executable, "-m", "lealla_tf.models.kernels", *flags],
                               capture_output=True, text=True, env=environment, timeout=300)
         assert done.returncode == code, done.stderr[-2000:]
         assert "not built: compiling fused_layers.cc, sparse_adamw.cc failed (exit 1): " \
@@ -285,7 +285,7 @@ def copying_compiler(tmp_path):
 
 
 def run_kernels(environment, *args):
-    return subprocess.run([sys.executable, "-m", "lealla_tf.kernels", *args],
+    return subprocess.run([sys.executable, "-m", "lealla_tf.models.kernels", *args],
                           capture_output=True, text=True, env=environment, timeout=300)
 
 

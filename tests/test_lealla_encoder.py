@@ -6,7 +6,7 @@ import tensorflow as tf
 import keras
 
 from lealla_tf.configs import EncoderConfig
-from lealla_tf.lealla_encoder import LeallaEncoder, build_encoder
+from lealla_tf.models.encoder import LeallaEncoder, build_encoder
 
 TINY = EncoderConfig(vocabulary_size=30, num_layers=2, num_heads=2, hidden_dim=8,
                      intermediate_dim=16, max_sequence_length=32)
@@ -168,7 +168,7 @@ def test_forward_equals_the_keras_call(changes):
 def test_forward_in_parts_equals_one_call_for_any_batch_size(rows):
     """Inference embeds a batch as INFERENCE_PARTS independent parts; one row
     leaves a part empty."""
-    from lealla_tf import lealla_encoder
+    from lealla_tf.models import encoder as lealla_encoder
 
     encoder = build_encoder(TINY.replace(pooling="mean"))
     batch = inputs(np.random.default_rng(1).integers(5, 30, (rows, 6)), [6, 2, 4, 5, 1][:rows])
@@ -249,8 +249,8 @@ def test_forward_in_training_drops_out_and_reaches_every_weight():
 ])
 def test_fused_kernels_train_as_the_op_by_op_layers(changes):
     """The same outputs, the same dropout masks from the same seeds, the same
-    gradients, with lealla_tf.kernels' fused ops as without them."""
-    from lealla_tf import kernels
+    gradients, with lealla_tf.models.kernels' fused ops as without them."""
+    from lealla_tf.models import kernels
 
     if not kernels.available():
         pytest.skip(f"fused kernels unavailable: {kernels.unavailable_reason()}")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lealla_tf import losses
+from lealla_tf.losses import functions as losses
 
 RNG = np.random.default_rng(0)
 N, D, T_DIM = 5, 4, 6

@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from lealla_tf.embedding_io import (commit_run, embedding_example, mmap_embeddings,
+from lealla_tf.mining.shards import (commit_run, embedding_example, mmap_embeddings,
                                     new_run_directory, read_embeddings, write_tfrecord)
-from lealla_tf.mining import Rows, mine
+from lealla_tf.mining.margins import Rows, mine
 from lealla_tf.pipelines import embed_corpus  # noqa: E402
 from lealla_tf.pipelines import mine_bitext  # noqa: E402
 
@@ -298,7 +298,7 @@ def test_leftovers_of_killed_runs_are_removed_and_nothing_else(tmp_path):
     """A conversion killed (SIGKILL) mid-copy leaves `<copy>.tmp-<pid>-<host>`
     and a killed write leaves `<output>.tmp-<pid>-<hex>`: the next run removes
     them; a live process's, another host's and files not named by us stay."""
-    from lealla_tf.embedding_io import host_tag
+    from lealla_tf.mining.shards import host_tag
 
     write_embedding_output(tmp_path / "src", planted(n=40)[0], shards=1, prefix="s")
     write_embedding_output(tmp_path / "tgt", planted(n=40)[1], shards=1, prefix="t")

@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from lealla_tf import mining
-from lealla_tf.mining import (Rows, best_threshold, build_index, greedy_one_to_one, knn,
+from lealla_tf.mining import margins as mining
+from lealla_tf.mining.margins import (Rows, best_threshold, build_index, greedy_one_to_one, knn,
                               margin_scores, mine, normalize_rows)
 
 RNG = np.random.default_rng(7)
@@ -442,7 +442,7 @@ def test_a_killed_runs_spill_folder_is_removed_by_the_next_run_and_nothing_else(
     import subprocess
     import sys
 
-    from lealla_tf.embedding_io import host_tag
+    from lealla_tf.mining.shards import host_tag
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     killed = subprocess.run([sys.executable, "-c", f"""
@@ -478,7 +478,7 @@ mining.mine(rng.normal(size=(50, 8)), rng.normal(size=(60, 8)), memory_budget_gb
 
 
 def test_mean_cosine_tells_a_collapsed_model_from_a_spread_one():
-    from lealla_tf.mining import COLLAPSED_MEAN_COSINE, collapse_warning, mean_cosine
+    from lealla_tf.mining.margins import COLLAPSED_MEAN_COSINE, collapse_warning, mean_cosine
 
     rng = np.random.default_rng(0)
     spread = rng.normal(size=(50, 8))

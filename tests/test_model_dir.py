@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from lealla_tf.configs import EncoderConfig, config_from_dict
-from lealla_tf.lealla_encoder import build_encoder
-from lealla_tf.model_dir import (TokenizerConfig, encoder_config_of, load_encoder, load_tokenizer,
+from lealla_tf.models.encoder import build_encoder
+from lealla_tf.models.model_dir import (TokenizerConfig, encoder_config_of, load_encoder, load_tokenizer,
                                  read_model_config, save_encoder_checkpoint, write_model_config)
 
 TINY = EncoderConfig(vocabulary_size=60, num_layers=1, num_heads=2, hidden_dim=8,
@@ -51,7 +51,7 @@ def test_missing_directory_and_unknown_fields(tmp_path):
 
 
 def test_build_tokenizer_takes_every_setting_of_the_config(tiny_vocab_file, tmp_path):
-    from lealla_tf.model_dir import build_tokenizer
+    from lealla_tf.models.model_dir import build_tokenizer
 
     config = TokenizerConfig(vocab_file="elsewhere.txt", max_seq_length=7, lower_case=True,
                              prefix="query: ")

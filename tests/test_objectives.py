@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lealla_tf import losses, objectives
+from lealla_tf.losses import functions as losses, objectives
 from lealla_tf.configs import EncoderConfig, LossConfig, TrainConfig, resolve_train_config
-from lealla_tf.objectives import (ALIASES, OBJECTIVES, Objective, TermInputs, compute_terms,
+from lealla_tf.losses.objectives import (ALIASES, OBJECTIVES, Objective, TermInputs, compute_terms,
                                   parse_objective)
 
 
@@ -76,7 +76,7 @@ def test_a_new_term_is_one_row(monkeypatch, sentence_vocab_file, tiny_parallel_d
                     default_weight=lambda d: 2.0, description="1 - cos(x, y)")
     monkeypatch.setitem(objectives.OBJECTIVES, "alignment", row)
     from lealla_tf.configs import DataConfig, OptimizerConfig, TokenizerConfig
-    from lealla_tf.training import train
+    from lealla_tf.train.run import train
 
     vocabulary = len(open(sentence_vocab_file, encoding="utf-8").read().split("\n")) - 1
     config = TrainConfig(

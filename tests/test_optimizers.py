@@ -5,9 +5,9 @@ import pytest
 import tensorflow as tf
 import keras
 
-from lealla_tf.optimizers import FusedAdamW
-from lealla_tf.schedules import WarmupLinearDecay
-from lealla_tf.task import scale_gradient, unique_rows
+from lealla_tf.train.optimizers import FusedAdamW
+from lealla_tf.train.schedules import WarmupLinearDecay
+from lealla_tf.train.task import scale_gradient, unique_rows
 
 IDS = tf.constant([[1, 3, 3, 7], [7, 2, 1, 1]])
 

@@ -4,8 +4,8 @@ import gc
 
 import pytest
 
-from lealla_tf.lealla_encoder import build_encoder
-from lealla_tf.presets import (LABSE_VOCABULARY_SIZE, PRESETS, count_encoder_parameters,
+from lealla_tf.models.encoder import build_encoder
+from lealla_tf.models.presets import (LABSE_VOCABULARY_SIZE, PRESETS, count_encoder_parameters,
                                count_parameters, get_preset, main, student_preset)
 
 RELEASED = {

@@ -136,13 +136,13 @@ def test_quiet_startup_sets_defaults_that_the_users_settings_override(
 def test_quiet_startup_only_for_its_own_command_line(monkeypatch):
     calls = []
     monkeypatch.setattr(progress, "quiet_startup", lambda: calls.append(1))
-    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "lealla_tf.kernels", "--force"],
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "lealla_tf.models.kernels", "--force"],
                         raising=False)
-    progress.quiet_startup_if_run_as("lealla_tf.kernels")
+    progress.quiet_startup_if_run_as("lealla_tf.models.kernels")
     monkeypatch.setattr(sys, "orig_argv", ["python", "my_program.py"], raising=False)
-    progress.quiet_startup_if_run_as("lealla_tf.kernels")
+    progress.quiet_startup_if_run_as("lealla_tf.models.kernels")
     monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "pytest"], raising=False)
-    progress.quiet_startup_if_run_as("lealla_tf.kernels")
+    progress.quiet_startup_if_run_as("lealla_tf.models.kernels")
     assert calls == [1]
 
 

@@ -6,9 +6,10 @@ import os
 
 import pytest
 
-from lealla_tf.news_set import length_band_names
+from lealla_tf.evaluation.news import length_band_names
 from lealla_tf.parallel_corpus import read_pairs
-from lealla_tf.recipe import find_data_dir, main
+from lealla_tf.recipe.config import find_data_dir
+from lealla_tf.cli.recipe import main
 from conftest import write_pairs
 
 WORDS = {"deu": ("Der Hund Nummer {} ist nett.", "Die Katze {} schläft."),
@@ -49,7 +50,7 @@ def test_missing_data_is_named_exactly(tmp_path, capsys):
 
 def test_teacher_backend_that_cannot_truncate_is_refused_before_any_work(tiny_data, tmp_path,
                                                                           capsys):
-    from lealla_tf.configs import recipe_loss_weights
+    from lealla_tf.recipe.config import recipe_loss_weights
 
     work = tmp_path / "w"
     assert main([f"--data_dir={tiny_data}", f"--work_dir={work}", "--no_teacher_in_step",
@@ -103,7 +104,7 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
     assert report["config"]["truncate_teacher"] and report["config"]["length_buckets"] == 6
     assert report["config"]["max_seq_length"] == 64 and not report["plan"]["planned"]
     # The held-out news set: no held-out pair in the training sample, either side.
-    from lealla_tf.news_set import held_out_sentences
+    from lealla_tf.evaluation.news import held_out_sentences
 
     assert report["news_set"]["languages"] == ["deu", "fra"]  # no xho: skipped, said so
     assert report["news_set"]["missing"] == ["xho"]
@@ -147,7 +148,7 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
 
 
 def test_stage_runner_reuses_finished_stages_only(tmp_path):
-    from lealla_tf.recipe import Stages
+    from lealla_tf.recipe.stages import Stages
 
     calls = []
     stages = Stages(str(tmp_path), log=lambda _: None)
@@ -169,37 +170,38 @@ def test_a_training_stopped_by_a_signal_is_not_a_finished_stage(tmp_path, monkey
                                                                 reason):
     import types
 
-    import lealla_tf.recipe as recipe
-    import lealla_tf.training
+    import lealla_tf.cli.recipe
+    import lealla_tf.train.run
+    from lealla_tf.recipe.stages import StageInterrupted, Stages, train_stage
 
     def stopped(config, model_dir, vocab_file, strategy, planner=None):
         return {"reason": reason, "final_step": 3}
 
-    monkeypatch.setattr(lealla_tf.training, "train", stopped)
-    stages = recipe.Stages(str(tmp_path), log=lambda _: None)
+    monkeypatch.setattr(lealla_tf.train.run, "train", stopped)
+    stages = Stages(str(tmp_path), log=lambda _: None)
     config = types.SimpleNamespace(train_steps=200)
-    with pytest.raises(recipe.StageInterrupted, match="step 3 of 200.*rerun the same command"):
-        stages.run("train_student", lambda: recipe.train_stage(config, "m", "v", None))
+    with pytest.raises(StageInterrupted, match="step 3 of 200.*rerun the same command"):
+        stages.run("train_student", lambda: train_stage(config, "m", "v", None))
     assert not (tmp_path / "stages" / "train_student.json").exists()  # the rerun resumes
 
     def ctrl_c():
         raise KeyboardInterrupt  # e.g. in the Beam teacher-vector stage
 
-    with pytest.raises(recipe.StageInterrupted, match="teacher_vectors interrupted"):
+    with pytest.raises(StageInterrupted, match="teacher_vectors interrupted"):
         stages.run("teacher_vectors", ctrl_c)
     assert not (tmp_path / "stages" / "teacher_vectors.json").exists()
 
     def interrupted(config, fresh=False):
-        raise recipe.StageInterrupted("training m stopped by SIGTERM at step 3 of 200")
+        raise StageInterrupted("training m stopped by SIGTERM at step 3 of 200")
 
-    monkeypatch.setattr(recipe, "run_recipe", interrupted)
+    monkeypatch.setattr(lealla_tf.cli.recipe, "run_recipe", interrupted)
     assert main([f"--work_dir={tmp_path}"]) == 130
     assert "stopped: training m stopped by SIGTERM" in capsys.readouterr().err
 
 
 def test_hidden_state_distillation_needs_a_sentencepiece_teacher(tmp_path):
-    from lealla_tf.configs import RecipeConfig
-    from lealla_tf.recipe import train_config
+    from lealla_tf.recipe.config import RecipeConfig
+    from lealla_tf.recipe.stages import train_config
 
     minilm = {"tokenizer": "wordpiece", "multilingual": False}
     with pytest.raises(ValueError, match=r"hidden-state distillation \(hd\).*drop '\+hd'"):
@@ -219,7 +221,7 @@ def test_options_the_teacher_cannot_serve_are_refused_before_the_sample(tiny_dat
     """The training configurations are built right after the teacher stage, so
     `+hd` with an English WordPiece teacher fails in seconds, not after the
     sample and the Beam teacher vectors."""
-    from lealla_tf import recipe
+    from lealla_tf.recipe import job as recipe  # the stages as the job calls them
 
     minilm = {"teacher": "all-minilm-l6-v2", "tokenizer": "wordpiece", "multilingual": False}
     monkeypatch.setattr(recipe, "teacher_stage", lambda config, path: minilm)
@@ -244,7 +246,7 @@ def test_options_the_teacher_cannot_serve_are_refused_before_the_sample(tiny_dat
 def test_evaluation_embeds_a_model_once_for_all_its_pairs_and_its_first_pairs(
         tiny_tatoeba_dir):
     from conftest import TINY_PAIRS
-    from lealla_tf.recipe import evaluate_stage
+    from lealla_tf.recipe.stages import evaluate_stage
     from test_evaluation import OracleEmbedder
 
     pairs = [p for ps in TINY_PAIRS.values() for p in ps]
@@ -272,8 +274,8 @@ def test_evaluation_embeds_a_model_once_for_all_its_pairs_and_its_first_pairs(
 
 
 def test_the_teacher_runs_in_the_step_only_with_hd_and_unless_told_not_to(tmp_path):
-    from lealla_tf.configs import RecipeConfig
-    from lealla_tf.recipe import teacher_in_step, train_config
+    from lealla_tf.recipe.config import RecipeConfig
+    from lealla_tf.recipe.stages import teacher_in_step, train_config
 
     teacher = {"multilingual": True, "tokenizer": "sentencepiece"}
     assert teacher_in_step(RecipeConfig())
@@ -325,7 +327,7 @@ def test_a_student_started_at_another_rate_is_named_with_the_flag_that_resumes_i
     """A work dir begun before the main job's default rates changed resumes only
     with its old rate or --fresh, said in one line (the trainer's own refusal
     lists every differing setting over several lines)."""
-    from lealla_tf.recipe import check_started_rate
+    from lealla_tf.recipe.stages import check_started_rate
 
     student = tmp_path / "student"
     (student / "checkpoints").mkdir(parents=True)
@@ -343,8 +345,9 @@ def test_the_training_precision_is_the_flag_the_started_run_or_the_cpus(tmp_path
     """--mixed_precision / --no_mixed_precision; without either, a started run keeps
     its own, and a new one trains in bfloat16 where the CPU multiplies it natively."""
     import lealla_tf.machine
-    from lealla_tf.configs import RecipeConfig
-    from lealla_tf.recipe import build_parser, config_from_args, mixed_precision
+    from lealla_tf.recipe.config import RecipeConfig
+    from lealla_tf.cli.recipe import build_parser, config_from_args
+    from lealla_tf.recipe.stages import mixed_precision
 
     def parsed(*flags):
         return config_from_args(build_parser().parse_args(list(flags))).mixed_precision
@@ -366,7 +369,7 @@ def test_a_student_started_in_another_precision_is_named_with_the_flag_that_resu
         tmp_path):
     """The opposite precision flag on a started run: one line naming the flag that
     resumes it or --fresh (the trainer's own refusal lists every setting)."""
-    from lealla_tf.recipe import check_started_precision, started_precision
+    from lealla_tf.recipe.stages import check_started_precision, started_precision
 
     student = tmp_path / "student"
     (student / "checkpoints").mkdir(parents=True)
@@ -385,8 +388,9 @@ def test_a_student_started_in_another_precision_is_named_with_the_flag_that_resu
 
 
 def test_stage_settings_grow_along_the_stages_and_mismatches_are_named(tmp_path):
-    from lealla_tf.configs import RecipeConfig
-    from lealla_tf.recipe import Stages, stage_settings
+    from lealla_tf.recipe.config import RecipeConfig
+    from lealla_tf.recipe.stages import Stages
+    from lealla_tf.recipe.job import stage_settings
 
     settings = stage_settings(RecipeConfig(), tmp_path, True)
     assert "sample_pairs" in settings["sample"] and "train_steps" not in settings["sample"]
@@ -410,7 +414,7 @@ def test_stage_settings_grow_along_the_stages_and_mismatches_are_named(tmp_path)
 
 
 def test_fresh_deletes_only_a_work_dir_a_job_made(tmp_path, tiny_data, capsys):
-    from lealla_tf.recipe import JOB_MARKER, claim_work_dir
+    from lealla_tf.recipe.job import JOB_MARKER, claim_work_dir
 
     foreign = tmp_path / "foreign"
     foreign.mkdir()
@@ -467,14 +471,18 @@ class _no_raise:
 
 
 def test_the_plan_fits_both_students_and_the_later_stages_in_the_budget(tmp_path):
-    import lealla_tf.recipe as recipe
-    from lealla_tf.configs import RecipeConfig, TrainConfig
+    from lealla_tf.recipe.planner import (BUDGET_PLAN_FILE, COMPARISON_STEP_RATIO, PLAN_AT_STEP,
+                                          PLAN_SKIP_STEPS, PLANNED_WARMUP_STEPS, BudgetPlanner,
+                                          student_run_config)
+    from lealla_tf.recipe.stages import Stages
+    from lealla_tf.recipe.config import RecipeConfig
+    from lealla_tf.configs import TrainConfig
 
-    stages = recipe.Stages(str(tmp_path), log=lambda _: None)
+    stages = Stages(str(tmp_path), log=lambda _: None)
     stages.seconds = {"teacher": 300.0}
-    planner = recipe.BudgetPlanner(RecipeConfig(time_budget_minutes=40), stages, 185.0, True,
+    planner = BudgetPlanner(RecipeConfig(time_budget_minutes=40), stages, 185.0, True,
                                    str(tmp_path))
-    at, skip = recipe.PLAN_AT_STEP, recipe.PLAN_SKIP_STEPS
+    at, skip = PLAN_AT_STEP, PLAN_SKIP_STEPS
     measured = {"step_seconds": [5.0] * skip + [2.0] * (at - skip), "evaluation_seconds": 10.0,
                 "start_seconds": 40.0, "train_seconds": 84.0}
     assert planner({**measured, "step": at - 1,
@@ -484,33 +492,33 @@ def test_the_plan_fits_both_students_and_the_later_stages_in_the_budget(tmp_path
     # of the student's + the comparison's start and 6 evaluations = 150 s; the student's
     # steps already run are not paid again; a step is 2 s (the first `skip` not timed),
     # the comparison's COMPARISON_STEP_RATIO of it: (1795 - 150 + at x 2) / (2 (1 + r)).
-    ratio = recipe.COMPARISON_STEP_RATIO
+    ratio = COMPARISON_STEP_RATIO
     steps = int((1795 - 150 + at * 2) // (2 * (1 + ratio)))
     every = -(-steps // 5)  # five evaluations, the last one at the end
     assert plan["train_steps"] == steps and plan["eval_every"] == every
     assert plan["checkpoint_every"] == every
     own = (steps - at) * 2.0 + 150.0
     assert plan["time_budget_minutes"] == pytest.approx((40 + at * 2 + 4 / 3 * own) / 60)
-    recorded = json.loads((tmp_path / recipe.BUDGET_PLAN_FILE).read_text())
+    recorded = json.loads((tmp_path / BUDGET_PLAN_FILE).read_text())
     assert recorded["train_steps"] == steps and recorded["pairs_per_second"] == 32.0
     assert not recorded["short"] and recorded["spent_seconds"] >= 300.0
-    alone = recipe.BudgetPlanner(RecipeConfig(time_budget_minutes=40), stages, 185.0, False,
+    alone = BudgetPlanner(RecipeConfig(time_budget_minutes=40), stages, 185.0, False,
                                  str(tmp_path))
     assert alone({**measured, "step": at})["train_steps"] == (1795 - 50 + at * 2) // 2
-    slow = recipe.BudgetPlanner(RecipeConfig(time_budget_minutes=10), stages, 185.0, True,
+    slow = BudgetPlanner(RecipeConfig(time_budget_minutes=10), stages, 185.0, True,
                                 str(tmp_path))
-    assert slow({**measured, "step": at})["train_steps"] == recipe.PLANNED_WARMUP_STEPS + 1
+    assert slow({**measured, "step": at})["train_steps"] == PLANNED_WARMUP_STEPS + 1
     assert slow.plan["short"]
     # The students' configs: fixed steps, or provisional ones the planner decides.
-    fixed = recipe.student_run_config(TrainConfig(train_steps=1), RecipeConfig(train_steps=500),
+    fixed = student_run_config(TrainConfig(train_steps=1), RecipeConfig(train_steps=500),
                                       500)
     assert (fixed.train_steps, fixed.optimizer.warmup_steps, fixed.eval_every) == (500, 50, 100)
-    planned = recipe.student_run_config(TrainConfig(train_steps=1), RecipeConfig(), None)
-    assert planned.optimizer.warmup_steps == recipe.PLANNED_WARMUP_STEPS > recipe.PLAN_AT_STEP
-    assert planned.checkpoint_every == planned.eval_every == recipe.PLANNED_WARMUP_STEPS
-    comparison = recipe.student_run_config(TrainConfig(train_steps=1), RecipeConfig(), steps,
+    planned = student_run_config(TrainConfig(train_steps=1), RecipeConfig(), None)
+    assert planned.optimizer.warmup_steps == PLANNED_WARMUP_STEPS > PLAN_AT_STEP
+    assert planned.checkpoint_every == planned.eval_every == PLANNED_WARMUP_STEPS
+    comparison = student_run_config(TrainConfig(train_steps=1), RecipeConfig(), steps,
                                            9.0)
-    assert comparison.optimizer.warmup_steps == recipe.PLANNED_WARMUP_STEPS
+    assert comparison.optimizer.warmup_steps == PLANNED_WARMUP_STEPS
     assert comparison.time_budget_minutes == 9.0
 
 

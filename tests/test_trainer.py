@@ -9,12 +9,12 @@ import tensorflow as tf
 
 from lealla_tf.configs import (DataConfig, EncoderConfig, LossConfig, OptimizerConfig,
                                TeacherConfig, TokenizerConfig, TrainConfig, check_resumable)
-from lealla_tf.data import write_pairs_tfrecord
-from lealla_tf.distribution import make_strategy
-from lealla_tf.model_dir import read_model_config
-from lealla_tf.objectives import default_loss_weights, parse_objective
-from lealla_tf.trainer import WarmupLinearDecay
-from lealla_tf.training import build_trainer
+from lealla_tf.train.data import write_pairs_tfrecord
+from lealla_tf.train.distribution import make_strategy
+from lealla_tf.models.model_dir import read_model_config
+from lealla_tf.losses.objectives import default_loss_weights, parse_objective
+from lealla_tf.train.trainer import WarmupLinearDecay
+from lealla_tf.train.run import build_trainer
 from conftest import TINY_PAIRS
 
 TEACHER_DIM = 6
@@ -87,7 +87,7 @@ def test_two_replicas_see_the_global_batch(teacher_records, sentence_vocab_file,
     for a, b in zip(mirrored_gradients, single_gradients):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
     # Without gathering (each replica only its own 4 negatives) the AMS loss differs.
-    from lealla_tf import losses
+    from lealla_tf.losses import functions as losses
 
     encoder = single.student.encoder
     embeddings = encoder(full_batch["source"])["sentence_embedding"]
@@ -225,7 +225,7 @@ def test_a_collapsed_student_is_named_in_the_summary(sentence_vocab_file, tiny_p
     """Every layer norm's scale at 0 and a rate of 0: every sentence gets one vector.
     The run still reaches its steps, and its summary says loudly that the model has
     collapsed, measured from the spread of the evaluation's embeddings."""
-    from lealla_tf.run_logs import format_summary
+    from lealla_tf.train.logs import format_summary
 
     config = tiny_config(vocab_size(sentence_vocab_file), tiny_parallel_dir, "ams",
                          train_steps=2, eval_every=2, tatoeba_dir=tiny_tatoeba_dir)

@@ -7,9 +7,9 @@ import pytest
 import tensorflow as tf
 
 from lealla_tf.parallel_corpus import find_parallel_files
-from lealla_tf.tokenizer import Tokenizer, read_wordpiece_vocabulary
-from lealla_tf.vocab import main
-from lealla_tf.vocabulary import (RESERVED_TOKENS, build_vocabulary, count_words,
+from lealla_tf.tokenizers.tokenizer import Tokenizer, read_wordpiece_vocabulary
+from lealla_tf.cli.vocab import main
+from lealla_tf.tokenizers.vocabulary import (RESERVED_TOKENS, build_vocabulary, count_words,
                                   language_weights, sample_sentences, vocabulary_report)
 from conftest import write_pairs
 
@@ -117,7 +117,7 @@ def test_sentencepiece_learns_from_a_hundred_sentences_or_fewer(tmp_path):
     whole instead, with the specials where the tokenizer expects them."""
     import sentencepiece
 
-    from lealla_tf.vocabulary import learn_sentencepiece
+    from lealla_tf.tokenizers.vocabulary import learn_sentencepiece
 
     sentences = [f"{src} {eng}" for pairs in __import__("conftest").TINY_PAIRS.values()
                  for src, eng in pairs] * 5

@@ -52,8 +52,8 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from lealla_tf.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
-from lealla_tf.embedding_io import write_atomically
+from lealla_tf.inference.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
+from lealla_tf.mining.shards import write_atomically
 
 NAMESPACE = "embed_corpus"
 COUNTERS = ("lines_read", "embedded", "dead_lettered")
@@ -75,7 +75,7 @@ _MODELS: Dict[str, Any] = {}
 def _embedder(model: str, max_seq_length: Optional[int] = None,
               threads: Optional[int] = None):
     if (model, max_seq_length) not in _MODELS:
-        from lealla_tf.embedder import load_embedder
+        from lealla_tf.inference.embedder import load_embedder
 
         if threads:
             limit_threads(threads)
@@ -371,7 +371,7 @@ def describe_duplicates(examples) -> str:
 
 
 def _write_tfrecords(handle, records) -> None:
-    from lealla_tf.embedding_io import write_tfrecord
+    from lealla_tf.mining.shards import write_tfrecord
 
     with gzip.GzipFile(fileobj=handle, mode="wb") as compressed:
         for record in records:
@@ -417,7 +417,7 @@ class EmbedShard(beam.DoFn):
         return vectors
 
     def process(self, element):
-        from lealla_tf.embedding_io import embedding_example, pair_example
+        from lealla_tf.mining.shards import embedding_example, pair_example
 
         (prefix, shard), items = element
         items = sorted(items, key=lambda item: item[0])  # a retry writes the same file
@@ -579,9 +579,9 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
     "file:line" of each) or when another run holds a local `output` (the
     previous output is then untouched; remote outputs are not locked).
     """
-    from lealla_tf.beam_options import pipeline_options, run_pipeline
-    from lealla_tf.embedder import model_kind
-    from lealla_tf.embedding_io import commit_run, output_lock, run_directory
+    from lealla_tf.pipelines.options import pipeline_options, run_pipeline
+    from lealla_tf.inference.embedder import model_kind
+    from lealla_tf.mining.shards import commit_run, output_lock, run_directory
 
     if num_shards < 1 or model_batch_size < 1:
         raise ValueError(f"--num_shards and --model_batch_size must be at least 1, got "
@@ -644,7 +644,7 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
 
 def reading_example(output: str) -> str:
     """Python lines that read an embeddings output (`embedding_io`'s readers)."""
-    return (f"from lealla_tf.embedding_io import mmap_embeddings, read_embeddings\n"
+    return (f"from lealla_tf.mining.shards import mmap_embeddings, read_embeddings\n"
             f"ids, vectors = read_embeddings({output!r})  # float32 [n, d], in id order\n"
             f"mapped = mmap_embeddings({output!r})  # memory-mapped: "
             ".parts, .ids(rows), .texts(rows)")

@@ -9,7 +9,7 @@
 sentences). Their shards are read memory-mapped: each gzip'd shard is converted
 once, streaming, into a raw copy beside it (or under --cache_dir, needed for remote
 outputs), which later runs reuse while it matches the shard (sizes and checksums;
-a damaged copy is rebuilt). Mining runs `lealla_tf.mining.mine` (faiss kNN,
+a damaged copy is rebuilt). Mining runs `lealla_tf.mining.margins.mine` (faiss kNN,
 margin scoring with k neighbours both ways, vectorised); --memory_budget_gb bounds
 its memory whatever the corpus size: the index is trained on a sample and filled
 chunk by chunk (in blocks when a side does not fit), queries are searched in
@@ -63,7 +63,7 @@ MARGINS = ("absolute", "distance", "ratio", "ratio_shifted")
 WRITE_BATCH = 65_536
 log = logging.getLogger(__name__)
 # The loggers whose INFO lines are the command line's progress.
-PROGRESS_LOGGERS = (__name__, "lealla_tf.mining")
+PROGRESS_LOGGERS = (__name__, "lealla_tf.mining.margins")
 
 
 def _index_options(nlist, nprobe) -> dict:
@@ -78,8 +78,8 @@ def mine_to_files(source_dir: str, target_dir: str, output: str, margin: str = "
     """Mines two embed_corpus outputs into `output` (and its dead-letter and
     summary files); returns the summary. Rows that cannot be mined are
     dead-lettered with their reason, not mined and not fatal."""
-    from lealla_tf.embedding_io import mmap_embeddings, write_atomically
-    from lealla_tf.mining import Rows, mine
+    from lealla_tf.mining.shards import mmap_embeddings, write_atomically
+    from lealla_tf.mining.margins import Rows, mine
 
     sides = {"source": mmap_embeddings(source_dir, cache_dir),
              "target": mmap_embeddings(target_dir, cache_dir)}
@@ -130,8 +130,8 @@ def check_inputs(source: str, target: str, k: int, index: str, memory_budget_gb,
     """Every mistake a user can make, found before the pipeline starts: a
     one-line ValueError / FileNotFoundError naming the flag. Converts the
     shards to their memory-mapped copies (reused by the mining step)."""
-    from lealla_tf.embedding_io import mmap_embeddings
-    from lealla_tf.mining import plan_mining
+    from lealla_tf.mining.shards import mmap_embeddings
+    from lealla_tf.mining.margins import plan_mining
 
     if k < 1:
         raise ValueError(f"--k must be at least 1, got {k}")
@@ -209,7 +209,7 @@ def mine_bitext(source: str, target: str, output: str, margin: str = "ratio",
                 memory_budget_gb=None, cache_dir=None, nlist=None, nprobe=None) -> int:
     """Mines `source` against `target` (embed_corpus outputs) into the TSV `output`;
     returns the number of pairs written."""
-    from lealla_tf.beam_options import pipeline_options, run_pipeline
+    from lealla_tf.pipelines.options import pipeline_options, run_pipeline
 
     check_inputs(source, target, k, index, memory_budget_gb, cache_dir, nlist, nprobe, threshold)
     options = pipeline_options(pipeline_args, default_runner=test_pipeline is None)
@@ -240,7 +240,7 @@ def output_file_lock(output: str):
     a run writes `output` and its companion files: a second run into the same
     --output is refused (OutputLockedError). Holding it, the temporary files that
     killed runs left beside `output` are removed. Remote outputs are not locked."""
-    from lealla_tf.embedding_io import output_lock, remove_dead_leftovers
+    from lealla_tf.mining.shards import output_lock, remove_dead_leftovers
 
     folder, name = os.path.split(output)
     folder = folder or "."
@@ -292,7 +292,7 @@ def format_summary(summary: dict, output: str, with_ids: bool = False,
 
 def main(argv=None) -> int:
     """The command line: its steps on stderr as they finish, the summary on stdout."""
-    from lealla_tf.embedding_io import OutputLockedError
+    from lealla_tf.mining.shards import OutputLockedError
     from lealla_tf.progress import logged_progress, worker_output_filtered
 
     logging.getLogger().setLevel(logging.WARNING)

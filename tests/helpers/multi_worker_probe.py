@@ -25,15 +25,15 @@ def flatten(batch: dict, prefix: str = ""):
 
 
 def main(out: str, argv) -> None:
-    from lealla_tf.distribution import make_strategy
+    from lealla_tf.train.distribution import make_strategy
 
     strategy = make_strategy("multi_worker")
 
     import numpy as np
     import tensorflow as tf
 
-    from lealla_tf.train import build_parser, config_from_flags
-    from lealla_tf.training import build_trainer
+    from lealla_tf.cli.train import build_parser, config_from_flags
+    from lealla_tf.train.run import build_trainer
 
     args = build_parser().parse_args(argv)
     trainer = build_trainer(config_from_flags(args), args.model_dir, args.vocab_file, strategy,

@@ -1,0 +1,117 @@
+"""Evaluate a model on Tatoeba (and optionally BUCC-format sets): `python -m lealla_tf.cli.evaluate`.
+
+    python -m lealla_tf.cli.evaluate --model=exports/small --tatoeba_dir=../shared/data/tatoeba_dev \
+        --output_json=reports/small_tatoeba.json [--plot=reports/small_tatoeba.png] \
+        [--bucc_dir=DIR --bucc_languages=deu,fra]
+
+--model is a LEALLA-format SavedModel, a LaBSE/2-format directory (preprocessor/ +
+encoder/), a training model directory, or a TF-Hub handle. The JSON holds flat
+metrics; the average Tatoeba P@1 (the LASER / LaBSE protocol: cosine nearest
+neighbour both ways, averaged over directions, then languages) is under the key
+`tatoeba/average_p_at_1`, the margin-based variant under
+`tatoeba_margin/average_p_at_1`.
+
+Inputs are checked before the model is loaded: a Tatoeba language with one file
+of its two, or a BUCC split whose `.gold` file is missing, empty or names ids
+that are in neither sentence file, exits 2 naming the file (such a fault would
+otherwise change the average or the recall without a word).
+"""
+
+if __name__ == "__main__":  # before TensorFlow and Beam load (lealla_tf.progress)
+    from lealla_tf.progress import quiet_startup
+
+    quiet_startup()
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from lealla_tf.inference.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
+
+
+def check_writable(path: str, flag: str) -> None:
+    """ValueError now, before a long evaluation, when `path` cannot be written."""
+    if os.path.isdir(path):
+        raise ValueError(f"{flag}={path} is a directory; pass a file path")
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"{flag}={path}: cannot create {directory} ({error.strerror})") from None
+    if not os.access(directory, os.W_OK):
+        raise ValueError(f"{flag}={path}: {directory} is not writable")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lealla_tf.cli.evaluate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--tatoeba_dir", required=True)
+    parser.add_argument("--output_json", required=True)
+    parser.add_argument("--plot", default=None, help="PNG path (default: next to the JSON)")
+    parser.add_argument("--max_pairs", type=int, default=0, help="pairs per language (0: all)")
+    parser.add_argument("--batch_size", type=int, default=PIPELINE_BATCH_SIZE,
+                        help="sentences per call, at most (each call also holds at most "
+                             f"{PIPELINE_MAX_TOKENS} padded tokens where the model's tokens "
+                             "are known)")
+    parser.add_argument("--bucc_dir", default=None, help="BUCC-format directory")
+    parser.add_argument("--bucc_languages", default="", help="comma-separated, e.g. deu,fra")
+    parser.add_argument("--no_progress", action="store_true")
+    args = parser.parse_args(argv)
+
+    from lealla_tf.inference.embedder import load_embedder
+    from lealla_tf.evaluation.retrieval import (TATOEBA_PRIMARY_METRIC, evaluate_bucc,
+                                      format_tatoeba_table, per_language, read_bucc_split,
+                                      tatoeba_with_margin)
+    from lealla_tf.parallel_corpus import find_tatoeba_languages
+    from lealla_tf.evaluation.plots import plot_per_language
+
+    plot = args.plot or os.path.splitext(args.output_json)[0] + ".png"
+    languages = [l for l in args.bucc_languages.split(",") if l]
+    try:
+        if args.max_pairs < 0:
+            raise ValueError(f"--max_pairs must be >= 0 (0: all pairs), got {args.max_pairs}")
+        if args.batch_size < 1:
+            raise ValueError(f"--batch_size must be at least 1, got {args.batch_size}")
+        if args.bucc_dir and not languages:
+            raise ValueError("--bucc_dir needs --bucc_languages")
+        check_writable(args.output_json, "--output_json")
+        check_writable(plot, "--plot")
+        # The inputs before the model: an incomplete Tatoeba language or a BUCC
+        # gold fault is named now, not after loading and embedding.
+        find_tatoeba_languages(args.tatoeba_dir)
+        for language in languages if args.bucc_dir else []:
+            for split in ("training", "test"):
+                read_bucc_split(args.bucc_dir, language, split)
+        start = time.time()
+        embedder = load_embedder(args.model)
+        metrics = tatoeba_with_margin(embedder, args.tatoeba_dir, args.max_pairs or None,
+                                      progress=not args.no_progress,
+                                      batch_size=args.batch_size)
+        if args.bucc_dir:
+            metrics.update(evaluate_bucc(embedder, args.bucc_dir, languages))
+    except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    metrics["seconds"] = time.time() - start
+    result = {"model": args.model, "primary_metric": TATOEBA_PRIMARY_METRIC,
+              "embedding_dim": embedder.dimension, "metrics": metrics}
+    with open(args.output_json, "w") as f:
+        json.dump(result, f, indent=2, sort_keys=True)
+    average = 100 * metrics[TATOEBA_PRIMARY_METRIC]
+    plot_per_language({os.path.basename(os.path.normpath(args.model)): per_language(metrics)},
+                      plot, f"Tatoeba P@1 — average {average:.2f}%")
+    print(format_tatoeba_table(metrics))
+    for language in languages if args.bucc_dir else []:
+        print(f"BUCC {language}: P {100 * metrics[f'bucc/{language}/precision']:.1f} "
+              f"R {100 * metrics[f'bucc/{language}/recall']:.1f} "
+              f"F1 {100 * metrics[f'bucc/{language}/f1']:.1f}")
+    print(f"{TATOEBA_PRIMARY_METRIC} = {metrics[TATOEBA_PRIMARY_METRIC]:.4f}  -> "
+          f"{args.output_json}, {plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""The reload check: load an exported SavedModel in a FRESH process and record what it computes.
+
+`reload_in_fresh_process(path, sentences)` runs this module as a subprocess, so no
+Python state is shared with the exporter, and returns its arrays; the export
+tests and the main job's export stage both use it. Only `import tensorflow_text`
+(plus the loader's own library) comes before loading, as a user would do.
+
+    python -m lealla_tf.inference.reload_check --loader=hub_keras_layer|tfsm_layer|saved_model_load \
+        --format=lealla|labse --path=... --sentences=sentences.json --output=out.npz
+"""
+
+import argparse
+import base64
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+LOADERS = ("hub_keras_layer", "tfsm_layer", "keras3_layer", "saved_model_load")
+
+
+def reload_in_fresh_process(path: str, sentences, loader: str = "hub_keras_layer",
+                            export_format: str = "lealla", timeout: int = 600) -> dict:
+    """Loads `path` with `loader` in a new Python process and embeds `sentences`.
+
+    Returns the arrays the check recorded ("batch": the embeddings of all
+    sentences in one call, plus loader-specific ones: dropout with training=True,
+    one sentence at a time, the weights). RuntimeError with the child's stderr
+    when loading fails.
+    """
+    import numpy as np
+
+    if loader not in LOADERS:
+        raise ValueError(f"loader must be one of {LOADERS}, got {loader!r}")
+    encoded = [base64.b64encode(s if isinstance(s, bytes) else s.encode("utf-8")).decode()
+               for s in sentences]
+    with tempfile.TemporaryDirectory() as work:
+        sentences_file = os.path.join(work, "sentences.json")
+        output = os.path.join(work, "output.npz")
+        with open(sentences_file, "w") as f:
+            json.dump(encoded, f)
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="-1")
+        env.pop("TF_USE_LEGACY_KERAS", None)
+        result = subprocess.run(
+            [sys.executable, "-m", "lealla_tf.inference.reload_check", f"--loader={loader}",
+             f"--format={export_format}", f"--path={path}", f"--sentences={sentences_file}",
+             f"--output={output}"], capture_output=True, text=True, env=env, timeout=timeout)
+        if result.returncode != 0:
+            raise RuntimeError(f"{loader} could not reload {path} in a fresh process:\n"
+                               f"{result.stderr[-4000:]}")
+        return dict(np.load(output))
+
+
+def fit_changes(model, layer, batch, loss):
+    """Fits `model` (strings -> 2 logits) with `loss` for two epochs on `batch`
+    and returns how many of `layer`'s trainable weights changed."""
+    import numpy as np
+    import tensorflow as tf
+
+    model.compile(optimizer="adam", loss=loss)
+    before = [np.array(w.numpy()) for w in layer.trainable_weights]
+    labels = tf.constant([i % 2 for i in range(int(batch.shape[0]))])
+    model.fit(tf.data.Dataset.from_tensor_slices((batch, labels)).batch(4), epochs=2, verbose=0)
+    return np.array(sum(not np.array_equal(b, np.array(w.numpy()))
+                        for b, w in zip(before, layer.trainable_weights)))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--loader", required=True)
+    parser.add_argument("--format", required=True)
+    parser.add_argument("--path", required=True)
+    parser.add_argument("--sentences", required=True)
+    parser.add_argument("--output", required=True)
+    args = parser.parse_args()
+    if args.loader == "hub_keras_layer":
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import numpy as np
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+
+    with open(args.sentences) as f:
+        sentences = [base64.b64decode(s) for s in json.load(f)]
+    batch = tf.constant(sentences)
+    results = {}
+
+    if args.loader == "hub_keras_layer":
+        import tensorflow_hub as hub
+        import tf_keras
+
+        if args.format == "lealla":
+            layer = hub.KerasLayer(args.path, trainable=True)
+            text = tf_keras.Input(shape=(), dtype=tf.string)
+            model = tf_keras.Model(text, layer(text))
+            results["batch"] = model.predict(batch, batch_size=len(sentences), verbose=0)
+            embed = lambda x, training: layer(x, training=training)  # noqa: E731
+        else:
+            preprocessor = hub.KerasLayer(os.path.join(args.path, "preprocessor"))
+            layer = hub.KerasLayer(os.path.join(args.path, "encoder"), trainable=True)
+            text = tf_keras.Input(shape=(), dtype=tf.string)
+            outputs = layer(preprocessor(text))
+            model = tf_keras.Model(text, outputs["default"])
+            results["batch"] = model.predict(batch, batch_size=len(sentences), verbose=0)
+            embed = lambda x, training: layer(preprocessor(x), training=training)["default"]  # noqa
+        results["training_false"] = embed(batch, False).numpy()
+        results["training_a"] = embed(batch, True).numpy()
+        results["training_b"] = embed(batch, True).numpy()
+        weights = layer.trainable_weights
+        if args.format == "lealla":  # inside tf.keras.Sequential, trained by fit
+            trained = hub.KerasLayer(args.path, trainable=True)  # the weights above stay
+            results["fit_changed"] = fit_changes(
+                tf.keras.Sequential([trained, tf.keras.layers.Dense(2)]), trained, batch,
+                tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    elif args.loader == "keras3_layer":
+        import keras
+
+        from lealla_tf.inference.saved_model_layer import LeallaSavedModelLayer
+
+        layer = LeallaSavedModelLayer(args.path, trainable=True)
+        text = keras.Input(shape=(), dtype="string")
+        model = keras.Model(text, keras.layers.Dense(2)(layer(text)))
+        results["batch"] = layer(batch).numpy()
+        weights = [np.array(w.numpy()) for w in layer.weights]  # as loaded, before fit
+        results["fit_changed"] = fit_changes(
+            model, layer, batch, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    elif args.loader == "tfsm_layer":
+        import keras
+
+        if args.format != "lealla":
+            raise SystemExit("tfsm_layer probe is for the lealla format")
+        layer = keras.layers.TFSMLayer(args.path, call_endpoint="serving_default")
+        results["batch"] = layer(batch)["default"].numpy()
+        weights = layer.weights
+    else:
+        if args.format == "lealla":
+            model = tf.saved_model.load(args.path)
+            embed = lambda x, training: model(x, training=training)  # noqa: E731
+            results["signature"] = model.signatures["serving_default"](inputs=batch)[
+                "default"].numpy()
+            weights = model.trainable_variables
+            results["variables_count"] = np.array(len(model.variables))
+        else:
+            preprocessor = tf.saved_model.load(os.path.join(args.path, "preprocessor"))
+            encoder = tf.saved_model.load(os.path.join(args.path, "encoder"))
+            embed = lambda x, training: encoder(preprocessor(x), training=training)[  # noqa
+                "default"]
+            packed = preprocessor.bert_pack_inputs([preprocessor.tokenize(batch)])
+            results["via_tokenize"] = encoder(packed)["default"].numpy()
+            results["do_lower_case"] = np.array(encoder.do_lower_case.numpy())
+            outputs = encoder(preprocessor(batch))
+            results["encoder_outputs_count"] = np.array(len(outputs["encoder_outputs"]))
+            weights = encoder.trainable_variables
+        results["batch"] = embed(batch, False).numpy()
+        results["single"] = np.concatenate(
+            [embed(tf.constant([s]), False).numpy() for s in sentences])
+        results["training_a"] = embed(batch, True).numpy()
+        results["training_b"] = embed(batch, True).numpy()
+    for i, weight in enumerate(weights):
+        results[f"weight_{i:04d}"] = np.asarray(getattr(weight, "numpy", lambda: weight)())
+    np.savez(args.output, **results)
+
+
+if __name__ == "__main__":
+    main()

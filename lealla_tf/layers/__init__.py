@@ -1,6 +1,0 @@
-"""Small Keras layers used by the encoders (one public class per module)."""
-
-from lealla_tf.layers.l2_normalization import L2Normalization
-from lealla_tf.layers.masked_mean_pooling import MaskedMeanPooling
-
-__all__ = ["L2Normalization", "MaskedMeanPooling"]

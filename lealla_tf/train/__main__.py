@@ -1,0 +1,11 @@
+"""`python -m lealla_tf.train`: the command line in `lealla_tf.cli.train`."""
+
+import sys
+
+if __name__ == "__main__":
+    from lealla_tf.progress import quiet_startup
+
+    quiet_startup()  # before TensorFlow and Beam load
+    from lealla_tf.cli.train import main
+
+    sys.exit(main())

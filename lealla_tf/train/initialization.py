@@ -1,0 +1,322 @@
+"""Teacher-initialised students: token embeddings, or every teacher-shaped weight.
+
+A student whose vocabulary shares pieces with the teacher's (the teacher's own
+SentencePiece model, or a pruned one from `lealla_tf.tokenizers.pruning`) can start
+from the teacher's token embeddings instead of random ones:
+
+- "teacher_pca": the rows of the teacher's table for the student's pieces,
+  centred and projected to the student's width d by PCA fitted on those rows;
+- "teacher_bottleneck": the teacher-width rows themselves, under the encoder's
+  embedding bottleneck (Ding et al. 2022), whose trainable projection to d
+  starts at the same PCA components;
+- "teacher_select": the embeddings and the layers selected from the teacher's
+  (weight selection, Xu et al. 2024, "Initializing models with larger ones"):
+  the student keeps d of the teacher's hidden coordinates (those with the
+  largest mean activation, which keeps BERT's outlier dimensions), its first
+  heads and evenly spaced dimensions of each, and the feed-forward units with
+  the largest weight norms. A deeper student puts teacher layer i at student
+  layer floor(i * L_student / L_teacher); the layers in between keep their
+  random initialisation except for zero output projections, so they pass their
+  input on (re-normalised by their layer norms) and learn from there. A
+  shallower student takes evenly spaced teacher layers. Every segment starts as
+  the teacher's first; a [CLS] pooler or output projection stays random. Needs a
+  student no wider than the teacher in each of these, without bottleneck or
+  recurrence, and a teacher with the same activation works best.
+
+Rows are matched by piece text: a SentencePiece piece to the same piece; a
+WordPiece token `t` to the teacher's word-initial `▁t`, `##t` to `t`. Tokens the
+teacher lacks keep their random initialisation; the match rate is reported.
+"""
+
+import os
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+WORD_START = "\u2581"
+
+
+def teacher_pieces(teacher_dir: str) -> List[str]:
+    """The pieces, in id order, of a converted teacher's SentencePiece vocabulary."""
+    from lealla_tf.tokenizers.sentencepiece_model import parse_model
+    from lealla_tf.teachers.conversion import SENTENCEPIECE_FILE
+    from lealla_tf.tokenizers.pruning import read_model_proto
+
+    model_file = os.path.join(teacher_dir, SENTENCEPIECE_FILE)
+    if not os.path.exists(model_file):
+        raise FileNotFoundError(
+            f"{model_file} not found: --embedding_init_source must be a teacher converted by "
+            "export/convert_teacher.py with a SentencePiece vocabulary (multilingual-e5-small)")
+    return [p.piece for p in parse_model(read_model_proto(model_file)).pieces]
+
+
+def teacher_vocabulary_and_table(teacher_dir: str
+                                 ) -> Tuple[List[str], np.ndarray, Dict[str, np.ndarray]]:
+    """(pieces in id order, token embedding table [vocabulary, D], every encoder
+    variable by name) of a converted teacher."""
+    from lealla_tf.models.checkpoint_conversion import read_saved_model_variables
+
+    pieces = teacher_pieces(teacher_dir)
+    variables = read_saved_model_variables(os.path.join(teacher_dir, "encoder"))
+    tables = [v for name, v in variables.items() if name.endswith("token_embedding/embeddings")]
+    if len(tables) != 1:
+        raise ValueError(f"{teacher_dir}/encoder: expected one token embedding table, found "
+                         f"{len(tables)}")
+    return pieces, np.asarray(tables[0], np.float32), variables
+
+
+def student_pieces(tokenizer) -> List[str]:
+    """The student's vocabulary as strings, in id order."""
+    if tokenizer.kind == "sentencepiece":
+        from lealla_tf.tokenizers.sentencepiece_model import parse_model
+        from lealla_tf.tokenizers.pruning import read_model_proto
+
+        return [p.piece for p in parse_model(read_model_proto(
+            tokenizer.vocab_file.asset_path.numpy().decode())).pieces]
+    from lealla_tf.tokenizers.tokenizer import read_wordpiece_vocabulary
+
+    return read_wordpiece_vocabulary(tokenizer.vocab_file.asset_path.numpy().decode())
+
+
+def match_rows(student: List[str], teacher: List[str]) -> np.ndarray:
+    """For each student token, the teacher row with the same piece, or -1."""
+    index: Dict[str, int] = {}
+    for i, piece in enumerate(teacher):
+        index.setdefault(piece, i)
+    rows = []
+    for token in student:
+        if token in index:
+            rows.append(index[token])
+        elif token.startswith("##") and token[2:] in index:
+            rows.append(index[token[2:]])
+        elif WORD_START + token in index:
+            rows.append(index[WORD_START + token])
+        else:
+            rows.append(-1)
+    return np.asarray(rows, np.int64)
+
+
+def pca(table: np.ndarray, dimension: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(mean [D], components [D, dimension]) of the rows of `table`."""
+    if dimension > table.shape[1]:
+        raise ValueError(f"cannot project {table.shape[1]}-d teacher embeddings up to "
+                         f"{dimension} dimensions by PCA")
+    mean = table.mean(axis=0)
+    centred = table - mean
+    _, _, vt = np.linalg.svd(centred.astype(np.float64), full_matrices=False)
+    return mean.astype(np.float32), vt[:dimension].T.astype(np.float32)
+
+
+def initialize_token_embeddings(encoder, tokenizer, teacher_dir: str, mode: str) -> dict:
+    """Sets `encoder`'s token embeddings (with "teacher_select", its layers too) from
+    the teacher's (see the module docstring).
+
+    Returns a summary: rows matched; for the PCA modes the fraction of the
+    teacher's variance the projection keeps, for "teacher_select" the kept
+    hidden coordinates and each student layer's teacher layer.
+    """
+    teacher_pieces, table, variables = teacher_vocabulary_and_table(teacher_dir)
+    rows = match_rows(student_pieces(tokenizer), teacher_pieces)
+    matched = rows >= 0
+    if not matched.any():
+        raise ValueError(f"no token of the student's vocabulary is in {teacher_dir}'s "
+                         "vocabulary; --embedding_init needs a shared vocabulary")
+    if mode == "teacher_select":
+        return select_teacher_weights(encoder, rows, teacher_dir, variables)
+    chosen = table[rows[matched]]
+    width = encoder.hidden_dim
+    mean, components = pca(chosen, width)
+    variance = float(np.square((chosen - mean) @ components).sum()
+                     / max(np.square(chosen - mean).sum(), 1e-12))
+    embeddings = encoder.token_embedding.embeddings
+    values = np.array(embeddings.numpy())
+    if mode == "teacher_pca":
+        if values.shape[1] != width:
+            raise ValueError("teacher_pca needs no embedding bottleneck (embedding_dim None)")
+        projected = (chosen - mean) @ components
+        # BERT's initial scale (0.02), so the position and segment embeddings
+        # still count after the sum.
+        projected *= 0.02 / max(float(projected.std()), 1e-12)
+        values[matched] = projected
+    elif mode == "teacher_bottleneck":
+        if values.shape[1] != table.shape[1]:
+            raise ValueError(f"teacher_bottleneck needs embedding_dim={table.shape[1]} (the "
+                             f"teacher's width), the encoder has {values.shape[1]}")
+        values[matched] = chosen
+        # The projection starts as the PCA, scaled to BERT's initial 0.02 so the
+        # position and segment embeddings still count after the sum.
+        kernel = components * (0.02 / max(float(((chosen - mean) @ components).std()), 1e-12))
+        encoder.embedding_projection.kernel.assign(kernel)
+        encoder.embedding_projection.bias.assign(-(mean @ kernel))
+    else:
+        raise ValueError(f"unknown embedding_init {mode!r}")
+    embeddings.assign(values.astype(embeddings.dtype))
+    return {"mode": mode, "source": teacher_dir, "rows": int(len(rows)),
+            "rows_matched": int(matched.sum()), "matched_fraction": float(matched.mean()),
+            "variance_kept": variance}
+
+
+def _teacher_layer_count(variables: Dict[str, np.ndarray]) -> int:
+    layers = {name.split("/")[0] for name in variables if name.startswith("transformer_layer_")}
+    return len(layers)
+
+
+def teacher_hidden_ranking(teacher_dir: str, token_rows: np.ndarray, sequences: int = 64,
+                           length: int = 16, seed: int = 0, encoder=None) -> np.ndarray:
+    """The teacher's hidden coordinates, most active first.
+
+    Mean |activation| over every layer's output, on `sequences` random
+    sequences of `token_rows` (the student's pieces): BERT-style models carry
+    a few coordinates of much larger magnitude that the others depend on, and
+    random text finds the same ones as real sentences (110 of the top 128
+    agree on multilingual-e5-small). `encoder`: the teacher's encoder module,
+    when the caller has loaded it already.
+    """
+    import tensorflow as tf
+
+    if encoder is None:
+        encoder = tf.saved_model.load(os.path.join(teacher_dir, "encoder"))
+    rng = np.random.default_rng(seed)
+    ids = rng.choice(token_rows, size=(sequences, length)).astype(np.int32)
+    inputs = {"input_word_ids": tf.constant(ids), "input_mask": tf.ones_like(ids),
+              "input_type_ids": tf.zeros_like(ids)}
+    outputs = encoder(inputs)["encoder_outputs"]
+    magnitude = np.mean([np.abs(o.numpy()).mean(axis=(0, 1)) for o in outputs], axis=0)
+    return np.argsort(-magnitude, kind="stable")
+
+
+def selected_coordinates(teacher_dir: str, rows: np.ndarray, width: int,
+                         encoder=None) -> np.ndarray:
+    """The `width` teacher hidden coordinates a student of that width keeps (sorted):
+    the most active ones on the student's matched pieces (`rows >= 0`)."""
+    return np.sort(teacher_hidden_ranking(teacher_dir, rows[rows >= 0],
+                                          encoder=encoder)[:width])
+
+
+def distilled_layer_pairs(student_layers: int, teacher_layers: int) -> List[Tuple[int, int]]:
+    """(student layer, teacher layer) whose outputs correspond under `layer_sources`.
+
+    A student layer's output corresponds to the teacher layer it started from,
+    or, when pass-through layers follow it, the last of those (a deeper student:
+    teacher layer i placed at student layer j is matched at the layer before the
+    next placed one, and the last teacher layer at the student's last).
+    """
+    sources = layer_sources(student_layers, teacher_layers)
+    pairs = []
+    for j, source in enumerate(sources):
+        if source is None:
+            continue
+        end = j
+        while end + 1 < student_layers and sources[end + 1] is None:
+            end += 1
+        pairs.append((end, source))
+    return pairs
+
+
+def layer_sources(student_layers: int, teacher_layers: int) -> List[Optional[int]]:
+    """For each student layer, the teacher layer it starts from, or None (a pass-through layer).
+
+    A deeper student spreads the teacher's layers evenly (the ones in between
+    start as pass-through layers); a shallower one takes evenly spaced teacher
+    layers.
+    """
+    if student_layers >= teacher_layers:
+        sources: List[Optional[int]] = [None] * student_layers
+        for i in range(teacher_layers):
+            sources[int(np.floor(i * student_layers / teacher_layers))] = i
+        return sources
+    return [int(np.floor(j * teacher_layers / student_layers)) for j in range(student_layers)]
+
+
+def _axis_roles(key: str) -> str:
+    """What each axis of a `TransformerEncoder` weight indexes (see `select`)."""
+    if key.startswith("self_attention_layer/attention_output/"):
+        return "nkh" if key.endswith("kernel") else "h"
+    if key.startswith("self_attention_layer/"):  # query, key, value
+        return "hnk" if key.endswith("kernel") else "nk"
+    if key.startswith("feedforward_intermediate_dense/"):
+        return "hf" if key.endswith("kernel") else "f"
+    if key.startswith("feedforward_output_dense/"):
+        return "fh" if key.endswith("kernel") else "h"
+    return "h"  # the layer norms
+
+
+def select_teacher_weights(encoder, rows: np.ndarray, teacher_dir: str,
+                           variables: Optional[Dict[str, np.ndarray]] = None) -> dict:
+    """"teacher_select" (see the module docstring); `rows`: `match_rows`'s output;
+    `variables`: the teacher encoder's, when the caller has read them already."""
+    from lealla_tf.models.checkpoint_conversion import read_saved_model_variables
+
+    if encoder.embedding_projection is not None or encoder.num_unique_layers:
+        raise ValueError("teacher_select needs an encoder without embedding bottleneck or "
+                         "parameter recurrence")
+    if variables is None:
+        variables = read_saved_model_variables(os.path.join(teacher_dir, "encoder"))
+    query = variables["transformer_layer_0/self_attention_layer/query/kernel"]
+    teacher_width, teacher_heads, teacher_head_dim = query.shape
+    teacher_ff = variables["transformer_layer_0/feedforward_intermediate_dense/kernel"].shape[1]
+    width, heads = encoder.hidden_dim, encoder.num_heads
+    head_dim, ff = width // heads, encoder.intermediate_dim
+    for what, student, teacher in (("hidden width", width, teacher_width),
+                                   ("heads", heads, teacher_heads),
+                                   ("head width", head_dim, teacher_head_dim),
+                                   ("feed-forward width", ff, teacher_ff)):
+        if student > teacher:
+            raise ValueError(f"teacher_select: the student's {what} {student} exceeds the "
+                             f"teacher's {teacher}")
+    matched = rows >= 0
+    hidden = selected_coordinates(teacher_dir, rows, width)
+    head_dims = np.linspace(0, teacher_head_dim - 1, head_dim).round().astype(np.int64)
+    # Q.K sums over head_dim of the teacher's dimensions; scaling the query keeps
+    # the attention logits at the teacher's scale.
+    query_scale = np.sqrt(teacher_head_dim / head_dim)
+
+    def select(value, roles, ff_units=None):
+        """`value` at the kept indices; `roles` names each axis: h(idden), n (heads),
+        k (head dimensions), f(eed-forward units)."""
+        kept = {"h": hidden, "n": np.arange(heads), "k": head_dims, "f": ff_units}
+        for axis, role in enumerate(roles):
+            value = np.take(value, kept[role], axis=axis)
+        return value
+
+    table = variables["token_embedding/embeddings"]
+    values = np.array(encoder.token_embedding.embeddings.numpy())
+    values[matched] = table[rows[matched]][:, hidden]
+    encoder.token_embedding.embeddings.assign(values)
+    positions = variables["position_embedding/embeddings"]
+    student_positions = encoder.position_embedding.weights[0]
+    if student_positions.shape[0] > positions.shape[0]:
+        raise ValueError(f"teacher_select: the student's {student_positions.shape[0]} "
+                         f"positions exceed the teacher's {positions.shape[0]}")
+    student_positions.assign(positions[:student_positions.shape[0]][:, hidden])
+    # Every segment starts as the teacher's first (single-sentence inputs).
+    segments = variables["segment_embedding/embeddings"][0][hidden]
+    encoder.segment_embedding.embeddings.assign(
+        np.tile(segments, (encoder.segment_embedding.embeddings.shape[0], 1)))
+    for weight in encoder.embeddings_layer_norm.weights:
+        weight.assign(select(variables[f"embeddings_layer_norm/{weight.path.split('/')[-1]}"],
+                             "h"))
+    sources = layer_sources(len(encoder.transformer_layers),
+                            _teacher_layer_count(variables))
+    for layer, source in zip(encoder.transformer_layers, sources):
+        if source is None:
+            for weight in layer.weights:
+                if weight.path.split("/", 1)[1].startswith((
+                        "self_attention_layer/attention_output/", "feedforward_output_dense/")):
+                    weight.assign(np.zeros(weight.shape, np.float32))
+            continue
+        prefix = f"transformer_layer_{source}/"
+        into = variables[prefix + "feedforward_intermediate_dense/kernel"][hidden]
+        out = variables[prefix + "feedforward_output_dense/kernel"][:, hidden]
+        importance = np.linalg.norm(into, axis=0) * np.linalg.norm(out, axis=1)
+        units = np.sort(np.argsort(-importance, kind="stable")[:ff])
+        for weight in layer.weights:
+            key = weight.path.split("/", 1)[1]
+            value = select(variables[prefix + key], _axis_roles(key), units)
+            if key.startswith("self_attention_layer/query/"):
+                value = value * query_scale
+            weight.assign(value.astype(np.float32))
+    return {"mode": "teacher_select", "source": teacher_dir, "rows": int(len(rows)),
+            "rows_matched": int(matched.sum()), "matched_fraction": float(matched.mean()),
+            "hidden_coordinates": [int(i) for i in hidden],
+            "layer_sources": sources}

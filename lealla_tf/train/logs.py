@@ -1,0 +1,94 @@
+"""What a training run writes for people and tools: train_log.jsonl,
+eval_log.jsonl, TensorBoard scalars, and the one-screen summary at the end."""
+
+import json
+import os
+from typing import Optional
+
+import tensorflow as tf
+
+from lealla_tf.evaluation.retrieval import TATOEBA_PRIMARY_METRIC
+
+
+class RunLogs:
+    """train_log.jsonl, eval_log.jsonl and TensorBoard scalars of one run."""
+
+    def __init__(self, model_dir: str, writer):
+        self.writer = writer
+        self.train_seconds = lambda: 0.0
+        self.train = open(os.path.join(model_dir, "train_log.jsonl"), "a")
+        self.eval = open(os.path.join(model_dir, "eval_log.jsonl"), "a")
+
+    def step(self, row: dict, terms, flush: bool) -> None:
+        self.train.write(json.dumps(row) + "\n")
+        if flush:
+            self.train.flush()
+            with self.writer.as_default(step=row["step"]):
+                for key in list(terms) + ["total", "gradient_norm"]:
+                    tf.summary.scalar(f"loss/{key}", row[key])
+                tf.summary.scalar("learning_rate", row["learning_rate"])
+                tf.summary.scalar("pairs_per_second", row["pairs_per_second"])
+
+    def evaluation(self, step: int, metrics: Optional[dict], evaluations: list):
+        if not metrics:
+            return None
+        row = {"step": step, "train_seconds": self.train_seconds(), **metrics}
+        evaluations.append(row)
+        self.eval.write(json.dumps(row) + "\n")
+        self.eval.flush()
+        with self.writer.as_default(step=step):
+            tf.summary.scalar(TATOEBA_PRIMARY_METRIC, metrics[TATOEBA_PRIMARY_METRIC])
+        return metrics
+
+    def flush(self) -> None:
+        self.train.flush()
+
+    def close(self) -> None:
+        self.train.close()
+        self.eval.close()
+        self.writer.flush()
+
+
+def truncate_log(path: str, last_step: int) -> None:
+    """Keeps the rows of a JSON-lines log up to `last_step`.
+
+    After a kill, rows written past the last checkpoint describe steps that
+    will be run again; dropping them leaves exactly one row per step.
+    """
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        rows = [line for line in f if line.strip()]
+    kept = []
+    for line in rows:
+        try:
+            if json.loads(line)["step"] <= last_step:
+                kept.append(line)
+        except (ValueError, KeyError):
+            continue  # a line cut short by the kill
+    with open(path, "w") as f:
+        f.writelines(kept)
+
+
+def format_summary(summary: dict) -> str:
+    """The one-screen summary printed at the end of a run."""
+    last = summary.get("last", {})
+    lines = [
+        "=" * 72,
+        f"training {summary['reason']}: steps {summary['start_step']} -> {summary['final_step']}"
+        f" in {summary['seconds'] / 60:.1f} min ({summary['pairs_per_second']:.1f} pairs/s, "
+        f"{summary['replicas']} replica(s))",
+    ]
+    if last:
+        terms = ", ".join(f"{t}={last[t]:.4g} (x{w:g})" for t, w in summary["weights"].items())
+        lines.append(f"last step: total {last['total']:.4f}; {terms}")
+    if summary["evaluations"]:
+        curve = "  ".join(f"{e['step']}:{100 * e['p_at_1']:.2f}" for e in summary["evaluations"])
+        lines.append(f"Tatoeba dev P@1 by step: {curve}")
+    if summary.get("collapse_warning"):
+        lines.append(summary["collapse_warning"])
+    lines.append(f"checkpoint: {summary['checkpoint']}")
+    lines.append(f"logs: {os.path.join(summary['model_dir'], 'logs')} (TensorBoard), "
+                 "train_log.jsonl, eval_log.jsonl, train_summary.json")
+    lines.append("=" * 72)
+    return "\n".join(lines)

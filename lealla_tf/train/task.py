@@ -1,0 +1,218 @@
+"""The distillation task: what one training step computes (the tf-models task/trainer seam).
+
+The task owns the student, the teacher, the heads and the objective's terms
+(`lealla_tf.losses.objectives.OBJECTIVES`), builds the input pipeline, and computes one
+replica's loss terms and gradients. `lealla_tf.train.trainer.Trainer` runs it: the
+optimizer, the loop, checkpoints and logs.
+
+One step, on each replica:
+  1. the student embeds both sides of its pairs (L2-normalised, [b, d]);
+  2. the teacher's vectors come precomputed with the data, or from the frozen
+     teacher encoder run inside the step (its tokenization ran in tf.data, or,
+     `--teacher_in_step`, on the student's own tokens: the pass the hd term
+     runs, once a side for both);
+  3. candidates of the contrastive terms (AMS, logit distillation, MCL) are
+     gathered from ALL replicas, with this replica's rows at offset
+     replica_id * b, so negatives are the global batch as in LaBSE;
+  4. each term is summed over the replica's rows and divided by the global
+     batch size; gradients are all-reduced across replicas.
+"""
+
+from typing import Dict, List, Optional
+
+import tensorflow as tf
+
+from lealla_tf.configs import TrainConfig
+from lealla_tf.train.data import pair_dataset, tokenize_batches
+from lealla_tf.train.heads import DistillationHeads
+from lealla_tf.losses.objectives import (OBJECTIVES, TEACHER_LAYERS, TermInputs, compute_terms,
+                                  parse_objective, terms_needing)
+from lealla_tf.train.students import build_student
+from lealla_tf.train.teacher_sources import CenteredTeacher, PrecomputedTeacher
+
+
+class DistillationTask:
+    """Student, teacher, heads and terms of a resolved `TrainConfig`.
+
+    Args:
+        config: a config resolved by `lealla_tf.configs.resolve_train_config`.
+        strategy: the tf.distribute strategy (student and heads are built in its scope).
+        tokenizer: the student's `Tokenizer`.
+        teacher: a `lealla_tf.train.teacher_sources.Teacher`, or None.
+        files: the training files (`lealla_tf.train.data.find_training_files`).
+        sizes: pairs per language (counted once by the caller), or None.
+    """
+
+    def __init__(self, config: TrainConfig, strategy, tokenizer, teacher=None,
+                 files: Optional[List] = None, sizes: Optional[Dict[str, int]] = None):
+        self.config = config
+        self.strategy = strategy
+        self.tokenizer = tokenizer
+        self.teacher = teacher
+        self.files = files if files is not None else []
+        self.sizes = sizes
+        self.terms = parse_objective(config.loss.objective)
+        self.weights = {t: float(config.loss.weights[t]) for t in self.terms}
+        self.uses_teacher = config.student == "dimension_reduction" or any(
+            OBJECTIVES[t].needs_teacher for t in self.terms)
+        self.data_info = {}
+        with strategy.scope():
+            if teacher is not None and config.teacher.center and self.uses_teacher:
+                self.teacher = CenteredTeacher(teacher)
+            self.student = build_student(config)
+            self.heads = DistillationHeads(
+                self.terms, self.student.embedding_size, config.teacher_dimension,
+                config.teacher.reduction_dir, vocabulary_size=tokenizer.vocab_size,
+                num_languages=len([n for n in (sizes or {}).values() if n > 0]),
+                special_ids=(tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id),
+                teacher_layers=self._teacher_layers())
+        self.trainable = self.student.trainable_weights + self.heads.trainable_weights
+
+    def _teacher_layers(self):
+        """The hd term's `TeacherLayers`: the in-step teacher's, so that one pass
+        serves both, or new ones (None when the objective has no hd term)."""
+        if not terms_needing(self.terms, TEACHER_LAYERS):
+            return None
+        shared = getattr(self.teacher.base, "layers", None) if self.teacher else None
+        return shared or build_teacher_layers(self.config, self.tokenizer)
+
+    def initialize_weights(self) -> dict:
+        """A fresh run's starting point: `init_from`'s encoder, and/or the teacher's
+        token embeddings (`embedding_init`). Returns what was done."""
+        done = {}
+        if self.config.init_from:
+            self.student.initialize_from(self.config.init_from)
+            done["init_from"] = self.config.init_from
+        if self.config.embedding_init != "random":
+            from lealla_tf.train.initialization import initialize_token_embeddings
+
+            done["embedding_init"] = initialize_token_embeddings(
+                self.student.encoder, self.tokenizer, self.config.embedding_init_source,
+                self.config.embedding_init)
+        if isinstance(self.teacher, CenteredTeacher):
+            batches = -(-self.config.teacher.center_pairs // self.config.global_batch_size)
+            done["teacher_center"] = self.teacher.estimate_mean(
+                self.dataset().take(batches))
+        return done
+
+    def checkpoint_objects(self) -> dict:
+        """What a checkpoint must hold besides the optimizer and step."""
+        extra = ({"teacher_mean": self.teacher.mean}
+                 if isinstance(self.teacher, CenteredTeacher) else {})
+        return {"heads": self.heads, **self.student.checkpoint_objects(), **extra}
+
+    # === Data ===
+
+    def _precomputed(self) -> Optional[PrecomputedTeacher]:
+        base = self.teacher.base if self.teacher is not None else None
+        return base if isinstance(base, PrecomputedTeacher) else None
+
+    def dataset(self, input_context: Optional[tf.distribute.InputContext] = None,
+                steps_done: int = 0):
+        """Tokenized batches for one input pipeline, `steps_done` global batches in."""
+        per_replica = (input_context.get_per_replica_batch_size(self.config.global_batch_size)
+                       if input_context else self.config.global_batch_size)
+        precomputed = self._precomputed()
+        pairs, self.data_info = pair_dataset(
+            self.config.data, self.config.global_batch_size, steps_done, input_context,
+            teacher_dim=precomputed.dimension if precomputed else None, files=self.files,
+            sizes=self.sizes, teacher_source=bool(precomputed and precomputed.has_source))
+        return tokenize_batches(pairs, per_replica, self.tokenizer,
+                                self.teacher if self.uses_teacher else None,
+                                self.config.data.length_buckets, steps_done)
+
+    def distributed_dataset(self, steps_done: int = 0):
+        return self.strategy.distribute_datasets_from_function(
+            lambda context: self.dataset(context, steps_done))
+
+    # === One step ===
+
+    def loss_terms(self, batch, training: bool = True) -> Dict[str, tf.Tensor]:
+        """Per-term losses of one replica's batch, each already divided by the
+        global batch size (so summing over replicas gives the batch mean)."""
+        replica = tf.distribute.get_replica_context()
+        replicas = self.strategy.num_replicas_in_sync
+        local = tf.shape(batch["source"]["input_word_ids"])[0]
+        offset = tf.cast(replica.replica_id_in_sync_group, tf.int32) * local if replicas > 1 else 0
+
+        def gather(x):
+            return replica.all_gather(x, axis=0) if replicas > 1 else x
+
+        teacher_vectors = (None, None)
+        if self.uses_teacher:
+            teacher_vectors = self.teacher.vectors(batch)
+        outputs = self.student(batch, teacher_vectors, training=training)
+        loss = self.config.loss
+        inputs = TermInputs(
+            student_source=outputs.source, student_target=outputs.target,
+            pooled_source=outputs.pooled_source, pooled_target=outputs.pooled_target,
+            teacher_source=teacher_vectors[0], teacher_target=teacher_vectors[1],
+            gather=gather, offset=offset, heads=self.heads, scale=loss.scale,
+            margin=loss.margin, temperature=loss.temperature, batch=batch,
+            hidden_source=outputs.hidden_source, hidden_target=outputs.hidden_target)
+        return compute_terms(self.terms, inputs, self.config.global_batch_size)
+
+    def replica_gradients(self, batch):
+        """(terms, weighted total, gradients) on one replica; the gradients are
+        already summed over all replicas (so every replica holds the global
+        batch's gradient), and not yet clipped.
+
+        A lookup table's gradient (`tf.IndexedSlices`) stays sparse on one
+        replica, one row per distinct id (so its norm is the dense gradient's):
+        densified, lealla_small's 501k-row table alone is 256 MB a step to
+        write, measure and scale. Across replicas every gradient is dense for
+        the all-reduce."""
+        with tf.GradientTape() as tape:
+            terms = self.loss_terms(batch, training=True)
+            total = tf.add_n([self.weights[t] * terms[t] for t in self.terms])
+        gradients = tape.gradient(total, self.trainable)
+        if self.strategy.num_replicas_in_sync > 1:
+            gradients = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                         for g in gradients]
+            gradients = tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, gradients)
+        else:
+            gradients = [unique_rows(g) if isinstance(g, tf.IndexedSlices) else g
+                         for g in gradients]
+        return terms, total, gradients
+
+    def embed_function(self):
+        """strings -> student embeddings for dev evaluation (None when it cannot)."""
+        return self.student.embed_function(self.tokenizer, self.teacher)
+
+
+def unique_rows(slices: tf.IndexedSlices) -> tf.IndexedSlices:
+    """The same sparse gradient with one row per distinct index (duplicates summed)."""
+    indices, positions = tf.unique(slices.indices)
+    values = tf.math.unsorted_segment_sum(slices.values, positions, tf.shape(indices)[0])
+    return tf.IndexedSlices(values, indices, slices.dense_shape)
+
+
+def scale_gradient(gradient, factor):
+    """`gradient * factor` for a dense tensor or a `tf.IndexedSlices`."""
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values * factor, gradient.indices,
+                                gradient.dense_shape)
+    return gradient * factor
+
+
+def build_teacher_layers(config: TrainConfig, tokenizer):
+    """The frozen teacher's layer outputs on the student's tokens
+    (`lealla_tf.train.heads.TeacherLayers`), from `embedding_init_source` (or the
+    teacher's path); None without a teacher directory or an encoder student.
+    ValueError when the student's vocabulary is not the teacher's pieces."""
+    from lealla_tf.train.initialization import student_pieces
+    from lealla_tf.train.heads import TeacherLayers
+
+    source = config.embedding_init_source or config.teacher.path
+    if not source or config.student != "encoder":
+        return None
+    if tokenizer.kind != "sentencepiece":
+        raise ValueError(
+            "the hd objective and --teacher_in_step run the teacher on the student's tokens: "
+            "the student must tokenize with the teacher's SentencePiece vocabulary or a pruned "
+            "copy of it (the main job's runs/recipe/vocab.model, from "
+            "lealla_tf.tokenizers.pruning), not a WordPiece vocabulary")
+    encoder = config.encoder
+    return TeacherLayers(source, student_pieces(tokenizer), encoder.hidden_dim,
+                         encoder.num_layers, config.tokenizer.max_seq_length)

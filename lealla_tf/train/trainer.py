@@ -1,0 +1,305 @@
+"""The trainer: runs a `DistillationTask`'s steps, checkpoints and logs (nothing else).
+
+The optimizer is AdamW (`lealla_tf.train.optimizers.FusedAdamW`: Keras' AdamW, one
+fused kernel a variable) with linear warmup and decay; gradients (already summed
+over replicas by the task; a lookup table's sparse on one replica) are clipped by
+their GLOBAL norm and applied.
+
+Resuming: the checkpoint holds student, heads, optimizer (with its step), the
+step counter and dropout's random state; the data stream is a pure function of
+the seed and skips the batches already consumed. Kill the process at any moment
+and rerun the same command: it continues from the last checkpoint, no step
+repeated or skipped.
+
+Across worker processes (MultiWorkerMirroredStrategy) every worker runs this
+same loop: the chief writes model_dir; the others restore from the chief's
+checkpoints in model_dir, write their own checkpoints and logs to a temporary
+directory (removed at the end), and all stop at the same step.
+"""
+
+import json
+import math
+import os
+import shutil
+import signal
+import tempfile
+import time
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from lealla_tf.configs import TrainConfig
+from lealla_tf.train.distribution import any_worker, worker_role
+from lealla_tf.evaluation.retrieval import TATOEBA_MEAN_COSINE, TATOEBA_PRIMARY_METRIC
+from lealla_tf.mining.margins import collapse_warning
+from lealla_tf.models.model_dir import CHECKPOINT_DIR
+from lealla_tf.train.optimizers import FusedAdamW
+from lealla_tf.train.logs import RunLogs, truncate_log
+from lealla_tf.train.schedules import WarmupLinearDecay
+from lealla_tf.train.task import scale_gradient
+
+
+class Trainer:
+    """Runs a task until `train_steps` (or its time budget, or a signal).
+
+    Args:
+        task: a `lealla_tf.train.task.DistillationTask`.
+        model_dir: where checkpoints and logs go (the config is already there).
+            Workers other than the chief only read it and write to `write_dir`,
+            a temporary directory.
+        progress: show a progress bar.
+    """
+
+    def __init__(self, task, model_dir: str, progress: bool = True):
+        self.task = task
+        self.config = config = task.config
+        self.strategy = task.strategy
+        self.model_dir = model_dir
+        self.progress = progress
+        self.role = worker_role(self.strategy)
+        self.write_dir = model_dir if self.role.chief else tempfile.mkdtemp(
+            prefix=f"lealla_{self.role.name}_")
+        optimizer = config.optimizer
+        with self.strategy.scope():
+            # A variable, so that a run planning its own length (train(planner=))
+            # can set it after the step is traced.
+            self.total_steps = tf.Variable(config.train_steps, dtype=tf.int64, trainable=False,
+                                           name="total_steps")
+            schedule = WarmupLinearDecay(optimizer.learning_rate, optimizer.warmup_steps,
+                                         self.total_steps, optimizer.end_learning_rate_fraction)
+            self.optimizer = FusedAdamW(
+                learning_rate=schedule, weight_decay=optimizer.weight_decay,
+                beta_1=optimizer.beta_1, beta_2=optimizer.beta_2, epsilon=optimizer.epsilon)
+            self.optimizer.exclude_from_weight_decay(var_names=["gamma", "beta", "bias"])
+            self.optimizer.build(task.trainable)
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="train_step")
+        self.checkpoint = tf.train.Checkpoint(optimizer=self.optimizer, step=self.step,
+                                              **task.checkpoint_objects())
+        # Every worker saves (saving may take part in collectives), each to its own
+        # directory; all of them restore from the chief's.
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, os.path.join(self.write_dir, CHECKPOINT_DIR),
+            max_to_keep=config.keep_checkpoints)
+        self.initialization = {}
+        self._embed = None  # the evaluations' embedding function, built at the first
+
+    # === One step ===
+
+    def replica_step(self, batch):
+        """One optimisation step on one replica; returns its share of each term."""
+        terms, total, gradients = self.task.replica_gradients(batch)
+        replicas = self.strategy.num_replicas_in_sync
+        norm = tf.linalg.global_norm(gradients)
+        if self.config.optimizer.clip_norm > 0:
+            gradients, _ = tf.clip_by_global_norm(gradients, self.config.optimizer.clip_norm,
+                                                  use_norm=norm)
+        # Keras' optimizer SUMs gradients over replicas again: hand it 1/R of the
+        # already reduced (and globally clipped) gradient.
+        gradients = [scale_gradient(g, 1.0 / replicas) for g in gradients]
+        self.optimizer.apply_gradients(zip(gradients, self.task.trainable))
+        ids = batch["source"]["input_word_ids"]
+        fingerprint = tf.reduce_sum(tf.cast(ids, tf.int64) * tf.range(
+            1, tf.shape(ids)[1] + 1, dtype=tf.int64)[None, :])
+        result = dict(terms)
+        result["total"] = total
+        result["gradient_norm"] = norm / replicas
+        result["fingerprint"] = tf.cast(fingerprint, tf.float64)
+        return result
+
+    # === State ===
+
+    def restore_or_initialize(self) -> int:
+        """Restores the latest checkpoint (returns its step) or starts at 0.
+
+        Folders a kill left half-written (`ckpt-N_temp*`) are removed first (by
+        the chief). Every worker restores the chief's latest checkpoint.
+        """
+        directory = os.path.join(self.model_dir, CHECKPOINT_DIR)
+        if self.role.chief and os.path.isdir(directory):
+            for name in os.listdir(directory):
+                if "_temp" in name and os.path.isdir(os.path.join(directory, name)):
+                    shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+        latest = (self.manager.latest_checkpoint if self.role.chief
+                  else tf.train.latest_checkpoint(directory))
+        if latest:
+            self.checkpoint.restore(latest).assert_existing_objects_matched()
+            return int(self.step.numpy())
+        self.initialization = self.task.initialize_weights()
+        return 0
+
+    def evaluate(self) -> Optional[dict]:
+        """Tatoeba P@1 on the dev directory (None when no directory is set, and
+        on workers other than the chief)."""
+        if not self.config.tatoeba_dir or not self.role.chief:
+            return None
+        if self._embed is None:  # traced once: a new function each time retraced the model
+            self._embed = self.task.embed_function() or False
+        embed = self._embed
+        if not embed:
+            return None
+        from lealla_tf.evaluation.retrieval import evaluate_tatoeba
+
+        return evaluate_tatoeba(embed, self.config.tatoeba_dir,
+                                max_pairs=self.config.eval_max_pairs or None, progress=False)
+
+    # === Loop ===
+
+    def train(self, planner: Optional[Callable[[dict], Optional[dict]]] = None) -> dict:
+        """Runs until `train_steps` (or the time budget); returns a summary.
+
+        `planner`, for a run that decides its own length: called after each
+        step with what has been measured (`step`, `train_seconds` of the steps
+        so far, `step_seconds` of each, `evaluation_seconds` of the evaluation
+        at step 0 or None, `start_seconds` from this call to the first step);
+        once it returns {"train_steps": n, ...} (and optionally `eval_every`,
+        `checkpoint_every`), the run takes those settings, its learning-rate
+        schedule decays to n, and `plan.json` in model_dir records them (a
+        resumed run passes them as its config, without a planner). It is
+        called only before the warmup ends, so the rate so far does not depend
+        on n.
+        """
+        from lealla_tf.progress import progress_bar as tqdm
+
+        config = self.config
+        if planner is not None and self.role.workers > 1:
+            raise ValueError("a run planning its own length runs in one process; give "
+                             "worker processes a fixed --train_steps")
+        steps_done = self.restore_or_initialize()
+        start_step = steps_done
+        for name in ("train_log.jsonl", "eval_log.jsonl"):
+            truncate_log(os.path.join(self.write_dir, name), steps_done)
+        iterator = iter(self.task.distributed_dataset(steps_done))
+        step_fn = tf.function(lambda batch: self.strategy.run(self.replica_step, args=(batch,)),
+                              input_signature=[iterator.element_spec])
+        writer = tf.summary.create_file_writer(os.path.join(self.write_dir, "logs"))
+        logs = RunLogs(self.write_dir, writer)
+        stop = {"signal": None}
+
+        def request_stop(signum, _frame):
+            stop["signal"] = signal.Signals(signum).name
+
+        previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        started = time.time()
+        evaluations, last, reason = [], {}, "train_steps reached"
+        # Time in steps only (dev evaluations excluded): what "equal wall time" compares.
+        train_seconds = 0.0
+        logs.train_seconds = lambda: train_seconds
+        evaluation_seconds = None
+        if config.eval_every and steps_done == 0:
+            evaluated = time.time()
+            logs.evaluation(0, self.evaluate(), evaluations)
+            evaluation_seconds = time.time() - evaluated
+        step_seconds, plan = [], None
+        bar = tqdm(total=config.train_steps, initial=steps_done, desc="training", unit="step",
+                   disable=not self.progress, dynamic_ncols=True)
+        window_start, window_steps = time.time(), 0
+        try:
+            while steps_done < config.train_steps:
+                budget = config.time_budget_minutes * 60 or math.inf  # a plan may set it
+                stopping = self._stop_reason(stop["signal"], time.time() - started > budget)
+                if stopping:
+                    reason = stopping
+                    break
+                step_start = time.time()
+                results = step_fn(next(iterator))
+                reduced = {k: float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None))
+                           for k, v in results.items()}
+                step_seconds.append(time.time() - step_start)
+                train_seconds += step_seconds[-1]
+                reduced["total"] = sum(self.task.weights[t] * reduced[t] for t in self.task.terms)
+                self.step.assign_add(1)
+                steps_done += 1
+                window_steps += 1
+                pairs_per_second = window_steps * config.global_batch_size / max(
+                    time.time() - window_start, 1e-9)
+                last = {"step": steps_done, **reduced,
+                        "learning_rate": float(self.optimizer.learning_rate),
+                        "pairs_per_second": pairs_per_second,
+                        "elapsed_seconds": time.time() - started,
+                        "train_seconds": train_seconds}
+                flush = steps_done % config.log_every == 0 or steps_done == config.train_steps
+                logs.step(last, self.task.terms, flush)
+                if flush:
+                    window_start, window_steps = time.time(), 0
+                bar.set_postfix(loss=f"{reduced['total']:.4f}", pairs_s=f"{pairs_per_second:.1f}")
+                bar.update(1)
+                if planner is not None and plan is None:
+                    plan = planner({"step": steps_done, "train_seconds": train_seconds,
+                                    "step_seconds": list(step_seconds),
+                                    "evaluation_seconds": evaluation_seconds,
+                                    "start_seconds": step_start - started})
+                    if plan is not None:
+                        config = self._take_plan(plan, steps_done)
+                        bar.total = config.train_steps
+                        bar.refresh()
+                if steps_done % config.checkpoint_every == 0:
+                    logs.flush()  # the log never runs behind a checkpoint
+                    self.manager.save(checkpoint_number=steps_done)
+                if config.eval_every and steps_done % config.eval_every == 0:
+                    metrics = logs.evaluation(steps_done, self.evaluate(), evaluations)
+                    if metrics:
+                        bar.write(f"step {steps_done}: Tatoeba P@1 "
+                                  f"{100 * metrics[TATOEBA_PRIMARY_METRIC]:.2f}")
+        finally:
+            bar.close()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            logs.flush()
+        latest = self.manager.latest_checkpoint
+        if latest is None or int(latest.rsplit("-", 1)[1]) != steps_done:
+            self.manager.save(checkpoint_number=steps_done)
+        if config.eval_every and steps_done > start_step and (
+                not evaluations or evaluations[-1]["step"] != steps_done):
+            logs.evaluation(steps_done, self.evaluate(), evaluations)
+        logs.close()
+        checkpoint = self.manager.latest_checkpoint
+        if not self.role.chief:  # report the chief's checkpoint; drop this worker's files
+            checkpoint = os.path.join(self.model_dir, CHECKPOINT_DIR, os.path.basename(checkpoint))
+            shutil.rmtree(self.write_dir, ignore_errors=True)
+        seconds = time.time() - started
+        summary = {"model_dir": self.model_dir, "reason": reason, "start_step": start_step,
+                   "final_step": steps_done, "seconds": seconds,
+                   "pairs_per_second": (steps_done - start_step) * config.global_batch_size
+                   / max(seconds, 1e-9), "train_seconds": train_seconds,
+                   "last": last, "checkpoint": checkpoint,
+                   "evaluations": [{"step": e["step"], "p_at_1": e[TATOEBA_PRIMARY_METRIC],
+                                    "mean_cosine": e.get(TATOEBA_MEAN_COSINE),
+                                    "train_seconds": e["train_seconds"]} for e in evaluations],
+                   "weights": self.task.weights, "replicas": self.strategy.num_replicas_in_sync,
+                   "data": self.task.data_info, "initialization": self.initialization}
+        if evaluations:
+            summary["collapse_warning"] = collapse_warning(
+                evaluations[-1].get(TATOEBA_MEAN_COSINE, float("nan")),
+                f"the model in {self.model_dir}")
+        if self.role.chief:
+            with open(os.path.join(self.model_dir, "train_summary.json"), "w") as f:
+                json.dump(summary, f, indent=2, default=str)
+        return summary
+
+    def _take_plan(self, plan: dict, steps_done: int) -> TrainConfig:
+        """The run's settings once its planner decided its length."""
+        import dataclasses
+
+        if plan["train_steps"] < steps_done or (
+                steps_done >= self.config.optimizer.warmup_steps):
+            raise ValueError(f"a plan of {plan['train_steps']} steps came at step {steps_done}: "
+                             "a planner must decide during the warmup and not below the "
+                             "steps already run")
+        self.config = dataclasses.replace(self.config, **plan)
+        self.total_steps.assign(self.config.train_steps)
+        if self.role.chief:
+            with open(os.path.join(self.model_dir, "plan.json"), "w") as f:
+                json.dump({**plan, "planned_at_step": steps_done}, f, indent=2)
+        return self.config
+
+    def _stop_reason(self, signal_name: Optional[str], over_budget: bool) -> Optional[str]:
+        """Why the loop stops before the next step (None: it goes on). Workers
+        agree: when one stops, all stop at the same step."""
+        reason = None
+        if signal_name:
+            reason = f"stopped by {signal_name}"
+        elif over_budget:
+            reason = f"time budget of {self.config.time_budget_minutes:g} min reached"
+        if self.role.workers > 1 and any_worker(self.strategy, reason is not None):
+            reason = reason or "stopped with another worker (its signal or time budget)"
+        return reason
