@@ -55,6 +55,14 @@ EXTRAS_REQUIRE = {
     ],
 }
 
+# The console scripts, one per command line; all run lealla_tf.cli.scripts:main,
+# which picks the command by the script's name (kept in step with its COMMANDS
+# by tests/cli/test_command_lines.py).
+CONSOLE_SCRIPTS = [f"{name} = lealla_tf.cli.scripts:main" for name in (
+    "lealla-recipe", "lealla-train", "lealla-evaluate", "lealla-vocab", "lealla-export",
+    "lealla-convert-teacher", "lealla-import-checkpoint", "lealla-embed-corpus",
+    "lealla-mine-bitext", "lealla-presets", "lealla-kernels")]
+
 setup(
     name="lealla_tf",
     version="0.1.0",
@@ -68,4 +76,6 @@ setup(
     package_data={"lealla_tf.models.kernels": ["*.cc"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,
+    # lealla-recipe, lealla-train, lealla-export, ... (lealla_tf/cli/scripts.py)
+    entry_points={"console_scripts": CONSOLE_SCRIPTS},
 )

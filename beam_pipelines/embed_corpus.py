@@ -1,15 +1,16 @@
 """Embed a corpus with any exported model, at scale, with Apache Beam.
 
-The command line of `lealla_tf.pipelines.embed_corpus` (see its docstring for every flag);
-Beam's own flags (--runner=..., --direct_num_workers=...) pass through.
+The command line of `lealla_tf.pipelines.embed_corpus` (`python beam_pipelines/embed_corpus.py --help` lists every flag).
 """
 
 import sys
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # before TensorFlow and Beam load
     from lealla_tf.progress import quiet_startup
 
-    quiet_startup()  # before TensorFlow and Beam load
-    from lealla_tf.pipelines.embed_corpus import main
+    quiet_startup()
 
+from lealla_tf.pipelines.embed_corpus import main  # noqa: E402
+
+if __name__ == "__main__":
     sys.exit(main())

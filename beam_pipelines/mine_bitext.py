@@ -1,15 +1,16 @@
 """Mine parallel sentences between two languages' embedding shards.
 
-The command line of `lealla_tf.pipelines.mine_bitext` (see its docstring for every flag);
-Beam's own flags (--runner=..., --direct_num_workers=...) pass through.
+The command line of `lealla_tf.pipelines.mine_bitext` (`python beam_pipelines/mine_bitext.py --help` lists every flag).
 """
 
 import sys
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # before TensorFlow and Beam load
     from lealla_tf.progress import quiet_startup
 
-    quiet_startup()  # before TensorFlow and Beam load
-    from lealla_tf.pipelines.mine_bitext import main
+    quiet_startup()
 
+from lealla_tf.pipelines.mine_bitext import main  # noqa: E402
+
+if __name__ == "__main__":
     sys.exit(main())

@@ -127,7 +127,7 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
 
     from lealla_tf.inference.embedder import load_embedder
     from lealla_tf.evaluation.retrieval import (TATOEBA_PRIMARY_METRIC, embed_tatoeba, first_pairs,
-                                      tatoeba_metrics_with_margin)
+                                                tatoeba_metrics_with_margin)
     from lealla_tf.models.model_dir import read_model_config
     from lealla_tf.cli.recipe import build_parser, config_from_args
     from lealla_tf.recipe.stages import (mixed_precision, student_loss_weights, teacher_in_step,

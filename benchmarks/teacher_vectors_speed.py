@@ -33,7 +33,7 @@ def read_pair_vectors(output_dir: str) -> dict:
     import tensorflow as tf
 
     from lealla_tf.mining.shards import (PAIR_SOURCE, PAIR_TARGET, PAIR_TEACHER_SOURCE,
-                                        PAIR_TEACHER_TARGET, manifest_files)
+                                         PAIR_TEACHER_TARGET, manifest_files)
 
     vectors = {}
     for path in manifest_files(output_dir):

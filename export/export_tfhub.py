@@ -1,71 +1,16 @@
 """Export a trained model directory as a TF-Hub SavedModel.
 
-    python export/export_tfhub.py --model_dir=runs/small --export_path=exports/small \
-        --format=lealla|labse|encoder_only|int8_tflite
-
-lealla:       raw strings -> L2-normalised [batch, d]; drop-in for tfhub.dev/google/LEALLA.
-labse:        the LaBSE/2 preprocessor + encoder pair (export_path/{preprocessor,encoder}).
-encoder_only: int32 ids -> embeddings, no text ops (for TFLite / ONNX converters).
-int8_tflite:  that encoder as TFLite with int8 weights, plus its vocabulary
-              (python -m lealla_tf.cli.evaluate --model=<export_path> runs it on text).
-The contracts are in lealla_tf/inference/export.py.
+The command line of `lealla_tf.cli.export` (`python export/export_tfhub.py --help` lists every flag).
 """
 
-if __name__ == "__main__":  # before TensorFlow and Beam load (lealla_tf.progress)
+import sys
+
+if __name__ == "__main__":  # before TensorFlow and Beam load
     from lealla_tf.progress import quiet_startup
 
     quiet_startup()
 
-import argparse
-import json
-import sys
-
-
-def load_hint(path: str) -> str:
-    """How to load a LEALLA export, in each Keras (hub.KerasLayer needs the one line)."""
-    return (f"load it: tf.saved_model.load({path!r}) after `import tensorflow_text`; in a Keras 3"
-            f" model: lealla_tf.LeallaSavedModelLayer({path!r}, trainable=True); with "
-            "hub.KerasLayer: os.environ['TF_USE_LEGACY_KERAS'] = '1' before TensorFlow is "
-            "imported, then tf.keras (tf-keras) models")
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model_dir", required=True, help="written by python -m lealla_tf.train")
-    parser.add_argument("--export_path", required=True)
-    parser.add_argument("--format", default="lealla", choices=("lealla", "labse", "encoder_only", "int8_tflite"))
-    parser.add_argument("--checkpoint", default=None, help="checkpoint prefix (default: latest)")
-    parser.add_argument("--seq_length", type=int, default=None,
-                        help="labse format: the preprocessor's fixed output length "
-                             "(default: the model's max_seq_length)")
-    parser.add_argument("--jit_compile", action="store_true",
-                        help="lealla format: run the encoder XLA-compiled (1.23x faster on "
-                             "the main job's student, benchmarks/results/compiled_encoder.json)")
-    args = parser.parse_args(argv)
-    if args.jit_compile and args.format != "lealla":
-        parser.error("--jit_compile applies to --format=lealla")
-
-    from lealla_tf.inference.export import export_model_dir
-
-    try:
-        summary = export_model_dir(args.model_dir, args.export_path, args.format,
-                                   checkpoint=args.checkpoint, seq_length=args.seq_length,
-                                   jit_compile=args.jit_compile)
-    except (FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    for name, path in summary["paths"].items():
-        print(f"exported {args.format} {name}: {path} "
-              f"({summary['bytes'][name] / 1e6:.1f} MB, {summary['embedding_dim']}-d, "
-              f"{summary['parameters']:,} parameters)")
-    print(json.dumps(summary, indent=2))
-    if args.format == "lealla":
-        print(load_hint(args.export_path))
-    if summary.get("collapse_warning"):
-        print(summary["collapse_warning"], file=sys.stderr)
-    return 0
-
+from lealla_tf.cli.export import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,5 +1,5 @@
 """The command lines: each module parses flags and calls the library, with one
-convention (`flags.ArgumentParser`: one-line errors, defaults in --help). They
+convention (`lealla_tf.flags`: one-line flag errors, defaults in --help). They
 run as `python -m lealla_tf.<package>` (train, recipe), `python -m
 lealla_tf.cli.<name>`, the console scripts `lealla-<name>`, or the thin
 wrappers in export/ and beam_pipelines/.

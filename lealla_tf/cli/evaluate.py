@@ -22,12 +22,12 @@ if __name__ == "__main__":  # before TensorFlow and Beam load (lealla_tf.progres
 
     quiet_startup()
 
-import argparse
 import json
 import os
 import sys
 import time
 
+from lealla_tf.flags import ArgumentParser, HelpFormatter
 from lealla_tf.inference.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
 
 
@@ -45,8 +45,8 @@ def check_writable(path: str, flag: str) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lealla_tf.cli.evaluate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(prog="python -m lealla_tf.cli.evaluate", description=__doc__,
+                            formatter_class=HelpFormatter)
     parser.add_argument("--model", required=True)
     parser.add_argument("--tatoeba_dir", required=True)
     parser.add_argument("--output_json", required=True)
@@ -63,8 +63,8 @@ def main(argv=None) -> int:
 
     from lealla_tf.inference.embedder import load_embedder
     from lealla_tf.evaluation.retrieval import (TATOEBA_PRIMARY_METRIC, evaluate_bucc,
-                                      format_tatoeba_table, per_language, read_bucc_split,
-                                      tatoeba_with_margin)
+                                                format_tatoeba_table, per_language,
+                                                read_bucc_split, tatoeba_with_margin)
     from lealla_tf.parallel_corpus import find_tatoeba_languages
     from lealla_tf.evaluation.plots import plot_per_language
 

@@ -20,9 +20,10 @@ from lealla_tf.recipe.stages import StageInterrupted
 
 def build_parser():
     defaults = RecipeConfig()
-    from lealla_tf.cli.flags import ArgumentParser, HelpFormatter
+    from lealla_tf.flags import ArgumentParser, HelpFormatter
 
     parser = ArgumentParser(prog="python -m lealla_tf.recipe", description=__doc__,
+
                             formatter_class=HelpFormatter)
     add = parser.add_argument
     add("--data_dir", default=None, help="holds parallel/ and tatoeba_dev/ (default ../shared/data)")
@@ -102,7 +103,7 @@ def build_parser():
 def config_from_args(args) -> RecipeConfig:
     """The `RecipeConfig` of `build_parser()`'s parsed flags (ValueError for a
     malformed --encoder_overrides or --loss_weights, or flags that disagree)."""
-    from lealla_tf.cli.flags import parse_overrides, parse_weights
+    from lealla_tf.flags import parse_overrides, parse_weights
 
     if args.skip_comparison and args.comparison_objective:
         raise ValueError(f"--skip_comparison and --comparison_objective="

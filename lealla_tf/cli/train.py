@@ -25,16 +25,16 @@ if __name__ == "__main__":  # before TensorFlow and Beam load (lealla_tf.progres
 import argparse
 import sys
 
-from lealla_tf.cli.flags import parse_overrides, parse_weights
+from lealla_tf.flags import ArgumentParser, HelpFormatter, parse_overrides, parse_weights
 
 
 def build_parser() -> argparse.ArgumentParser:
     from lealla_tf.configs import EMBEDDING_INITS, TeacherConfig
     from lealla_tf.losses.objectives import objective_help
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m lealla_tf.train", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=HelpFormatter)
     add = parser.add_argument
     add("--preset", default="lealla_small",
         help="an encoder preset (python -m lealla_tf.models.presets) or dimension_reduction "

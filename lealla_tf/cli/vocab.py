@@ -11,20 +11,20 @@ if __name__ == "__main__":  # before TensorFlow and Beam load (lealla_tf.progres
 
     quiet_startup()
 
-import argparse
 import json
 import os
 import sys
 import time
 
 from lealla_tf.cli.evaluate import check_writable
-from lealla_tf.tokenizers.vocabulary import (RESERVED_TOKENS, build_vocabulary, check_output, format_report,
-                                  vocabulary_report)
+from lealla_tf.flags import ArgumentParser, HelpFormatter
+from lealla_tf.tokenizers.vocabulary import (RESERVED_TOKENS, build_vocabulary, check_output,
+                                             format_report, vocabulary_report)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m lealla_tf.cli.vocab",
+    parser = ArgumentParser(
+        prog="python -m lealla_tf.cli.vocab", formatter_class=HelpFormatter,
         description="Learn a multilingual WordPiece vocabulary (or SentencePiece model) "
                     "from parallel TSV files.")
     parser.add_argument("--input", required=True, action="append",

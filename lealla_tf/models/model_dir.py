@@ -16,7 +16,7 @@ from typing import Optional
 import tensorflow as tf
 
 from lealla_tf.configs import (EncoderConfig, TokenizerConfig, config_from_dict, config_to_dict,
-                              read_json, write_json)
+                               read_json, write_json)
 
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"

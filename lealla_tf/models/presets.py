@@ -4,12 +4,12 @@
 parameter count for a vocabulary size (default: LaBSE's 501,153 tokens).
 """
 
-import argparse
 import dataclasses
 import sys
 from typing import Dict, Optional
 
 from lealla_tf.configs import EncoderConfig
+from lealla_tf.flags import ArgumentParser, HelpFormatter
 
 LABSE_VOCABULARY_SIZE = 501_153
 
@@ -145,8 +145,8 @@ def format_preset_table(vocabulary_size: int = LABSE_VOCABULARY_SIZE) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m lealla_tf.models.presets",
+    parser = ArgumentParser(
+        prog="python -m lealla_tf.models.presets", formatter_class=HelpFormatter,
         description="Print every encoder preset with its exact parameter count.")
     parser.add_argument("--vocabulary_size", type=int, default=LABSE_VOCABULARY_SIZE,
                         help="vocabulary size to count with (default: LaBSE's 501,153)")

@@ -52,6 +52,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
+from lealla_tf.flags import ArgumentParser, HelpFormatter
 from lealla_tf.inference.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
 from lealla_tf.mining.shards import write_atomically
 
@@ -682,9 +683,9 @@ EPILOG = ("reading an embeddings output in Python:\n"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="beam_pipelines/embed_corpus.py", description=__doc__,
-                                     epilog=EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(prog="beam_pipelines/embed_corpus.py", description=__doc__,
+                            epilog=EPILOG,
+                            formatter_class=HelpFormatter)
     parser.add_argument("--input", required=True, action="append",
                         help="file pattern(s); repeat for several")
     parser.add_argument("--model", required=True)

@@ -57,6 +57,8 @@ import time
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from lealla_tf.flags import ArgumentParser, HelpFormatter
+
 DEAD_LETTER_SUFFIX, SUMMARY_SUFFIX = ".dead_letter.jsonl", ".summary.json"
 LOCK_SUFFIX = ".lock"
 MARGINS = ("absolute", "distance", "ratio", "ratio_shifted")
@@ -172,10 +174,10 @@ class MineDirectories(beam.DoFn):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="beam_pipelines/mine_bitext.py", description=__doc__,
-                                     epilog="reading the mined pairs in Python:\n  "
-                                     + reading_example("runs/mined_deu_eng.tsv"),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(prog="beam_pipelines/mine_bitext.py", description=__doc__,
+                            epilog="reading the mined pairs in Python:\n  "
+                                   + reading_example("runs/mined_deu_eng.tsv"),
+                            formatter_class=HelpFormatter)
     parser.add_argument("--source", required=True)
     parser.add_argument("--target", required=True)
     parser.add_argument("--output", required=True, help="TSV file to write")

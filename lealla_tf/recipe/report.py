@@ -7,7 +7,8 @@ from lealla_tf.recipe.config import COMPARISON, STUDENT, STUDENT_ON_TEACHER_PAIR
 
 def format_summary(report: dict) -> str:
     from lealla_tf.evaluation.retrieval import (BUCC_AVERAGE_F1, TATOEBA_MARGIN_METRIC,
-                                      TATOEBA_PRIMARY_METRIC, best_and_worst, per_language)
+                                                TATOEBA_PRIMARY_METRIC, best_and_worst,
+                                                per_language)
 
     lines = ["", "=" * 78, "lealla_tf main job — summary", "=" * 78]
     stages = report["stage_seconds"]

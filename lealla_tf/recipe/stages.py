@@ -460,7 +460,8 @@ def evaluate_stage(models: Dict[str, Tuple[str, int]], tatoeba_dir: str,
     import time
 
     from lealla_tf.evaluation.retrieval import (TATOEBA_MARGIN_METRIC, TATOEBA_PRIMARY_METRIC,
-                                      embed_tatoeba, first_pairs, tatoeba_metrics_with_margin)
+                                                embed_tatoeba, first_pairs,
+                                                tatoeba_metrics_with_margin)
 
     passes = {}  # model -> (all pairs embedded, seconds, sentences/s)
     order = sorted(models, key=lambda n: models[n][1] != 0)  # all-pairs passes first
@@ -491,8 +492,9 @@ def evaluate_stage(models: Dict[str, Tuple[str, int]], tatoeba_dir: str,
 def mine_stage(config: RecipeConfig, data_dir, sample_dir: str, bucc_dir: str,
                models: Dict[str, str], report_dir: str, loaded: Models) -> dict:
     """BUCC-style evaluation on pairs NOT in the training sample."""
-    from lealla_tf.evaluation.retrieval import (BUCC_AVERAGE_F1, build_bucc_like_split, embed_sentences,
-                                      evaluate_bucc, read_bucc_split, write_bucc_split)
+    from lealla_tf.evaluation.retrieval import (BUCC_AVERAGE_F1, build_bucc_like_split,
+                                                embed_sentences, evaluate_bucc, read_bucc_split,
+                                                write_bucc_split)
     from lealla_tf.mining.margins import mine
     from lealla_tf.parallel_corpus import find_parallel_files, read_pairs
 

@@ -3,5 +3,6 @@ files (`sentencepiece_model`), learning a WordPiece vocabulary from parallel
 corpora (`vocabulary`) and pruning a teacher's SentencePiece vocabulary to the
 pieces a corpus uses (`pruning`).
 
-May import: lealla_tf.json_files, lealla_tf.machine, lealla_tf.progress, lealla_tf.parallel_corpus.
+May import: lealla_tf.json_files, lealla_tf.machine, lealla_tf.progress,
+lealla_tf.parallel_corpus.
 """

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from lealla_tf.models import kernels
 from lealla_tf.losses.objectives import (OBJECTIVES, PROJECTION, RECONSTRUCTION, REDUCTION,
-                                  TEACHER_LAYERS)
+                                         TEACHER_LAYERS)
 
 
 class ReconstructionHead(tf.Module):
@@ -127,7 +127,7 @@ class TeacherLayers:
         import numpy as np
 
         from lealla_tf.train.initialization import (distilled_layer_pairs, match_rows,
-                                              selected_coordinates, teacher_pieces)
+                                                    selected_coordinates, teacher_pieces)
 
         pieces = teacher_pieces(teacher_dir)
         rows = match_rows(list(student_pieces), pieces)

@@ -11,8 +11,8 @@ model directory with other settings, writes `config.json`, and runs the
 import os
 from typing import Optional
 
-from lealla_tf.configs import (TrainConfig, check_resumable, config_to_dict,
-                               resolve_train_config, validate_train_config)
+from lealla_tf.configs import (TrainConfig, check_resumable, config_to_dict, resolve_train_config,
+                               validate_train_config)
 
 
 def file_sha256(path: str) -> str:

@@ -26,7 +26,7 @@ from lealla_tf.configs import TrainConfig
 from lealla_tf.train.data import pair_dataset, tokenize_batches
 from lealla_tf.train.heads import DistillationHeads
 from lealla_tf.losses.objectives import (OBJECTIVES, TEACHER_LAYERS, TermInputs, compute_terms,
-                                  parse_objective, terms_needing)
+                                         parse_objective, terms_needing)
 from lealla_tf.train.students import build_student
 from lealla_tf.train.teacher_sources import CenteredTeacher, PrecomputedTeacher
 

@@ -5,14 +5,15 @@ the compiler. Prints the library's path; when it cannot be built here, prints wh
 and exits 0 (training then runs without the kernels), unless --strict.
 """
 
-import argparse
 import sys
 
+from lealla_tf.flags import ArgumentParser, HelpFormatter
 from lealla_tf.models import kernels
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = ArgumentParser(prog="python -m lealla_tf.models.kernels", description=__doc__,
+                            formatter_class=HelpFormatter)
     parser.add_argument("--strict", action="store_true",
                         help="exit 1 when the kernels cannot be built or loaded")
     parser.add_argument("--force", action="store_true", help="rebuild even if cached")

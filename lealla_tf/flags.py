@@ -1,4 +1,8 @@
-"""The command lines' shared parsing: one-line flag errors, `name=value,...` flags."""
+"""The command lines' shared parsing: one-line flag errors, defaults in --help,
+`name=value,...` flags.
+
+May import: lealla_tf.configs.
+"""
 
 import argparse
 import dataclasses
