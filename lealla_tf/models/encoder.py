@@ -368,8 +368,8 @@ class LeallaEncoder(keras.Model):
             if layer.name not in weights:
                 weights[layer.name] = _layer_weights(layer, compute)
             w = weights[layer.name]
-            if fused and _fusable(layer, self.hidden_activation):
-                rows = self._fused_layer(layer, w, rows, mask, training)
+            if fused and _fusable(w.parts, self.hidden_activation):
+                rows = self._fused_layer(w, rows, mask, training)
                 encoder_outputs.append(tf.reshape(rows, [batch, length, self.hidden_dim]))
                 continue
             # [3, b, heads, t, head], unstacked along its first axis: views of one
@@ -380,21 +380,21 @@ class LeallaEncoder(keras.Model):
                              [batch, length, 3, w.heads, w.head_size])
             query, key, value = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]))
             scores = tf.matmul(query, key, transpose_b=True) + key_bias
-            probabilities = _dropout(layer._self_attention_layer._dropout_layer,
-                                     tf.nn.softmax(scores), training)
+            probabilities = _dropout(w.parts.attention_dropout, tf.nn.softmax(scores), training)
             context = tf.matmul(probabilities, value)
             context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]),
                                  [-1, w.heads * w.head_size])
             attended = tf.nn.bias_add(tf.matmul(context, w.output_kernel),
                                       tf.cast(w.output_bias, compute))
-            rows = _layer_norm(layer._self_attention_layer_norm,
-                               _dropout(layer._self_attention_dropout, attended, training) + rows)
-            hidden = _activate(layer._feedforward_intermediate_dense.activation, tf.nn.bias_add(
+            rows = _layer_norm(w.parts.attention_norm,
+                               _dropout(w.parts.attention_output_dropout, attended, training)
+                               + rows)
+            hidden = _activate(w.parts.intermediate_dense.activation, tf.nn.bias_add(
                 tf.matmul(rows, w.intermediate_kernel), tf.cast(w.intermediate_bias, compute)))
             hidden = tf.nn.bias_add(tf.matmul(hidden, w.feedforward_kernel),
                                     tf.cast(w.feedforward_bias, compute))
-            rows = _layer_norm(layer._feedforward_layer_norm,
-                               _dropout(layer._feedforward_dropout, hidden, training) + rows)
+            rows = _layer_norm(w.parts.feedforward_norm,
+                               _dropout(w.parts.feedforward_dropout, hidden, training) + rows)
             encoder_outputs.append(tf.reshape(rows, [batch, length, self.hidden_dim]))
         x = encoder_outputs[-1]
         pooled_output, embedding = self._pool(x, mask)
@@ -410,7 +410,7 @@ class LeallaEncoder(keras.Model):
 
         return tf.cast(tf.gather(self.token_embedding.embeddings.value, ids), compute)
 
-    def _fused_layer(self, layer, w, rows, mask, training):
+    def _fused_layer(self, w, rows, mask, training):
         """One transformer layer on rows `[b*t, d]` with `lealla_tf.models.kernels`' fused
         ops: the four matmuls stay TensorFlow's (without their bias, which each
         fused op adds), dropout seeds are drawn in the order `_forward` draws them."""
@@ -424,14 +424,15 @@ class LeallaEncoder(keras.Model):
         def rate(dropout):
             return float(dropout.rate) if training else 0.0
 
-        probabilities = layer._self_attention_layer._dropout_layer
+        parts = w.parts
+        probabilities = parts.attention_dropout
         context = kernels.attention(tf.matmul(rows, w.qkv_kernel), w.qkv_bias, mask,
                                     seed(probabilities), w.heads, rate(probabilities))
-        rows = _fused_norm(layer._self_attention_layer_norm, layer._self_attention_dropout,
+        rows = _fused_norm(parts.attention_norm, parts.attention_output_dropout,
                            tf.matmul(context, w.output_kernel), w.output_bias, rows, seed, rate)
         hidden = kernels.bias_gelu(tf.matmul(rows, w.intermediate_kernel), w.intermediate_bias,
                                    approximate=self.hidden_activation == "gelu_approximate")
-        return _fused_norm(layer._feedforward_layer_norm, layer._feedforward_dropout,
+        return _fused_norm(parts.feedforward_norm, parts.feedforward_dropout,
                            tf.matmul(hidden, w.feedforward_kernel), w.feedforward_bias, rows,
                            seed, rate)
 
@@ -444,12 +445,12 @@ class LeallaEncoder(keras.Model):
         return EncoderConfig(**values)
 
 
-def _fusable(layer, activation: str) -> bool:
+def _fusable(parts: "TransformerParts", activation: str) -> bool:
     """Whether `LeallaEncoder._fused_layer` computes this layer as it is built:
     a GELU feed-forward block, plain layer norms, dropout without a noise shape."""
-    norms = (layer._self_attention_layer_norm, layer._feedforward_layer_norm)
-    dropouts = (layer._self_attention_layer._dropout_layer, layer._self_attention_dropout,
-                layer._feedforward_dropout)
+    norms = (parts.attention_norm, parts.feedforward_norm)
+    dropouts = (parts.attention_dropout, parts.attention_output_dropout,
+                parts.feedforward_dropout)
     return (activation in ("gelu", "gelu_approximate")
             and all(_plain_norm(norm) for norm in norms)
             and all(dropout.noise_shape is None for dropout in dropouts))
@@ -524,6 +525,7 @@ class _LayerWeights(NamedTuple):
     feedforward_bias: object
     heads: int
     head_size: int
+    parts: "TransformerParts"
 
 
 def _layer_weights(layer, compute) -> _LayerWeights:
@@ -533,17 +535,17 @@ def _layer_weights(layer, compute) -> _LayerWeights:
     and their biases, its output projection, and the feed-forward block."""
     import tensorflow as tf
 
-    attention = layer._self_attention_layer
-    heads, head_size = attention._num_heads, attention._key_dim
-    width = attention._query_dense.kernel.shape[0]
+    parts = transformer_parts(layer)
+    heads, head_size = parts.heads, parts.head_size
+    width = parts.query_dense.kernel.shape[0]
     inner = heads * head_size
     scales = (1.0 / math.sqrt(head_size), 1.0, 1.0)
-    projections = (attention._query_dense, attention._key_dense, attention._value_dense)
+    projections = (parts.query_dense, parts.key_dense, parts.value_dense)
     kernel = tf.concat([tf.reshape(p.kernel, [width, inner]) * scale
                         for p, scale in zip(projections, scales)], axis=1)
     bias = tf.concat([tf.reshape(p.bias, [inner]) * scale
                       for p, scale in zip(projections, scales)], axis=0)
-    intermediate, output = layer._feedforward_intermediate_dense, layer._feedforward_output_dense
+    intermediate, output = parts.intermediate_dense, parts.output_dense
 
     def cast(kernel):
         return tf.cast(kernel, compute)
@@ -552,9 +554,75 @@ def _layer_weights(layer, compute) -> _LayerWeights:
         return tf.cast(bias, tf.float32)
 
     return _LayerWeights(
-        cast(kernel), bias, cast(tf.reshape(attention._output_dense.kernel, [inner, width])),
-        float32(attention._output_dense.bias), cast(intermediate.kernel),
-        float32(intermediate.bias), cast(output.kernel), float32(output.bias), heads, head_size)
+        cast(kernel), bias, cast(tf.reshape(parts.attention_output_dense.kernel, [inner, width])),
+        float32(parts.attention_output_dense.bias), cast(intermediate.kernel),
+        float32(intermediate.bias), cast(output.kernel), float32(output.bias), heads, head_size,
+        parts)
+
+
+# The keras-hub TransformerEncoder internals the hand-written forward pass reads
+# (keras-hub has no public accessors for them): {our name: attribute path}. Read
+# here and nowhere else, so that a keras-hub release that renames one fails in
+# `transformer_parts` with words, and tests/models/test_encoder.py fails with them.
+KERAS_HUB_PARTS = {
+    "attention": "_self_attention_layer",
+    "heads": "_self_attention_layer._num_heads",
+    "head_size": "_self_attention_layer._key_dim",
+    "query_dense": "_self_attention_layer._query_dense",
+    "key_dense": "_self_attention_layer._key_dense",
+    "value_dense": "_self_attention_layer._value_dense",
+    "attention_output_dense": "_self_attention_layer._output_dense",
+    "attention_dropout": "_self_attention_layer._dropout_layer",
+    "attention_norm": "_self_attention_layer_norm",
+    "attention_output_dropout": "_self_attention_dropout",
+    "intermediate_dense": "_feedforward_intermediate_dense",
+    "output_dense": "_feedforward_output_dense",
+    "feedforward_norm": "_feedforward_layer_norm",
+    "feedforward_dropout": "_feedforward_dropout",
+}
+
+
+class TransformerParts(NamedTuple):
+    """The sublayers of one keras-hub TransformerEncoder (`KERAS_HUB_PARTS`)."""
+
+    attention: object
+    heads: int
+    head_size: int
+    query_dense: object
+    key_dense: object
+    value_dense: object
+    attention_output_dense: object
+    attention_dropout: object
+    attention_norm: object
+    attention_output_dropout: object
+    intermediate_dense: object
+    output_dense: object
+    feedforward_norm: object
+    feedforward_dropout: object
+
+
+def transformer_parts(layer) -> TransformerParts:
+    """`layer`'s sublayers as `LeallaEncoder.forward` uses them.
+
+    Raises:
+        RuntimeError: the installed keras-hub builds its TransformerEncoder
+            otherwise (an attribute in `KERAS_HUB_PARTS` is gone), naming it.
+    """
+    values = {}
+    for name, path in KERAS_HUB_PARTS.items():
+        value = layer
+        for attribute in path.split("."):
+            if not hasattr(value, attribute):
+                import keras_hub
+
+                raise RuntimeError(
+                    f"keras-hub {keras_hub.__version__} builds TransformerEncoder without "
+                    f"`{path}`, which lealla_tf's fused forward pass reads "
+                    "(lealla_tf.models.encoder.KERAS_HUB_PARTS); install the keras-hub "
+                    "version setup.py pins, or update KERAS_HUB_PARTS to its new name")
+            value = getattr(value, attribute)
+        values[name] = value
+    return TransformerParts(**values)
 
 
 def build_encoder(config: EncoderConfig, dtype=None, name="lealla_encoder") -> LeallaEncoder:

@@ -442,18 +442,18 @@ def test_a_killed_runs_spill_folder_is_removed_by_the_next_run_and_nothing_else(
     import subprocess
     import sys
 
+    from conftest import REPO_ROOT
     from lealla_tf.mining.shards import host_tag
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     killed = subprocess.run([sys.executable, "-c", f"""
 import os, signal
 import numpy as np
-from lealla_tf import mining
+from lealla_tf.mining import margins as mining
 mining._best_pairs = lambda *args: os.kill(os.getpid(), signal.SIGKILL)  # after the searches
 rng = np.random.default_rng(0)
 mining.mine(rng.normal(size=(50, 8)), rng.normal(size=(60, 8)), memory_budget_gb=0.05,
             work_dir={str(tmp_path)!r})
-"""], cwd=root, timeout=300)
+"""], cwd=REPO_ROOT, timeout=300)
     assert killed.returncode == -9
     (left,) = os.listdir(tmp_path)
     match = re.fullmatch(mining.SPILL_FOLDER, left)

@@ -334,3 +334,28 @@ def test_a_float32_encoder_computes_in_float32_under_a_mixed_global_policy():
                                    atol=1e-6)
     finally:
         keras.mixed_precision.set_dtype_policy("float32")
+
+
+def test_the_keras_hub_internals_the_forward_pass_reads_are_all_there():
+    """The hand-written forward pass reads keras-hub's TransformerEncoder
+    internals (it has no public accessors); a keras-hub that renames one fails
+    here, in words, rather than somewhere inside a training step."""
+    import types
+
+    from lealla_tf.models.encoder import KERAS_HUB_PARTS, transformer_parts
+
+    config = EncoderConfig(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16,
+                           intermediate_dim=32)
+    encoder = build_encoder(config)
+    for layer in encoder.transformer_layers:
+        parts = transformer_parts(layer)
+        assert (parts.heads, parts.head_size) == (2, 8)
+        for name in ("query_dense", "key_dense", "value_dense", "attention_output_dense",
+                     "intermediate_dense", "output_dense"):
+            assert len(getattr(parts, name).kernel.shape) >= 2, name
+        assert 0 <= parts.attention_dropout.rate < 1 and parts.attention_norm.epsilon > 0
+    renamed = types.SimpleNamespace(_self_attention_layer=types.SimpleNamespace())
+    with pytest.raises(RuntimeError, match=r"keras-hub .* without `_self_attention_layer\._num"
+                                           r"_heads`.*KERAS_HUB_PARTS"):
+        transformer_parts(renamed)
+    assert len(KERAS_HUB_PARTS) == len(transformer_parts(encoder.transformer_layers[0]))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import dead_pid
 from lealla_tf.models import kernels
 from lealla_tf.models.layers import hash_dropout
 
@@ -218,7 +219,7 @@ def test_without_a_compiler_training_falls_back_with_one_warning(tmp_path):
     """A machine without g++: one warning naming why, and the op-by-op layers train."""
     script = (
         "import numpy as np, tensorflow as tf\n"
-        "from lealla_tf import kernels\n"
+        "from lealla_tf.models import kernels\n"
         "from lealla_tf.configs import EncoderConfig\n"
         "from lealla_tf.models.encoder import build_encoder\n"
         "assert not kernels.available() and not kernels.available()\n"
@@ -277,7 +278,7 @@ def copying_compiler(tmp_path):
                         f"cp '{real}' \"$2\"\n")
     compiler.chmod(0o755)
     environment = {**os.environ, "CXX": str(compiler), kernels.CACHE: str(tmp_path / "cache")}
-    script = (f"import os; os.environ.update({environment!r}); from lealla_tf import kernels; "
+    script = (f"import os; os.environ.update({environment!r}); from lealla_tf.models import kernels; "
               "print(kernels.library_path())")
     path = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env=environment, timeout=300).stdout.split()[-1]
@@ -324,7 +325,7 @@ def test_a_foreign_library_with_a_matching_checksum_falls_back_with_one_warning(
     library.parent.mkdir(parents=True)
     library.write_bytes(pathlib.Path(np.linalg._umath_linalg.__file__).read_bytes())
     kernels.checksum_path(library).write_text(kernels._fingerprint(library) + "\n")
-    script = "from lealla_tf import kernels; print('available', kernels.available())"
+    script = "from lealla_tf.models import kernels; print('available', kernels.available())"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env=environment, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -338,8 +339,6 @@ def test_a_foreign_library_with_a_matching_checksum_falls_back_with_one_warning(
 
 def test_a_killed_builds_partial_library_is_removed_by_the_next_build(copying_compiler):
     """Only partial libraries that are ours (by name) and whose builder has exited."""
-    from test_bad_inputs import dead_pid
-
     environment, library = copying_compiler["env"], copying_compiler["library"]
     cache = library.parent
     cache.mkdir(parents=True)
