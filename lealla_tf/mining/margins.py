@@ -33,7 +33,7 @@ faiss, scoring is numpy over the [n, k] candidate arrays, and the greedy
 one-to-one matching proceeds in rounds of mutually-best pairs.
 
 Beyond memory: `mine` and `knn` take arrays or `Rows`, whose parts may be raw
-float32 files (e.g. `embedding_io.mmap_embeddings`) memory-mapped one chunk at a
+float32 files (e.g. `lealla_tf.mining.shards.mmap_embeddings`) memory-mapped one chunk at a
 time, so the input matrices are never copied whole. With `memory_budget_gb` the
 work is planned to fit the budget: queries are searched in chunks, the index
 (trained on a sample, then filled chunk by chunk) is split into blocks whose

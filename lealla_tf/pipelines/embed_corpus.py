@@ -644,7 +644,7 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
 
 
 def reading_example(output: str) -> str:
-    """Python lines that read an embeddings output (`embedding_io`'s readers)."""
+    """Python lines that read an embeddings output (`lealla_tf.mining.shards`' readers)."""
     return (f"from lealla_tf.mining.shards import mmap_embeddings, read_embeddings\n"
             f"ids, vectors = read_embeddings({output!r})  # float32 [n, d], in id order\n"
             f"mapped = mmap_embeddings({output!r})  # memory-mapped: "

@@ -238,7 +238,7 @@ def mine_bitext(source: str, target: str, output: str, margin: str = "ratio",
 
 @contextlib.contextmanager
 def output_file_lock(output: str):
-    """Holds `<output>.lock` (embed_corpus's lock, `embedding_io.output_lock`) while
+    """Holds `<output>.lock` (embed_corpus's lock, `lealla_tf.mining.shards.output_lock`) while
     a run writes `output` and its companion files: a second run into the same
     --output is refused (OutputLockedError). Holding it, the temporary files that
     killed runs left beside `output` are removed. Remote outputs are not locked."""
