@@ -1,5 +1,10 @@
 """Shared fixtures. Everything a test needs is built here, never downloaded.
 
+The one place test modules share from: pytest hands these fixtures to every
+folder below tests/, and plain helpers and constants are imported with
+`from conftest import ...`; no test module imports another
+(tests/test_architecture.py checks).
+
 Environment is set before TensorFlow is imported: quiet logs, no CUDA probing,
 Keras' config kept inside the workspace, and two logical CPU devices so that
 tf.distribute tests can run MirroredStrategy on one machine (this must happen
@@ -162,3 +167,238 @@ def sentence_vocab_file(tmp_path_factory):
     output = str(root / "vocab.txt")
     build_vocabulary([str(root / "data")], vocab_size=8000, output=output, progress=False)
     return output
+
+
+# === Shared by several test modules: no test module imports another ===
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-c", ""])
+    process.wait()
+    return process.pid
+
+
+def assert_one_line_stderr(code, stderr, *needles):
+    """Exit code 2 and ONE line on stderr, `error: ...`, holding every needle; no
+    traceback (the command lines' convention, tests/cli/test_bad_inputs.py)."""
+    import re
+
+    assert code == 2, stderr[-2000:]
+    # Progress (bars, lines, steps) and TensorFlow's own log lines aside, stderr is one line.
+    lines = [line for line in stderr.replace("\r", "\n").splitlines() if line.strip()
+             and not line.startswith(("WARNING", "I0000", "W0000", "mine_bitext: "))
+             and not re.search(r"\d+%\||\[\d+:\d\d[<,\]]", line)]
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert "Traceback" not in stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+# Inputs a tokenizer (and every model that embeds through one) must survive.
+BAD_INPUTS = {
+    "empty": b"",
+    "whitespace_only": b"  \t \n  ",
+    "ten_thousand_characters": ("the dog is nice " * 625).encode(),
+    "ten_thousand_letters_one_word": b"a" * 10_000,
+    "mixed_scripts": "The dog 狗 собака 犬 الكلب कुत्ता".encode(),
+    "emoji": "dog 🐶🐕‍🦺 👍🏽".encode(),
+    "control_characters": b"dog\x00\x01\x07\x1b[31m cat\x7f\r\n",
+    "invalid_utf8": b"\xff\xfe dog \xc3\x28 \xa0\xa1 cat \xe2\x82",
+    "lone_surrogate_bytes": b"\xed\xa0\x80 dog",
+}
+
+
+class OracleEmbedder:
+    """Maps each known sentence of a pair to the pair's random vector (plus
+    optional noise): the evaluator under test must recover exactly the gold
+    alignment, so any id, threshold or scoring mistake shows."""
+
+    def __init__(self, pairs, dimension=24, noise=0.0, seed=0):
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        self.vectors = {}
+        for source, english in pairs:
+            # Keyed by the English side: one English sentence paired with several
+            # languages keeps one vector, and each translation lands near it.
+            if english not in self.vectors:
+                self.vectors[english] = rng.normal(size=dimension)
+            self.vectors.setdefault(
+                source, self.vectors[english] + noise * rng.normal(size=dimension))
+        self.dimension = dimension
+        self._rng = rng
+
+    def __call__(self, strings):
+        import numpy as np
+
+        rows = []
+        for s in strings.numpy():
+            text = s.decode("utf-8")
+            if text not in self.vectors:
+                self.vectors[text] = self._rng.normal(size=self.dimension)
+            rows.append(self.vectors[text])
+        return np.asarray(rows, np.float32)
+
+
+# --- Training: tiny configs, records with teacher vectors, a converted teacher ---
+
+def training_environment():
+    """The environment of a training subprocess: quiet, CPU only, deterministic ops,
+    unbuffered output."""
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="-1",
+                TF_DETERMINISTIC_OPS="1", PYTHONUNBUFFERED="1")
+
+
+TEACHER_DIM = 6
+
+
+@pytest.fixture(scope="module")
+def teacher_records(tmp_path_factory):
+    """TFRecord pairs with precomputed (random but fixed) teacher vectors."""
+    import numpy as np
+
+    from lealla_tf.train.data import write_pairs_tfrecord
+
+    root = tmp_path_factory.mktemp("records")
+    rng = np.random.default_rng(0)
+    for language, pairs in TINY_PAIRS.items():
+        pairs = pairs * 6
+        write_pairs_tfrecord(str(root / f"{language}-eng-00000-of-00001.tfrecord"), pairs,
+                             rng.normal(size=(len(pairs), TEACHER_DIM)),
+                             rng.normal(size=(len(pairs), TEACHER_DIM)))
+    return str(root)
+
+
+def tiny_config(tokenizer_size, data, objective="ams+fd+ld", **changes):
+    from lealla_tf.configs import (DataConfig, EncoderConfig, LossConfig, OptimizerConfig,
+                                   TokenizerConfig, TrainConfig)
+
+    config = TrainConfig(
+        preset="lealla_small",
+        encoder=EncoderConfig(vocabulary_size=tokenizer_size, num_layers=2, num_heads=2,
+                              hidden_dim=8, intermediate_dim=16, dropout=0.0),
+        tokenizer=TokenizerConfig(max_seq_length=16),
+        data=DataConfig([data], shuffle_buffer=50),
+        loss=LossConfig(objective=objective, scale=20.0),
+        optimizer=OptimizerConfig(learning_rate=1e-3, warmup_steps=2),
+        global_batch_size=8, train_steps=3, checkpoint_every=100, log_every=1)
+    for key, value in changes.items():
+        setattr(config, key, value)
+    return config
+
+
+def vocab_size(path):
+    return len(open(path, encoding="utf-8").read().split("\n")) - 1
+
+
+def Trainer(config, model_dir, strategy, vocab_file, progress=True):
+    from lealla_tf.train.run import build_trainer
+
+    return build_trainer(config, model_dir, vocab_file, strategy, progress)
+
+
+TEACHER_WIDTH, TEACHER_LAYERS = 16, 2
+SPECIAL_PIECES = ["<s>", "<pad>", "</s>", "<unk>"]
+
+
+def teacher_pieces_for(student):
+    """XLM-R's special pieces, then a piece for every student WordPiece token
+    (`match_rows`'s rules)."""
+    from lealla_tf.train.initialization import WORD_START
+
+    pieces = [t[2:] if t.startswith("##") else WORD_START + t for t in student]
+    return SPECIAL_PIECES + list(dict.fromkeys(pieces))
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory, tiny_vocab_file):
+    """A converted-teacher directory: a tiny random BERT and a SentencePiece vocabulary
+    holding every piece of the tiny WordPiece vocabulary."""
+    import numpy as np
+
+    from lealla_tf.configs import EncoderConfig
+    from lealla_tf.inference.export import export_labse_pair
+    from lealla_tf.models.encoder import build_encoder
+    from lealla_tf.teachers.conversion import SENTENCEPIECE_FILE
+    from lealla_tf.tokenizers import sentencepiece_model as spm_model
+    from lealla_tf.tokenizers.tokenizer import Tokenizer
+
+    pieces = teacher_pieces_for(tiny_vocabulary())
+    encoder = build_encoder(EncoderConfig(
+        vocabulary_size=len(pieces), num_layers=TEACHER_LAYERS, num_heads=4,
+        hidden_dim=TEACHER_WIDTH, intermediate_dim=32, max_sequence_length=24,
+        pooling="mean", dropout=0.0, hidden_activation="gelu"), name="teacher_encoder")
+    rng = np.random.default_rng(1)
+    for weight in encoder.weights:
+        weight.assign(rng.normal(scale=0.2, size=weight.shape).astype(np.float32))
+    directory = tmp_path_factory.mktemp("teacher")
+    export_labse_pair(encoder, Tokenizer(tiny_vocab_file, max_seq_length=16), str(directory))
+    spec = spm_model.normalizer_spec_from_map({}, "identity")
+    model = spm_model.SentencePieceModel(
+        [spm_model.Piece(p, 0, spm_model.CONTROL) for p in SPECIAL_PIECES[:3]]
+        + [spm_model.Piece("<unk>", 0, spm_model.UNKNOWN)]
+        + [spm_model.Piece(p, -1.0) for p in pieces[len(SPECIAL_PIECES):]], spec)
+    (directory / SENTENCEPIECE_FILE).write_bytes(model.serialize())
+    return str(directory), encoder, pieces
+
+
+# --- The corpus pipelines (embed_corpus, mine_bitext) ---
+
+CORPUS_SENTENCES = [
+    "The dog is nice.", "Der Hund ist nett.", "Le chien est gentil.", "狗很好。",
+    "Собака хорошая.", "I like tea.", "A much longer sentence about houses and cats."]
+
+
+@pytest.fixture(scope="module")
+def corpus_model(tmp_path_factory, sentence_vocab_file):
+    """An exported one-layer LEALLA model (its path) and each of CORPUS_SENTENCES'
+    vectors as the encoder computes them."""
+    from lealla_tf.configs import EncoderConfig
+    from lealla_tf.inference.export import export_lealla_model
+    from lealla_tf.models.encoder import build_encoder
+    from lealla_tf.tokenizers.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(sentence_vocab_file)
+    # Mean pooling spreads a random encoder's sentences apart (CLS-pooled ones sit at
+    # cosine ~0.999), so identical sentences are each other's clear nearest neighbour.
+    encoder = build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
+                                          num_heads=2, hidden_dim=16, intermediate_dim=16,
+                                          pooling="mean"))
+    path = str(tmp_path_factory.mktemp("model") / "lealla")
+    export_lealla_model(encoder, tokenizer, path)
+    reference = {s: v for s, v in zip(CORPUS_SENTENCES, encoder(tokenizer(tf.constant(
+        CORPUS_SENTENCES)))["sentence_embedding"].numpy())}
+    return path, reference
+
+
+@pytest.fixture(scope="module")
+def dask_cluster():
+    """A dask.distributed cluster of two worker processes on 127.0.0.1."""
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       host="127.0.0.1", dashboard_address=None)
+    yield cluster
+    cluster.close()
+
+
+def write_embedding_output(directory, vectors, shards=3, prefix="s"):
+    """An embed_corpus-style output (manifest, gzip'd TFRecord shards) of `vectors`,
+    with ids `<prefix>:<row>` and texts `text <prefix> <row>`, rows dealt to shards."""
+    from lealla_tf.mining.shards import (commit_run, embedding_example, new_run_directory,
+                                        write_tfrecord)
+
+    os.makedirs(directory, exist_ok=True)
+    run_dir = new_run_directory(str(directory))
+    os.makedirs(run_dir)
+    files = []
+    for shard in range(shards):
+        path = os.path.join(run_dir, f"embeddings-{shard:05d}-of-{shards:05d}.tfrecord.gz")
+        with gzip.open(path, "wb") as handle:
+            for row in range(shard, len(vectors), shards):
+                write_tfrecord(handle, embedding_example(f"{prefix}:{row}", vectors[row],
+                                                         text=f"text {prefix} {row}"))
+        files.append(path)
+    commit_run(str(directory), run_dir, files)

@@ -1,6 +1,8 @@
 """The package's shape: subpackages by role, each importing only what its
 `__init__` docstring's "May import:" line declares; no cycle; command lines
-only at the top; a short top level.
+only at the top; a short top level. And the tests' shape: folders that mirror the
+subpackages, and no test module importing another (shared fixtures and helpers
+live in tests/conftest.py).
 
 Edges come from every `import` in the source, function-level ones included, so a
 lazy import cannot hide a dependency.
@@ -11,7 +13,8 @@ import collections
 import pathlib
 import re
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "lealla_tf"
+TESTS = pathlib.Path(__file__).resolve().parent
+PACKAGE = TESTS.parent / "lealla_tf"
 MAX_TOP_LEVEL_MODULES = 10
 
 
@@ -152,3 +155,37 @@ def test_no_two_siblings_are_near_synonyms():
             for b in names[i + 1:]:
                 assert not (b.startswith(a) or a[:5] == b[:5]), (
                     f"{directory.relative_to(PACKAGE.parent)}: {a} and {b}")
+
+
+def files_under_tests():
+    return sorted(p for p in TESTS.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_test_folders_mirror_the_subpackages():
+    """tests/<subpackage>/ holds the tests of lealla_tf/<subpackage>/; helpers/ holds
+    scripts the tests run. No __init__.py: pytest imports test files by basename
+    (prepend mode), so a basename may appear once in the whole tree."""
+    subpackages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders - {"helpers"} <= subpackages, folders - {"helpers"} - subpackages
+    assert not [p for p in files_under_tests() if p.name == "__init__.py"]
+    names = collections.Counter(p.name for p in files_under_tests() if p.name != "conftest.py")
+    assert not [name for name, count in names.items() if count > 1], names.most_common(3)
+
+
+def test_no_test_module_imports_another():
+    """A test module's fixtures and helpers that another module needs go to
+    tests/conftest.py (fixtures there reach every folder; plain helpers are imported
+    `from conftest import ...`), so no test file depends on where another one is."""
+    offenders = []
+    for path in files_under_tests():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            else:
+                continue
+            offenders += [f"{path.relative_to(TESTS.parent)}:{node.lineno} imports {name}"
+                          for name in names if name.split(".")[0].startswith("test_")]
+    assert not offenders, offenders

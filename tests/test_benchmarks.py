@@ -12,7 +12,6 @@ import textwrap
 
 import pytest
 
-from test_heads import teacher  # noqa: F401  (a converted teacher with a SentencePiece vocabulary)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BENCHMARKS = sorted(path.stem for path in (REPO / "benchmarks").glob("*.py")

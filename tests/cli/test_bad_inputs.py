@@ -15,23 +15,11 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import REPO_ROOT, assert_one_line_stderr, dead_pid, write_embedding_output
 
 
 def assert_one_line_error(capsys, code, *needles):
     assert_one_line_stderr(code, capsys.readouterr().err, *needles)
-
-
-def assert_one_line_stderr(code, stderr, *needles):
-    assert code == 2, stderr[-2000:]
-    # Progress (bars, lines, steps) and TensorFlow's own log lines aside, stderr is one line.
-    lines = [line for line in stderr.replace("\r", "\n").splitlines() if line.strip()
-             and not line.startswith(("WARNING", "I0000", "W0000", "mine_bitext: "))
-             and not re.search(r"\d+%\||\[\d+:\d\d[<,\]]", line)]
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
-    assert "Traceback" not in stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
 
 
 @pytest.fixture()
@@ -285,7 +273,7 @@ def test_export_with_a_missing_checkpoint(exported, tmp_path):
     result = subprocess.run(
         [sys.executable, "export/export_tfhub.py", f"--model_dir={exported['model_dir']}",
          f"--export_path={tmp_path / 'x'}", "--checkpoint=/nonexistent/ckpt-7"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore"))
     assert_one_line_stderr(result.returncode, result.stderr,
                            "checkpoint /nonexistent/ckpt-7 not found")
@@ -332,13 +320,6 @@ def test_model_and_export_paths_that_cannot_be_written(train_args, tmp_path, cap
                           "--model_dir", "is a file")
     with pytest.raises(ValueError, match="--export_path=.* is a file"):
         export_model_dir(str(tmp_path / "any"), str(a_file))
-
-
-def dead_pid() -> int:
-    """The pid of a process that has exited (and been reaped)."""
-    process = subprocess.Popen([sys.executable, "-c", ""])
-    process.wait()
-    return process.pid
 
 
 @pytest.mark.parametrize("stale", [False, True], ids=["free", "stale_lock"])
@@ -408,7 +389,7 @@ def test_output_lock_has_one_winner_among_racing_processes(tmp_path):
     signals.mkdir()
     (folder / ".lock").write_text(str(dead_pid()))
     processes = [subprocess.Popen([sys.executable, "-c", LOCK_CONTENDER, str(folder),
-                                   str(signals), str(contenders)], cwd=ROOT)
+                                   str(signals), str(contenders)], cwd=REPO_ROOT)
                  for _ in range(contenders)]
     try:
         deadline = time.time() + 120
@@ -493,7 +474,7 @@ def test_mine_bitext_script_with_k_zero_exits_2_without_a_traceback(tmp_path):
     result = subprocess.run(
         [sys.executable, "beam_pipelines/mine_bitext.py", f"--source={tmp_path}",
          f"--target={tmp_path}", f"--output={tmp_path / 'm.tsv'}", "--k=0"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert_one_line_stderr(result.returncode, result.stderr, "--k must be at least 1, got 0")
 
@@ -502,7 +483,6 @@ def test_mine_bitext_input_faults(tmp_path, capsys):
     import numpy as np
 
     from lealla_tf.pipelines.mine_bitext import main
-    from test_mine_bitext import write_embedding_output
 
     rng = np.random.default_rng(0)
     write_embedding_output(tmp_path / "d8", rng.normal(size=(30, 8)))
@@ -562,7 +542,7 @@ def run_as_a_user(*args, progress_seconds="0"):
            if name not in ("TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES", "PYTHONWARNINGS")
            and not name.startswith("TQDM_")}
     env["LEALLA_TF_PROGRESS_SECONDS"] = progress_seconds
-    done = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True,
+    done = subprocess.run([sys.executable, *map(str, args)], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     noise = [line for line in (done.stdout + done.stderr).splitlines()

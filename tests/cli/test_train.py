@@ -13,8 +13,9 @@ import pytest
 import tensorflow as tf
 
 from lealla_tf.train.distribution import TPUUnavailableError, check_tpu_flag
-from lealla_tf.cli.flags import parse_overrides
+from lealla_tf.flags import parse_overrides
 from lealla_tf.cli.train import main
+from conftest import assert_one_line_stderr, training_environment
 
 STEPS = 8
 
@@ -41,11 +42,6 @@ def varied_parallel_dir(tmp_path_factory):
     return str(root)
 
 
-def environment():
-    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="-1",
-                TF_DETERMINISTIC_OPS="1", PYTHONUNBUFFERED="1")
-
-
 def final_weights(model_dir):
     reader = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints"))
     return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(
@@ -68,12 +64,12 @@ def test_kill_minus_nine_then_rerun_resumes_exactly(tiny_parallel_dir, varied_pa
     data = varied_parallel_dir if extra else tiny_parallel_dir
     straight = str(tmp_path / "straight")
     done = subprocess.run(command(straight, data, sentence_vocab_file, *extra),
-                          env=environment(), capture_output=True, text=True, timeout=600)
+                          env=training_environment(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
 
     killed = str(tmp_path / "killed")
     process = subprocess.Popen(command(killed, data, sentence_vocab_file, *extra),
-                               env=environment(), stdout=subprocess.DEVNULL,
+                               env=training_environment(), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     checkpoint = os.path.join(killed, "checkpoints", "ckpt-3.index")
@@ -86,7 +82,8 @@ def test_kill_minus_nine_then_rerun_resumes_exactly(tiny_parallel_dir, varied_pa
     assert int(interrupted_at.rsplit("-", 1)[1]) < STEPS, "killed too late to test resuming"
 
     resumed = subprocess.run(command(killed, data, sentence_vocab_file, *extra),
-                             env=environment(), capture_output=True, text=True, timeout=600)
+                             env=training_environment(), capture_output=True, text=True,
+                             timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "steps " in resumed.stdout and f"-> {STEPS}" in resumed.stdout
 
@@ -165,8 +162,6 @@ def test_train_cli_refuses_a_silent_listener_in_seconds(tmp_path, capsys):
     """`train --tpu=grpc://...` at a loopback listener that accepts connections but
     never answers (not a TPU worker): one line and exit 2 within seconds, no hang."""
     import threading
-
-    from test_bad_inputs import assert_one_line_stderr
 
     server, accepted, stop = socket.socket(), [], threading.Event()
 

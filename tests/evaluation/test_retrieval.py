@@ -13,37 +13,9 @@ from lealla_tf.evaluation.retrieval import (build_bucc_like_split, embed_sentenc
                                   retrieval_accuracy, tatoeba_accuracy, tatoeba_margin_accuracy,
                                   write_bucc_split)
 from lealla_tf.parallel_corpus import find_parallel_files, read_pairs
-from conftest import SHARED_DATA, TINY_PAIRS
+from conftest import SHARED_DATA, TINY_PAIRS, OracleEmbedder
 
 RNG = np.random.default_rng(3)
-
-
-class OracleEmbedder:
-    """Maps each known sentence of a pair to the pair's random vector (plus
-    optional noise): the evaluator under test must recover exactly the gold
-    alignment, so any id, threshold or scoring mistake shows."""
-
-    def __init__(self, pairs, dimension=24, noise=0.0, seed=0):
-        rng = np.random.default_rng(seed)
-        self.vectors = {}
-        for source, english in pairs:
-            # Keyed by the English side: one English sentence paired with several
-            # languages keeps one vector, and each translation lands near it.
-            if english not in self.vectors:
-                self.vectors[english] = rng.normal(size=dimension)
-            self.vectors.setdefault(
-                source, self.vectors[english] + noise * rng.normal(size=dimension))
-        self.dimension = dimension
-        self._rng = rng
-
-    def __call__(self, strings):
-        rows = []
-        for s in strings.numpy():
-            text = s.decode("utf-8")
-            if text not in self.vectors:
-                self.vectors[text] = self._rng.normal(size=self.dimension)
-            rows.append(self.vectors[text])
-        return np.asarray(rows, np.float32)
 
 
 def test_tatoeba_accuracy_against_numpy():

@@ -1,4 +1,4 @@
-"""One worker process of tests/test_distribution.py's 2-worker runs.
+"""One worker process of tests/train/test_distribution.py's 2-worker runs.
 
     TF_CONFIG='{"cluster": ..., "task": ...}' \
         python tests/helpers/multi_worker_probe.py OUT.npz <python -m lealla_tf.train flags>

@@ -14,8 +14,7 @@ from lealla_tf.models.encoder import build_encoder
 from lealla_tf.models.model_dir import TokenizerConfig, save_encoder_checkpoint, write_model_config
 from lealla_tf.inference.reload_check import reload_in_fresh_process
 from lealla_tf.tokenizers.tokenizer import Tokenizer
-from conftest import multilingual_sentences
-from test_tokenizer import BAD_INPUTS
+from conftest import BAD_INPUTS, REPO_ROOT, multilingual_sentences
 
 TOLERANCE = 1e-5
 
@@ -229,7 +228,7 @@ def test_int8_tflite_export_embeds_text_close_to_float(model, sentences, tmp_pat
 
 
 def test_export_cli_reads_everything_from_model_dir(model, sentence_vocab_file, tmp_path):
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "export"))
+    sys.path.insert(0, str(REPO_ROOT / "export"))
     import export_tfhub
 
     encoder, tokenizer = model
@@ -255,7 +254,7 @@ def test_a_collapsed_model_is_named_at_export(sentence_vocab_file, tmp_path, cap
     initialised one would warn too: its 0.02-scale token embeddings leave every
     sentence at one point). The check sentences are ones this tiny vocabulary can
     read (the shipped ones are mostly [UNK] to it)."""
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "export"))
+    sys.path.insert(0, str(REPO_ROOT / "export"))
     import export_tfhub
 
     monkeypatch.setattr(export_lib, "SPREAD_SENTENCES", multilingual_sentences()[:12])

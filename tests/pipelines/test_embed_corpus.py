@@ -14,35 +14,16 @@ from lealla_tf.configs import EncoderConfig
 from lealla_tf.configs import DataConfig
 from lealla_tf.train.data import pair_dataset, teacher_dimension_of, find_training_files
 from lealla_tf.mining.shards import read_embeddings, read_manifest
-from lealla_tf.inference.export import export_lealla_model
 from lealla_tf.models.encoder import build_encoder
 from lealla_tf.tokenizers.tokenizer import Tokenizer
 
 from lealla_tf.pipelines import embed_corpus  # noqa: E402
-
-SENTENCES = ["The dog is nice.", "Der Hund ist nett.", "Le chien est gentil.", "狗很好。",
-             "Собака хорошая.", "I like tea.", "A much longer sentence about houses and cats."]
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory, sentence_vocab_file):
-    tokenizer = Tokenizer(sentence_vocab_file)
-    # Mean pooling spreads a random encoder's sentences apart (CLS-pooled ones sit at
-    # cosine ~0.999), so identical sentences are each other's clear nearest neighbour.
-    encoder = build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
-                                          num_heads=2, hidden_dim=16, intermediate_dim=16,
-                                          pooling="mean"))
-    path = str(tmp_path_factory.mktemp("model") / "lealla")
-    export_lealla_model(encoder, tokenizer, path)
-    reference = {s: v for s, v in zip(SENTENCES, encoder(tokenizer(tf.constant(SENTENCES)))[
-        "sentence_embedding"].numpy())}
-    return path, reference
-
+from conftest import CORPUS_SENTENCES
 
 @pytest.fixture()
 def corpus(tmp_path):
     (tmp_path / "in").mkdir()
-    lines = SENTENCES[:4] + [""] + SENTENCES[4:]
+    lines = CORPUS_SENTENCES[:4] + [""] + CORPUS_SENTENCES[4:]
     (tmp_path / "in" / "a.txt").write_bytes(
         ("\n".join(lines[:3]) + "\n").encode() + b"\xff\xfe not utf-8\n" + (
             "\n".join(lines[3:]) + "\n").encode())
@@ -50,8 +31,8 @@ def corpus(tmp_path):
     return tmp_path
 
 
-def test_embeds_every_valid_line_and_dead_letters_the_rest(model, corpus):
-    path, reference = model
+def test_embeds_every_valid_line_and_dead_letters_the_rest(corpus_model, corpus):
+    path, reference = corpus_model
     output = str(corpus / "out")
     manifest = embed_corpus.run([f"--input={corpus / 'in' / '*'}", f"--model={path}",
                                  f"--output={output}", "--num_shards=3"],
@@ -70,7 +51,8 @@ def test_embeds_every_valid_line_and_dead_letters_the_rest(model, corpus):
         ("a.txt", 4), ("a.txt", 6), ("b.txt.gz", 1)}
 
 
-def test_an_int8_tflite_export_embeds_a_corpus(model, corpus, sentence_vocab_file, tmp_path):
+def test_an_int8_tflite_export_embeds_a_corpus(corpus_model, corpus, sentence_vocab_file,
+                                                tmp_path):
     from lealla_tf.inference.export import export_int8_tflite
 
     tokenizer = Tokenizer(sentence_vocab_file)
@@ -86,8 +68,8 @@ def test_an_int8_tflite_export_embeds_a_corpus(model, corpus, sentence_vocab_fil
     assert np.sum(vectors * want, axis=1).min() > 0.98
 
 
-def test_rerun_into_the_same_output_is_safe(model, corpus):
-    path, _ = model
+def test_rerun_into_the_same_output_is_safe(corpus_model, corpus):
+    path, _ = corpus_model
     output = str(corpus / "out")
     args = [f"--input={corpus / 'in' / 'a.txt'}", f"--model={path}", f"--output={output}"]
     first = embed_corpus.run(args)
@@ -100,8 +82,8 @@ def test_rerun_into_the_same_output_is_safe(model, corpus):
     np.testing.assert_allclose(vectors_first, vectors_second, atol=1e-6)
 
 
-def test_tsv_input_keeps_the_given_ids(model, tmp_path):
-    path, reference = model
+def test_tsv_input_keeps_the_given_ids(corpus_model, tmp_path):
+    path, reference = corpus_model
     (tmp_path / "ids.tsv").write_text("doc-10\tThe dog is nice.\ndoc-2\tI like tea.\nno id\n")
     manifest = embed_corpus.run([f"--input={tmp_path / 'ids.tsv'}", f"--model={path}",
                                  f"--output={tmp_path / 'out'}", "--format=tsv"],
@@ -112,8 +94,8 @@ def test_tsv_input_keeps_the_given_ids(model, tmp_path):
     np.testing.assert_allclose(vectors[1], reference["The dog is nice."], atol=1e-5)
 
 
-def test_pairs_mode_writes_training_records_with_teacher_vectors(model, tmp_path):
-    path, reference = model
+def test_pairs_mode_writes_training_records_with_teacher_vectors(corpus_model, tmp_path):
+    path, reference = corpus_model
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "deu-eng.tsv.gz").write_bytes(gzip.compress(
         "Der Hund ist nett.\tThe dog is nice.\nIch mag Tee.\tI like tea.\nbroken line\n"
@@ -136,8 +118,8 @@ def test_pairs_mode_writes_training_records_with_teacher_vectors(model, tmp_path
 
 
 @pytest.mark.slow
-def test_several_worker_processes(model, corpus):
-    path, _ = model
+def test_several_worker_processes(corpus_model, corpus):
+    path, _ = corpus_model
     manifest = embed_corpus.run([f"--input={corpus / 'in' / '*'}", f"--model={path}",
                                  f"--output={corpus / 'multi'}", "--direct_num_workers=2",
                                  "--direct_running_mode=multi_processing"],
@@ -165,7 +147,7 @@ def test_local_worker_processes_share_the_cores_out():
         threads(multi, asked=-1)
 
 
-def test_a_worker_caps_its_tensorflow_threads_before_it_loads_the_model(model, tmp_path,
+def test_a_worker_caps_its_tensorflow_threads_before_it_loads_the_model(corpus_model, tmp_path,
                                                                          capsys):
     """In a fresh process, as a multi-processing worker is; once TensorFlow runs
     there, the pools stay as they are (False)."""
@@ -173,7 +155,7 @@ def test_a_worker_caps_its_tensorflow_threads_before_it_loads_the_model(model, t
 
     code = ("import tensorflow as tf\n"
             "from lealla_tf.pipelines import embed_corpus as e\n"
-            f"e._embedder({model[0]!r}, None, 1).encode(['a dog'])\n"
+            f"e._embedder({corpus_model[0]!r}, None, 1).encode(['a dog'])\n"
             "print(tf.config.threading.get_intra_op_parallelism_threads(),"
             " tf.config.threading.get_inter_op_parallelism_threads(), e.limit_threads(2))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -182,13 +164,13 @@ def test_a_worker_caps_its_tensorflow_threads_before_it_loads_the_model(model, t
     assert done.stdout.split()[-3:] == ["1", "1", "False"]
     assert "already started" in done.stderr
     # a bad value is the user's mistake: a message and exit code 2
-    assert embed_corpus.main([f"--input={tmp_path}/*.txt", f"--model={model[0]}",
+    assert embed_corpus.main([f"--input={tmp_path}/*.txt", f"--model={corpus_model[0]}",
                               f"--output={tmp_path / 'o'}", "--threads_per_worker=-1"]) == 2
     assert "--threads_per_worker must be at least 0" in capsys.readouterr().err
 
 
-def test_a_token_cap_cuts_smaller_batches_with_the_same_vectors(model, corpus):
-    path, reference = model
+def test_a_token_cap_cuts_smaller_batches_with_the_same_vectors(corpus_model, corpus):
+    path, reference = corpus_model
     output = str(corpus / "capped")
     arguments = [f"--input={corpus / 'in' / '*'}", f"--model={path}", f"--output={output}"]
     with pytest.raises(ValueError, match="--model_max_tokens must be at least 0"):
@@ -201,7 +183,7 @@ def test_a_token_cap_cuts_smaller_batches_with_the_same_vectors(model, corpus):
         np.testing.assert_allclose(vector, reference[text], atol=1e-5)
 
 
-def test_the_shard_step_hands_the_token_cap_to_the_model(model, tmp_path, monkeypatch):
+def test_the_shard_step_hands_the_token_cap_to_the_model(corpus_model, tmp_path, monkeypatch):
     from lealla_tf.inference import embedder as embedder_lib
 
     calls, encode = [], embedder_lib.Embedder.encode
@@ -212,25 +194,25 @@ def test_the_shard_step_hands_the_token_cap_to_the_model(model, tmp_path, monkey
         return encode(self, sentences, batch_size, show_progress_bar, description, max_tokens)
 
     monkeypatch.setattr(embedder_lib.Embedder, "encode", recorded)
-    shard = embed_corpus.EmbedShard(model[0], str(tmp_path), 1, False, False, 16, None, 8)
+    shard = embed_corpus.EmbedShard(corpus_model[0], str(tmp_path), 1, False, False, 16, None, 8)
     events = list(shard.process((("embeddings", 0), [(f"k{i}", s) for i, s in
-                                                     enumerate(SENTENCES)])))
-    assert ("embedded", len(SENTENCES)) in events
-    assert calls == [(len(SENTENCES), 16, 8)]
+                                                     enumerate(CORPUS_SENTENCES)])))
+    assert ("embedded", len(CORPUS_SENTENCES)) in events
+    assert calls == [(len(CORPUS_SENTENCES), 16, 8)]
 
 
-def test_missing_input_is_an_error(model, tmp_path):
+def test_missing_input_is_an_error(corpus_model, tmp_path):
     with pytest.raises(FileNotFoundError, match="no input files match"):
-        embed_corpus.run([f"--input={tmp_path / 'none*.txt'}", f"--model={model[0]}",
+        embed_corpus.run([f"--input={tmp_path / 'none*.txt'}", f"--model={corpus_model[0]}",
                           f"--output={tmp_path / 'o'}"])
 
 
-def test_refused_and_killed_runs_leave_no_run_folder(model, tmp_path):
+def test_refused_and_killed_runs_leave_no_run_folder(corpus_model, tmp_path):
     """A refused run (duplicate ids) removes its own run folder at once; the
     folder of a killed run (never committed) is removed by the next run, which
     holds the lock. The committed run, and folders that are not run folders
     of ours, stay."""
-    path, _ = model
+    path, _ = corpus_model
     (tmp_path / "ok.txt").write_text("The dog is nice.\n")
     (tmp_path / "ids.tsv").write_text("a\tThe dog.\nb\tThe cat.\na\tA house.\n")
     output = tmp_path / "out"
@@ -255,15 +237,6 @@ def test_refused_and_killed_runs_leave_no_run_folder(model, tmp_path):
 
 # === The same pipeline on a dask.distributed cluster (loopback only) ===
 
-@pytest.fixture(scope="module")
-def dask_cluster():
-    distributed = pytest.importorskip("distributed")
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                       host="127.0.0.1", dashboard_address=None)
-    yield cluster
-    cluster.close()
-
-
 def read_dead_letters(output):
     manifest = read_manifest(output)
     return sorted(line for f in manifest["files"] if "dead_letter" in f
@@ -272,8 +245,8 @@ def read_dead_letters(output):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("pairs", [False, True])
-def test_dask_runner_equals_the_fn_api_runner(model, corpus, dask_cluster, tmp_path, pairs):
-    path, _ = model
+def test_dask_runner_equals_the_fn_api_runner(corpus_model, corpus, dask_cluster, tmp_path, pairs):
+    path, _ = corpus_model
     if pairs:
         (corpus / "pairs").mkdir()
         (corpus / "pairs" / "deu-eng.tsv.gz").write_bytes(gzip.compress(
@@ -312,13 +285,14 @@ def test_dask_runner_equals_the_fn_api_runner(model, corpus, dask_cluster, tmp_p
 
 
 @pytest.mark.slow
-def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(model, dask_cluster, tmp_path):
+def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(corpus_model, dask_cluster,
+                                                               tmp_path):
     import signal
     import threading
     import time
 
-    path, _ = model
-    lines = [f"{SENTENCES[i % len(SENTENCES)]} {i}" for i in range(6000)]
+    path, _ = corpus_model
+    lines = [f"{CORPUS_SENTENCES[i % len(CORPUS_SENTENCES)]} {i}" for i in range(6000)]
     (tmp_path / "big.txt").write_text("\n".join(lines) + "\n")
     output = str(tmp_path / "out")
     result = {}
@@ -357,13 +331,13 @@ def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(model, dask_cluste
 
 
 def test_the_command_line_shows_progress_and_a_summary_that_reads_the_output(
-        model, corpus, capsys, monkeypatch):
+        corpus_model, corpus, capsys, monkeypatch):
     """Progress on stderr as newline-ended lines (stderr is not a terminal here),
     then a summary on stdout: the counts, the dead letters' file, the output,
     and Python lines that read it, which run as written."""
     monkeypatch.setenv("LEALLA_TF_PROGRESS_SECONDS", "0")
     output = str(corpus / "out")
-    assert embed_corpus.main([f"--input={corpus / 'in' / '*'}", f"--model={model[0]}",
+    assert embed_corpus.main([f"--input={corpus / 'in' / '*'}", f"--model={corpus_model[0]}",
                               f"--output={output}"]) == 0
     captured = capsys.readouterr()
     assert "\r" not in captured.err and "\x1b" not in captured.err
@@ -390,22 +364,23 @@ def test_the_command_line_shows_progress_and_a_summary_that_reads_the_output(
                for line in embed_corpus.reading_example("runs/embeddings").splitlines())
 
 
-def test_progress_files_report_lines_read_and_sentences_embedded(model, corpus, tmp_path):
+def test_progress_files_report_lines_read_and_sentences_embedded(corpus_model, corpus, tmp_path):
     progress_dir = str(tmp_path / "progress")
     reader = embed_corpus.ReadLines(str(corpus / "in"), progress_dir)
     assert len(list(reader.process(str(corpus / "in" / "a.txt")))) == 10  # 9 lines + count
-    shard = embed_corpus.EmbedShard(model[0], str(tmp_path / "run"), 1, False, False, 16,
+    shard = embed_corpus.EmbedShard(corpus_model[0], str(tmp_path / "run"), 1, False, False, 16,
                                     progress_dir=progress_dir)
-    list(shard.process((("embeddings", 0), [(f"k{i}", s) for i, s in enumerate(SENTENCES)])))
+    list(shard.process((("embeddings", 0), [(f"k{i}", s)
+                                            for i, s in enumerate(CORPUS_SENTENCES)])))
     assert embed_corpus.read_progress(progress_dir) == {"files_read": 1, "lines_read": 9,
-                                                        "embedded": len(SENTENCES)}
+                                                        "embedded": len(CORPUS_SENTENCES)}
     assert embed_corpus.read_progress(str(tmp_path / "absent")) == {
         "files_read": 0, "lines_read": 0, "embedded": 0}
 
 
-def test_a_shard_embedded_in_chunks_gives_the_same_vectors_in_id_order(model, corpus,
+def test_a_shard_embedded_in_chunks_gives_the_same_vectors_in_id_order(corpus_model, corpus,
                                                                         monkeypatch):
-    path, reference = model
+    path, reference = corpus_model
     monkeypatch.setattr(embed_corpus, "SHARD_CHUNK", 3)
     output = str(corpus / "chunked")
     embed_corpus.run([f"--input={corpus / 'in' / '*'}", f"--model={path}", f"--output={output}",

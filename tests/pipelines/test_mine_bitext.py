@@ -1,6 +1,5 @@
 """beam_pipelines/mine_bitext.py end to end on two embedded 'languages'."""
 
-import gzip
 import json
 import os
 import pathlib
@@ -10,30 +9,12 @@ import sys
 import numpy as np
 import pytest
 
-from lealla_tf.mining.shards import (commit_run, embedding_example, mmap_embeddings,
-                                    new_run_directory, read_embeddings, write_tfrecord)
+from lealla_tf.mining.shards import mmap_embeddings, read_embeddings
 from lealla_tf.mining.margins import Rows, mine
 from lealla_tf.pipelines import embed_corpus  # noqa: E402
 from lealla_tf.pipelines import mine_bitext  # noqa: E402
 
-from test_embed_corpus import SENTENCES, dask_cluster, model  # noqa: E402,F401  (fixtures)
-
-
-def write_embedding_output(directory, vectors, shards=3, prefix="s"):
-    """An embed_corpus-style output (manifest, gzip'd TFRecord shards) of `vectors`,
-    with ids `<prefix>:<row>` and texts `text <prefix> <row>`, rows dealt to shards."""
-    os.makedirs(directory, exist_ok=True)
-    run_dir = new_run_directory(str(directory))
-    os.makedirs(run_dir)
-    files = []
-    for shard in range(shards):
-        path = os.path.join(run_dir, f"embeddings-{shard:05d}-of-{shards:05d}.tfrecord.gz")
-        with gzip.open(path, "wb") as handle:
-            for row in range(shard, len(vectors), shards):
-                write_tfrecord(handle, embedding_example(f"{prefix}:{row}", vectors[row],
-                                                         text=f"text {prefix} {row}"))
-        files.append(path)
-    commit_run(str(directory), run_dir, files)
+from conftest import CORPUS_SENTENCES, REPO_ROOT, dead_pid, write_embedding_output
 
 
 def planted(n=300, d=16, seed=0):
@@ -43,10 +24,10 @@ def planted(n=300, d=16, seed=0):
     return source, target
 
 
-def test_mines_identical_sentences_back(model, tmp_path):  # noqa: F811
-    path, _ = model
-    (tmp_path / "src.txt").write_text("\n".join(SENTENCES) + "\n")
-    (tmp_path / "tgt.txt").write_text("\n".join(reversed(SENTENCES)) + "\n")
+def test_mines_identical_sentences_back(corpus_model, tmp_path):
+    path, _ = corpus_model
+    (tmp_path / "src.txt").write_text("\n".join(CORPUS_SENTENCES) + "\n")
+    (tmp_path / "tgt.txt").write_text("\n".join(reversed(CORPUS_SENTENCES)) + "\n")
     for side in ("src", "tgt"):
         embed_corpus.run([f"--input={tmp_path / f'{side}.txt'}", f"--model={path}",
                           f"--output={tmp_path / side}"])
@@ -54,11 +35,12 @@ def test_mines_identical_sentences_back(model, tmp_path):  # noqa: F811
     count = mine_bitext.run([f"--source={tmp_path / 'src'}", f"--target={tmp_path / 'tgt'}",
                              f"--output={output}", "--with_ids"])
     rows = [line.split("\t") for line in output.read_text().splitlines()]
-    assert count == len(rows) == len(SENTENCES)
+    assert count == len(rows) == len(CORPUS_SENTENCES)
     assert all(row[1] == row[2] for row in rows), rows  # each sentence mined to itself
     scores = [float(row[0]) for row in rows]
     assert scores == sorted(scores, reverse=True)
-    assert {row[3] for row in rows} == {f"src.txt:{i}" for i in range(1, len(SENTENCES) + 1)}
+    assert {row[3] for row in rows} == {f"src.txt:{i}"
+                                        for i in range(1, len(CORPUS_SENTENCES) + 1)}
 
 
 def test_unknown_embedding_directory(tmp_path):
@@ -148,7 +130,7 @@ def test_nan_and_zero_embeddings_are_dead_lettered(tmp_path):
 
 
 @pytest.mark.slow
-def test_dask_runner_mines_what_the_fn_api_runner_mines(dask_cluster, tmp_path):  # noqa: F811
+def test_dask_runner_mines_what_the_fn_api_runner_mines(dask_cluster, tmp_path):
     """The same command on a dask.distributed cluster (2 worker processes on
     127.0.0.1): the same pairs, dead letters and counts as on the FnApiRunner."""
     source, target = planted(n=200)
@@ -175,7 +157,7 @@ def test_dask_runner_mines_what_the_fn_api_runner_mines(dask_cluster, tmp_path):
 
 def assert_one_line_error(capsys, code, *needles):
     """Exit 2 and one line on stderr, `error: ...`, naming `needles`; no traceback
-    (the convention of tests/test_bad_inputs.py)."""
+    (the convention of tests/cli/test_bad_inputs.py)."""
     stderr = capsys.readouterr().err
     assert code == 2, stderr[-2000:]
     lines = [line for line in stderr.splitlines() if line.strip()
@@ -184,13 +166,6 @@ def assert_one_line_error(capsys, code, *needles):
     assert "Traceback" not in stderr
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
-
-
-def dead_pid():
-    """The pid of a process that has exited (as a killed run's)."""
-    process = subprocess.Popen([sys.executable, "-c", ""])
-    process.wait()
-    return process.pid
 
 
 @pytest.mark.parametrize("budget", ["inf", "nan", "0", "-1", "-inf"])
@@ -302,16 +277,15 @@ def test_leftovers_of_killed_runs_are_removed_and_nothing_else(tmp_path):
 
     write_embedding_output(tmp_path / "src", planted(n=40)[0], shards=1, prefix="s")
     write_embedding_output(tmp_path / "tgt", planted(n=40)[1], shards=1, prefix="t")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     killed = subprocess.run([sys.executable, "-c", f"""
 import os, signal
-from lealla_tf import embedding_io
+from lealla_tf.mining import shards as embedding_io
 def write_then_die(path, folder, batch_size):
     open(os.path.join(folder, "vectors.f32"), "wb").write(b"half a copy")
     os.kill(os.getpid(), signal.SIGKILL)
 embedding_io._write_mapped = write_then_die
 embedding_io.mmap_embeddings({str(tmp_path / 'tgt')!r})
-"""], cwd=root, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+"""], cwd=REPO_ROOT, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert killed.returncode == -9
     run_dir = next((tmp_path / "tgt").glob("run-*"))
     (left,) = [p.name for p in run_dir.iterdir() if ".mmap.tmp-" in p.name]

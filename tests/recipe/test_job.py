@@ -245,9 +245,8 @@ def test_options_the_teacher_cannot_serve_are_refused_before_the_sample(tiny_dat
 
 def test_evaluation_embeds_a_model_once_for_all_its_pairs_and_its_first_pairs(
         tiny_tatoeba_dir):
-    from conftest import TINY_PAIRS
+    from conftest import TINY_PAIRS, OracleEmbedder
     from lealla_tf.recipe.stages import evaluate_stage
-    from test_evaluation import OracleEmbedder
 
     pairs = [p for ps in TINY_PAIRS.values() for p in ps]
     embedded = {"student": [], "teacher": []}

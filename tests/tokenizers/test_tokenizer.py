@@ -10,19 +10,7 @@ import pytest
 import tensorflow as tf
 
 from lealla_tf.tokenizers.tokenizer import Tokenizer, read_wordpiece_vocabulary
-from conftest import multilingual_sentences, tiny_vocabulary
-
-BAD_INPUTS = {
-    "empty": b"",
-    "whitespace_only": b"  \t \n  ",
-    "ten_thousand_characters": ("the dog is nice " * 625).encode(),
-    "ten_thousand_letters_one_word": b"a" * 10_000,
-    "mixed_scripts": "The dog 狗 собака 犬 الكلب कुत्ता".encode(),
-    "emoji": "dog 🐶🐕‍🦺 👍🏽".encode(),
-    "control_characters": b"dog\x00\x01\x07\x1b[31m cat\x7f\r\n",
-    "invalid_utf8": b"\xff\xfe dog \xc3\x28 \xa0\xa1 cat \xe2\x82",
-    "lone_surrogate_bytes": b"\xed\xa0\x80 dog",
-}
+from conftest import BAD_INPUTS, multilingual_sentences, tiny_vocabulary
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, training_environment
 from helpers.multi_worker_probe import flatten
 from lealla_tf.train.distribution import make_strategy, worker_role
 from lealla_tf.cli.train import build_parser, config_from_flags
 from lealla_tf.train.run import build_trainer
-from test_train import environment
-from test_trainer import teacher_records  # noqa: F401  (a fixture)
 
 WORKERS = 2
 PROBE = str(REPO_ROOT / "tests" / "helpers" / "multi_worker_probe.py")
@@ -57,7 +55,7 @@ def run_workers(command, root, timeout=900):
     processes, logs = [], []
     for index in range(WORKERS):
         os.makedirs(root / f"tmp{index}", exist_ok=True)
-        env = dict(environment(), TMPDIR=str(root / f"tmp{index}"), TF_CONFIG=json.dumps(
+        env = dict(training_environment(), TMPDIR=str(root / f"tmp{index}"), TF_CONFIG=json.dumps(
             {"cluster": cluster, "task": {"type": "worker", "index": index}}))
         logs.append((open(root / f"stdout{index}", "w+"), open(root / f"stderr{index}", "w+")))
         processes.append(subprocess.Popen(command(index), env=env, cwd=str(REPO_ROOT),

@@ -5,51 +5,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import tiny_vocabulary
-from lealla_tf.tokenizers import sentencepiece_model as spm_model
+from conftest import TEACHER_LAYERS, TEACHER_WIDTH, tiny_vocabulary
 from lealla_tf.configs import (DataConfig, EncoderConfig, LossConfig, OptimizerConfig,
                                TokenizerConfig, TrainConfig, resolve_train_config)
-from lealla_tf.train.initialization import WORD_START, match_rows, select_teacher_weights
-from lealla_tf.inference.export import export_labse_pair
+from lealla_tf.train.initialization import match_rows, select_teacher_weights
 from lealla_tf.train.heads import TeacherLayers
 from lealla_tf.models.encoder import build_encoder
 from lealla_tf.teachers.conversion import SENTENCEPIECE_FILE
-from lealla_tf.tokenizers.tokenizer import Tokenizer
 
-WIDTH, LAYERS = 16, 2
-
-
-SPECIAL = ["<s>", "<pad>", "</s>", "<unk>"]
-
-
-def teacher_pieces_for(student):
-    """XLM-R's special pieces, then a piece for every student WordPiece token
-    (`match_rows`'s rules)."""
-    pieces = [t[2:] if t.startswith("##") else WORD_START + t for t in student]
-    return SPECIAL + list(dict.fromkeys(pieces))
-
-
-@pytest.fixture(scope="module")
-def teacher(tmp_path_factory, tiny_vocab_file):
-    """A converted-teacher directory: a tiny random BERT and a SentencePiece vocabulary
-    holding every piece of the tiny WordPiece vocabulary."""
-    pieces = teacher_pieces_for(tiny_vocabulary())
-    encoder = build_encoder(EncoderConfig(
-        vocabulary_size=len(pieces), num_layers=LAYERS, num_heads=4, hidden_dim=WIDTH,
-        intermediate_dim=32, max_sequence_length=24, pooling="mean", dropout=0.0,
-        hidden_activation="gelu"), name="teacher_encoder")
-    rng = np.random.default_rng(1)
-    for weight in encoder.weights:
-        weight.assign(rng.normal(scale=0.2, size=weight.shape).astype(np.float32))
-    directory = tmp_path_factory.mktemp("teacher")
-    export_labse_pair(encoder, Tokenizer(tiny_vocab_file, max_seq_length=16), str(directory))
-    spec = spm_model.normalizer_spec_from_map({}, "identity")
-    model = spm_model.SentencePieceModel(
-        [spm_model.Piece(p, 0, spm_model.CONTROL) for p in SPECIAL[:3]]
-        + [spm_model.Piece("<unk>", 0, spm_model.UNKNOWN)]
-        + [spm_model.Piece(p, -1.0) for p in pieces[len(SPECIAL):]], spec)
-    (directory / SENTENCEPIECE_FILE).write_bytes(model.serialize())
-    return str(directory), encoder, pieces
+# Students at the shape of conftest's `teacher`, unless a test says otherwise.
+WIDTH, LAYERS = TEACHER_WIDTH, TEACHER_LAYERS
 
 
 def student_inputs(ids):

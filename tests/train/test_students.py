@@ -5,11 +5,11 @@ import pytest
 
 from lealla_tf.train.distribution import make_strategy
 from lealla_tf.models.model_dir import load_encoder
-from test_trainer import Trainer, teacher_records, tiny_config, vocab_size  # noqa: F401
+from conftest import Trainer, tiny_config, vocab_size
 
 
 @pytest.fixture(scope="module")
-def bottleneck_run(teacher_records, sentence_vocab_file, tmp_path_factory):  # noqa: F811
+def bottleneck_run(teacher_records, sentence_vocab_file, tmp_path_factory):
     """A 2-step run with an embedding bottleneck and parameter recurrence (Ding's stage 1)."""
     model_dir = str(tmp_path_factory.mktemp("stage1") / "m")
     config = tiny_config(vocab_size(sentence_vocab_file), teacher_records, "mse", train_steps=2)
@@ -19,7 +19,7 @@ def bottleneck_run(teacher_records, sentence_vocab_file, tmp_path_factory):  # n
     return model_dir
 
 
-def test_init_from_restores_every_encoder_weight(bottleneck_run, teacher_records,  # noqa: F811
+def test_init_from_restores_every_encoder_weight(bottleneck_run, teacher_records,
                                                  sentence_vocab_file, tmp_path):
     config = tiny_config(vocab_size(sentence_vocab_file), teacher_records, "mcl",
                          init_from=bottleneck_run)
@@ -34,7 +34,7 @@ def test_init_from_restores_every_encoder_weight(bottleneck_run, teacher_records
 
 
 def test_init_from_another_architecture_is_a_clear_error(bottleneck_run,
-                                                         teacher_records,  # noqa: F811
+                                                         teacher_records,
                                                          sentence_vocab_file, tmp_path):
     # Was: the embedding table's shape clash surfaced as a TensorFlow traceback;
     # a deeper student would have kept its extra layers random without a word.
@@ -49,7 +49,7 @@ def test_init_from_another_architecture_is_a_clear_error(bottleneck_run,
 
 
 def test_a_mean_pooled_student_starts_from_a_cls_pooled_model(bottleneck_run,
-                                                              teacher_records,  # noqa: F811
+                                                              teacher_records,
                                                               sentence_vocab_file, tmp_path):
     # An imported LaBSE/LEALLA checkpoint pools [CLS]; the recipe's students pool the mean.
     config = tiny_config(vocab_size(sentence_vocab_file), teacher_records, "mcl",

@@ -8,8 +8,7 @@ import tensorflow as tf
 from lealla_tf.configs import TeacherConfig, check_resumable, validate_train_config
 from lealla_tf.train.distribution import make_strategy
 from lealla_tf.train.teacher_sources import CenteredTeacher, EnglishOnlyTeacher, PrecomputedTeacher
-from test_heads import teacher  # noqa: F401  (a converted teacher with a SentencePiece vocabulary)
-from test_trainer import Trainer, teacher_records, tiny_config, vocab_size  # noqa: F401
+from conftest import Trainer, tiny_config, vocab_size
 
 
 def unit(x):
@@ -56,7 +55,7 @@ def test_wrappers_reach_the_base_teacher():
 
 
 def test_a_centred_run_estimates_once_and_resumes_with_the_same_mean(
-        teacher_records, sentence_vocab_file, tmp_path):  # noqa: F811
+        teacher_records, sentence_vocab_file, tmp_path):
     config = tiny_config(vocab_size(sentence_vocab_file), teacher_records, train_steps=2,
                          teacher=TeacherConfig(center=True, center_pairs=16))
     model_dir = str(tmp_path / "m")
@@ -81,7 +80,7 @@ def test_a_centred_run_estimates_once_and_resumes_with_the_same_mean(
 
 
 def test_an_objective_without_teacher_terms_has_nothing_to_centre(
-        teacher_records, sentence_vocab_file, tmp_path):  # noqa: F811
+        teacher_records, sentence_vocab_file, tmp_path):
     config = tiny_config(vocab_size(sentence_vocab_file), teacher_records, "ams", train_steps=1,
                          teacher=TeacherConfig(center=True))
     trainer = Trainer(config, str(tmp_path / "m"), make_strategy("default"),
@@ -89,7 +88,7 @@ def test_an_objective_without_teacher_terms_has_nothing_to_centre(
     assert "teacher_center" not in trainer.train()["initialization"]
 
 
-def test_center_pairs_must_be_positive(teacher_records, sentence_vocab_file):  # noqa: F811
+def test_center_pairs_must_be_positive(teacher_records, sentence_vocab_file):
     config = tiny_config(vocab_size(sentence_vocab_file), teacher_records,
                          teacher=TeacherConfig(center=True, center_pairs=0))
     with pytest.raises(ValueError, match="--teacher_center_pairs must be positive"):
@@ -106,7 +105,7 @@ def test_a_run_written_before_centring_existed_resumes_uncentred():
         check_resumable(stored, requested)
 
 
-def test_the_in_step_teacher_embeds_both_sides_with_the_hd_teacher_pass(teacher):  # noqa: F811
+def test_the_in_step_teacher_embeds_both_sides_with_the_hd_teacher_pass(teacher):
     """`InStepTeacher`: x^t, y^t are the teacher encoder's unit mean-pooled outputs on
     the student's tokens, mapped to the teacher's ids."""
     from conftest import tiny_vocabulary
@@ -140,7 +139,7 @@ def test_the_in_step_teacher_embeds_both_sides_with_the_hd_teacher_pass(teacher)
 
 
 def test_the_in_step_teacher_trains_fd_ld_and_hd_on_plain_tsvs(
-        teacher, tiny_parallel_dir, tiny_vocab_file, tmp_path):  # noqa: F811
+        teacher, tiny_parallel_dir, tiny_vocab_file, tmp_path):
     """`--teacher_in_step`: TSV pairs, no precomputed vectors; settings it cannot serve
     are refused before the teacher is loaded."""
     import dataclasses

@@ -7,53 +7,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lealla_tf.configs import (DataConfig, EncoderConfig, LossConfig, OptimizerConfig,
-                               TeacherConfig, TokenizerConfig, TrainConfig, check_resumable)
-from lealla_tf.train.data import write_pairs_tfrecord
+from lealla_tf.configs import EncoderConfig, TeacherConfig, check_resumable
 from lealla_tf.train.distribution import make_strategy
 from lealla_tf.models.model_dir import read_model_config
 from lealla_tf.losses.objectives import default_loss_weights, parse_objective
 from lealla_tf.train.trainer import WarmupLinearDecay
-from lealla_tf.train.run import build_trainer
-from conftest import TINY_PAIRS
-
-TEACHER_DIM = 6
-
-
-@pytest.fixture(scope="module")
-def teacher_records(tmp_path_factory):
-    """TFRecord pairs with precomputed (random but fixed) teacher vectors."""
-    root = tmp_path_factory.mktemp("records")
-    rng = np.random.default_rng(0)
-    for language, pairs in TINY_PAIRS.items():
-        pairs = pairs * 6
-        write_pairs_tfrecord(str(root / f"{language}-eng-00000-of-00001.tfrecord"), pairs,
-                             rng.normal(size=(len(pairs), TEACHER_DIM)),
-                             rng.normal(size=(len(pairs), TEACHER_DIM)))
-    return str(root)
-
-
-def tiny_config(tokenizer_size, data, objective="ams+fd+ld", **changes):
-    config = TrainConfig(
-        preset="lealla_small",
-        encoder=EncoderConfig(vocabulary_size=tokenizer_size, num_layers=2, num_heads=2,
-                              hidden_dim=8, intermediate_dim=16, dropout=0.0),
-        tokenizer=TokenizerConfig(max_seq_length=16),
-        data=DataConfig([data], shuffle_buffer=50),
-        loss=LossConfig(objective=objective, scale=20.0),
-        optimizer=OptimizerConfig(learning_rate=1e-3, warmup_steps=2),
-        global_batch_size=8, train_steps=3, checkpoint_every=100, log_every=1)
-    for key, value in changes.items():
-        setattr(config, key, value)
-    return config
-
-
-def vocab_size(path):
-    return len(open(path, encoding="utf-8").read().split("\n")) - 1
-
-
-def Trainer(config, model_dir, strategy, vocab_file, progress=True):
-    return build_trainer(config, model_dir, vocab_file, strategy, progress)
+from conftest import TEACHER_DIM, Trainer, tiny_config, vocab_size
 
 
 def loss_and_gradients(task, batch):
