@@ -11,7 +11,7 @@ m += (g - m)(1 - beta_1); v += (g^2 - v)(1 - beta_2); w -= alpha m / (sqrt(v) + 
 The one difference is float32 rounding: the kernel forms 1 - beta_2 in float32
 (1 - 0.999f = 0.000999987), Keras in double (0.001), so the velocities differ by
 about 1.3e-5 relative and the weights by about 1e-6 after a step
-(tests/test_optimizers.py).
+(tests/train/test_optimizers.py).
 Its variables (iterations, momentums, velocities) are AdamW's, with AdamW's
 names, so checkpoints of either restore into the other.
 

@@ -16,7 +16,7 @@ their rows:
 
 They compute in float32 whatever the tensors' type (float32 or bfloat16), draw
 the dropout masks of `lealla_tf.models.layers.hash_dropout` bit for bit, and equal the
-op-by-op layer within round-off (tests/test_kernels.py). A fourth,
+op-by-op layer within round-off (tests/models/test_kernels.py). A fourth,
 `sparse_apply_adamw` (`sparse_adamw.cc`), updates a lookup table with
 `lealla_tf.train.optimizers.FusedAdamW`'s arithmetic in one pass from its sparse
 gradient, where decay, densifying and fused Adam took four.
