@@ -10,7 +10,14 @@ import dataclasses
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose flag mistakes are one line on stderr, `error: ...`, exit 2
-    (argparse's own prints the whole usage first)."""
+    (argparse's own prints the whole usage first), and that takes no abbreviated
+    flag: argparse's default would run `--time_budget_minute=5` (a typo) as
+    `--time_budget_minutes=5`, or a prefix shared by two flags as an error only
+    until a third is added."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")

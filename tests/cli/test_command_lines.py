@@ -47,6 +47,12 @@ def test_help_shows_the_defaults_and_a_bad_flag_is_one_line(script, capsys):
     assert exited.value.code == 0
     help_text = capsys.readouterr().out
     assert "usage:" in help_text and "(default: " in help_text, help_text[-1500:]
+    for bad in (["--no_such_flag=1"], ["--hel"]):  # an abbreviation is no flag either
+        with pytest.raises(SystemExit) as exited:
+            run(script, bad)
+        assert exited.value.code == 2
+        error = capsys.readouterr().err.strip()
+        assert len(error.splitlines()) == 1 and error.startswith("error: "), error
     with pytest.raises(SystemExit) as exited:
         run(script, ["--no_such_flag=1"])
     assert exited.value.code == 2
