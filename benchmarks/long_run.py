@@ -57,7 +57,7 @@ def checkpoint_curve(report: dict, model_dir: str) -> list:
     data_dir = report["data_dir"]
     work = report["work_dir"]
     models = CheckpointModels(model_dir)
-    vocab_file = os.path.join(model_dir, "vocab.txt")
+    vocab_file = report["vocabulary"]["output"]  # the students' (and the job's) tokenizer
     news_languages = report["news_set"]["languages"]
     curve = []
     for step, checkpoint in kept_checkpoints(model_dir):
