@@ -1,4 +1,4 @@
-"""Benchmark: the embedding pipeline on the FnApiRunner and on a dask.distributed cluster.
+r"""Benchmark: the embedding pipeline on the FnApiRunner and on a dask.distributed cluster.
 
     python -m benchmarks.beam_runners --model=runs/recipe/export/lealla_small \
         --output_json=benchmarks/results/beam_runners.json [--num_sentences=20000]

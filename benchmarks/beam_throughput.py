@@ -1,4 +1,4 @@
-"""Benchmark: Beam embedding throughput against the bare model, on the same sentences.
+r"""Benchmark: Beam embedding throughput against the bare model, on the same sentences.
 
     python -m benchmarks.beam_throughput --vocab_file=runs/recipe/vocab.txt \
         --output_json=benchmarks/results/beam_throughput.json

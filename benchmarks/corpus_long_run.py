@@ -1,4 +1,4 @@
-"""Benchmark: a longer run on the whole parallel corpus instead of the main job's sample.
+r"""Benchmark: a longer run on the whole parallel corpus instead of the main job's sample.
 
     make main   # for runs/recipe/vocab.model and the converted teacher
     python -m benchmarks.corpus_long_run --recipe_dir=runs/recipe --work_dir=runs/ams_corpus \

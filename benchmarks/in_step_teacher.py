@@ -1,4 +1,4 @@
-"""Benchmark: the teacher vectors the main job trains on, in the step vs through Beam.
+r"""Benchmark: the teacher vectors the main job trains on, in the step vs through Beam.
 
     python -m benchmarks.in_step_teacher --work_dir=runs/recipe \
         --output_json=benchmarks/results/in_step_teacher.json

@@ -1,4 +1,4 @@
-"""Benchmark: the main job's recipe trained for longer, with its curve on every
+r"""Benchmark: the main job's recipe trained for longer, with its curve on every
 Tatoeba dev pair and on the held-out news set.
 
     python -m benchmarks.long_run --train_steps=2000 --work_dir=runs/long \

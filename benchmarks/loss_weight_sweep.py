@@ -1,4 +1,4 @@
-"""Benchmark: which pooling and loss weights learn fastest from scratch on this CPU.
+r"""Benchmark: which pooling and loss weights learn fastest from scratch on this CPU.
 
     python -m benchmarks.loss_weight_sweep --work_dir=runs/sweep \
         --vocab_file=runs/real/vocab.txt --train_data=runs/real/pairs_teacher \

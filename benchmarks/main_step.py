@@ -1,4 +1,4 @@
-"""Benchmark: the main job's real training step, as its plan stage measures it.
+r"""Benchmark: the main job's real training step, as its plan stage measures it.
 
     python -m benchmarks.main_step --work_dir=runs/recipe \
         --output_json=benchmarks/results/main_step.json

@@ -1,4 +1,4 @@
-"""Benchmark: mining beyond memory: time, peak memory and recall@1 at 10^6 and 10^7.
+r"""Benchmark: mining beyond memory: time, peak memory and recall@1 at 10^6 and 10^7.
 
     nice -n 19 python -m benchmarks.mining_scale \
         --output_json=benchmarks/results/mining_scale.json \

@@ -1,4 +1,4 @@
-"""Benchmark: the main job's student retrained with other training flags, scored as the main job.
+r"""Benchmark: the main job's student retrained with other training flags, scored as the main job.
 
     make main   # once: the teacher, vocabulary and sample this reuses
     python -m benchmarks.recipe_sweep --work_dir=runs/recipe \

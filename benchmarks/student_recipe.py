@@ -1,4 +1,4 @@
-"""Benchmark: what makes a student learn from multilingual-e5-small on a CPU (ablation table).
+r"""Benchmark: what makes a student learn from multilingual-e5-small on a CPU (ablation table).
 
     python -m benchmarks.student_recipe --work_dir=runs/ablation \
         --output_json=benchmarks/results/student_recipe.json [--steps=300] [--only=a,b]

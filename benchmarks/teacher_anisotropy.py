@@ -1,4 +1,4 @@
-"""Benchmark: how anisotropic the teacher's vectors are, raw and centred.
+r"""Benchmark: how anisotropic the teacher's vectors are, raw and centred.
 
     python -m benchmarks.teacher_anisotropy --train_data=runs/recipe/pairs_teacher \
         --output_json=benchmarks/results/teacher_anisotropy.json

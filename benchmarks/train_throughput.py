@@ -1,4 +1,4 @@
-"""Benchmark: training pairs/s of lealla_small and the labse preset on this machine.
+r"""Benchmark: training pairs/s of lealla_small and the labse preset on this machine.
 
     python -m benchmarks.train_throughput --output_json=runs/train_throughput.json
 

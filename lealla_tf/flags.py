@@ -17,15 +17,44 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
+        if _program_name:  # run as a console script: its usage names the script
+            kwargs["prog"] = _program_name
         super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        """A flag without help still shows its default (or that it is required)
+        in --help: argparse lists a flag with no help text bare."""
+        if args and args[0].startswith("-") and not kwargs.get("help") and \
+                kwargs.get("action") not in ("help", "version"):
+            kwargs["help"] = "(required)" if kwargs.get("required") else "(default: %(default)s)"
+        return super().add_argument(*args, **kwargs)
 
     def error(self, message):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
+_program_name = None
+
+
+def use_program_name(name) -> None:
+    """Command lines parsed from now on name themselves `name` in usage and
+    errors (the console script that runs them); None: their own names."""
+    global _program_name
+    _program_name = name
+
+
 class HelpFormatter(argparse.RawDescriptionHelpFormatter,
                     argparse.ArgumentDefaultsHelpFormatter):
-    """The module docstring as written, and every flag's default in --help."""
+    """The module docstring as written, and every flag's default in --help
+    (once: a help text that states its default already keeps its own words)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.required:
+            return text if "required" in text.lower() else f"{text} (required)"
+        if "default" in text.lower():
+            return text
+        return super()._get_help_string(action)
 
 
 def parse_assignments(text: str, flag: str) -> dict:

@@ -1,4 +1,4 @@
-"""Evaluate a model on Tatoeba (and optionally BUCC-format sets): `python -m lealla_tf.cli.evaluate`.
+r"""Evaluate a model on Tatoeba (and optionally BUCC-format sets): `python -m lealla_tf.cli.evaluate`.
 
     python -m lealla_tf.cli.evaluate --model=exports/small --tatoeba_dir=../shared/data/tatoeba_dev \
         --output_json=reports/small_tatoeba.json [--plot=reports/small_tatoeba.png] \

@@ -1,4 +1,4 @@
-"""Export a trained model directory as a TF-Hub SavedModel.
+r"""Export a trained model directory as a TF-Hub SavedModel.
 
     python export/export_tfhub.py --model_dir=runs/small --export_path=exports/small \
         --format=lealla|labse|encoder_only|int8_tflite

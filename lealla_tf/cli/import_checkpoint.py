@@ -1,4 +1,4 @@
-"""Import a released LEALLA or LaBSE/2 SavedModel into a lealla_tf model directory.
+r"""Import a released LEALLA or LaBSE/2 SavedModel into a lealla_tf model directory.
 
     python export/import_checkpoint.py --saved_model=<LEALLA-small/1 or LaBSE/2 encoder dir> \
         --model_dir=runs/lealla_small_released

@@ -95,7 +95,8 @@ def build_parser():
         help="train in bfloat16 (default: where this CPU computes it natively, "
              "avx512_bf16 or amx_bf16; the exports are float32 either way)")
     precision.add_argument("--no_mixed_precision", dest="mixed_precision",
-                           action="store_false", help="train in float32 on any CPU")
+                           action="store_false",
+                           help="train in float32 on any CPU (the default: see --mixed_precision)")
     add("--seed", type=int, default=defaults.seed)
     return parser
 

@@ -26,10 +26,15 @@ COMMANDS = {
 
 def run(script: str, argv=None) -> int:
     """Runs the command line behind console script `script`."""
+    from lealla_tf.flags import use_program_name
     from lealla_tf.progress import quiet_startup
 
     quiet_startup()
-    return importlib.import_module(COMMANDS[script]).main(argv)
+    use_program_name(script)
+    try:
+        return importlib.import_module(COMMANDS[script]).main(argv)
+    finally:
+        use_program_name(None)
 
 
 def main() -> int:

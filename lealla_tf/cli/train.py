@@ -1,4 +1,4 @@
-"""Train a LEALLA student by distillation: `python -m lealla_tf.train`.
+r"""Train a LEALLA student by distillation: `python -m lealla_tf.train`.
 
     python -m lealla_tf.train --preset=lealla_small --vocab_file=runs/vocab.txt \
         --train_data=runs/pairs_with_teacher --model_dir=runs/small \

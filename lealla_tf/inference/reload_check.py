@@ -1,4 +1,4 @@
-"""The reload check: load an exported SavedModel in a FRESH process and record what it computes.
+r"""The reload check: load an exported SavedModel in a FRESH process and record what it computes.
 
 `reload_in_fresh_process(path, sentences)` runs this module as a subprocess, so no
 Python state is shared with the exporter, and returns its arrays; the export

@@ -1,4 +1,4 @@
-"""Embed a corpus with any exported model, at scale, with Apache Beam.
+r"""Embed a corpus with any exported model, at scale, with Apache Beam.
 
     python beam_pipelines/embed_corpus.py --input='corpus/*.txt' --model=exports/small \
         --output=runs/embeddings [--format=lines|tsv] [--runner=FnApiRunner --direct_num_workers=2]
@@ -55,6 +55,7 @@ from apache_beam.io.filesystems import FileSystems
 from lealla_tf.flags import ArgumentParser, HelpFormatter
 from lealla_tf.inference.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
 from lealla_tf.mining.shards import write_atomically
+from lealla_tf.pipelines.options import parse_pipeline_flags
 
 NAMESPACE = "embed_corpus"
 COUNTERS = ("lines_read", "embedded", "dead_lettered")
@@ -716,7 +717,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(argv=None, test_pipeline=None, progress: bool = False) -> dict:
     """Parses flags (Beam's own pass through) and calls `embed_corpus`."""
-    known, pipeline_args = build_parser().parse_known_args(argv)
+    known, pipeline_args = parse_pipeline_flags(build_parser(), argv)
     return embed_corpus(known.input, known.model, known.output, known.format, known.pairs,
                         known.english_only, known.num_shards, known.model_batch_size,
                         pipeline_args, test_pipeline, known.max_seq_length,
@@ -728,7 +729,7 @@ def main(argv=None) -> int:
     from lealla_tf.progress import worker_output_filtered
 
     logging.getLogger().setLevel(logging.WARNING)
-    output = build_parser().parse_known_args(argv)[0].output
+    output = parse_pipeline_flags(build_parser(), argv)[0].output
     started = time.time()
     try:
         with worker_output_filtered():

@@ -1,4 +1,4 @@
-"""Mine parallel sentences between two languages' embedding shards.
+r"""Mine parallel sentences between two languages' embedding shards.
 
     python beam_pipelines/mine_bitext.py --source=runs/emb_deu --target=runs/emb_eng \
         --output=runs/mined_deu_eng.tsv [--margin=ratio --retrieval=max --k=4 \
@@ -58,6 +58,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from lealla_tf.flags import ArgumentParser, HelpFormatter
+from lealla_tf.pipelines.options import parse_pipeline_flags
 
 DEAD_LETTER_SUFFIX, SUMMARY_SUFFIX = ".dead_letter.jsonl", ".summary.json"
 LOCK_SUFFIX = ".lock"
@@ -258,7 +259,7 @@ def output_file_lock(output: str):
 
 def run(argv=None, test_pipeline=None) -> int:
     """Parses flags (Beam's own pass through) and calls `mine_bitext`."""
-    known, pipeline_args = build_parser().parse_known_args(argv)
+    known, pipeline_args = parse_pipeline_flags(build_parser(), argv)
     return mine_bitext(known.source, known.target, known.output, known.margin, known.retrieval,
                        known.k, known.threshold, known.index, known.with_ids, pipeline_args,
                        test_pipeline, known.memory_budget_gb, known.cache_dir, known.nlist,
@@ -298,7 +299,7 @@ def main(argv=None) -> int:
     from lealla_tf.progress import logged_progress, worker_output_filtered
 
     logging.getLogger().setLevel(logging.WARNING)
-    known = build_parser().parse_known_args(argv)[0]
+    known = parse_pipeline_flags(build_parser(), argv)[0]
     started = time.time()
     try:
         with worker_output_filtered(), logged_progress(*PROGRESS_LOGGERS,

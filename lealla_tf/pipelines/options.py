@@ -24,6 +24,36 @@ def pipeline_options(pipeline_args, save_main_session: bool = False,
     return options
 
 
+def unknown_beam_flags(pipeline_args) -> list:
+    """The flags among `pipeline_args` (what a pipeline's own parser left) that
+    Beam does not know either. Beam only warns about them and runs on, so a
+    misspelled flag (`--thresold=1.2`) would be dropped without a word."""
+    import logging
+
+    logger = logging.getLogger("apache_beam.options.pipeline_options")
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # its "Discarding unparseable args" warning
+    try:
+        options = PipelineOptions([RUNNER_ALIASES.get(a, a) for a in pipeline_args])
+        unknown = (set(options.get_all_options(retain_unknown_options=True))
+                   - set(options.get_all_options()))
+    finally:
+        logger.setLevel(level)
+    return [a for a in pipeline_args
+            if a.startswith("-") and a.lstrip("-").split("=")[0].replace("-", "_") in unknown]
+
+
+def parse_pipeline_flags(parser, argv=None):
+    """`parser`'s flags and the rest for Beam, as `parse_known_args` splits them;
+    a flag neither knows is a one-line error (`parser.error`, exit 2)."""
+    known, pipeline_args = parser.parse_known_args(argv)
+    unknown = unknown_beam_flags(pipeline_args)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)} (neither this pipeline's "
+                     "flags nor Beam's)")
+    return known, pipeline_args
+
+
 def run_pipeline(pipeline) -> None:
     """Runs `pipeline` to the end. The DaskRunner's result holds a client of the
     user's cluster: it is closed here (the cluster stays up), also on failure."""

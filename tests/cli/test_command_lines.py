@@ -46,7 +46,14 @@ def test_help_shows_the_defaults_and_a_bad_flag_is_one_line(script, capsys):
         run(script, ["--help"])
     assert exited.value.code == 0
     help_text = capsys.readouterr().out
-    assert "usage:" in help_text and "(default: " in help_text, help_text[-1500:]
+    assert f"usage: {script}" in help_text and "(default: " in help_text, help_text[-1500:]
+    # every flag says its default, or that it is required, or states its default itself
+    options = re.split(r"\n\n(?=\S)", help_text.split("\noptions:\n", 1)[1])[0]
+    flags = re.findall(r"^  (--\w+)(.*(?:\n {4,}.*)*)", options, re.M)
+    bare = [flag for flag, text in flags if flag != "--help" and not re.search(
+        r"default|required", text, re.I)]
+    assert not bare, f"{script}: flags without a default in --help: {bare}"
+    assert help_text.count("(default: ") == len(re.findall(r"\(default: ", help_text))
     for bad in (["--no_such_flag=1"], ["--hel"]):  # an abbreviation is no flag either
         with pytest.raises(SystemExit) as exited:
             run(script, bad)
@@ -59,6 +66,21 @@ def test_help_shows_the_defaults_and_a_bad_flag_is_one_line(script, capsys):
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and error.startswith("error: ") and "--help" in error, \
         error
+
+
+def test_a_flag_neither_the_pipeline_nor_beam_knows_is_refused(capsys):
+    """Beam only warns about flags it cannot parse and runs on: a misspelled
+    --threshold would have mined with none."""
+    from lealla_tf.pipelines.options import unknown_beam_flags
+
+    assert unknown_beam_flags(["--direct_num_workers=2", "--runner=DaskRunner",
+                               "--thresold=1.2", "--bogus"]) == ["--thresold=1.2", "--bogus"]
+    with pytest.raises(SystemExit) as exited:
+        run("lealla-mine-bitext", ["--source=a", "--target=b", "--output=c", "--thresold=1.2"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: unrecognized arguments: --thresold=1.2") and \
+        len(error.splitlines()) == 1, error
 
 
 def test_the_root_wrappers_are_identical_thin_shims():
