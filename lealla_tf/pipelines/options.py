@@ -30,6 +30,10 @@ def unknown_beam_flags(pipeline_args) -> list:
     misspelled flag (`--thresold=1.2`) would be dropped without a word."""
     import logging
 
+    try:  # the DaskRunner's options (--dask_client_address, ...) exist once it is imported
+        import apache_beam.runners.dask.dask_runner  # noqa: F401
+    except ImportError:
+        pass
     logger = logging.getLogger("apache_beam.options.pipeline_options")
     level = logger.level
     logger.setLevel(logging.ERROR)  # its "Discarding unparseable args" warning
