@@ -100,7 +100,7 @@ class RecipeConfig:
             exports take 128; positions past this keep the teacher's, from the
             weight selection). News and web sentences run 25-90 tokens: 64 keeps
             most of each (9-25 % of ebible / NTREX / TICO-19 pairs run longer)
-            at 0.6x the step time of 128 (benchmarks/results/main_step.json).
+            at 0.68x the step time of 128 (benchmarks/results/main_step.json).
         length_buckets: see `DataConfig.length_buckets` (buckets double in
             width, so 6 spans 32 bytes to 512+).
         teacher_eval_pairs: the teacher is evaluated on the first this many
