@@ -114,6 +114,16 @@ def headline(report: dict) -> dict:
                                      for name, m in news.items()}
         figures["news_length_p_at_1"] = {name: round(100 * m["news_length/average_p_at_1"], 2)
                                          for name, m in news.items()}
+    speed = {}
+    if all(name in tatoeba and tatoeba[name].get("sentences_per_second")
+           for name in (STUDENT, TEACHER)) and not tatoeba[TEACHER].get("max_pairs"):
+        speed["tatoeba_dev"] = round(tatoeba[STUDENT]["sentences_per_second"]
+                                     / tatoeba[TEACHER]["sentences_per_second"], 2)
+    if all(news.get(name, {}).get("news/seconds") for name in (STUDENT, TEACHER)):
+        speed["news"] = round(news[TEACHER]["news/seconds"] / news[STUDENT]["news/seconds"], 2)
+    if speed:
+        figures["speed_student_over_teacher"] = speed
     figures["basis"] = ("Tatoeba: all pairs of every tatoeba_dev language, each model; news: "
-                        "the held-out NTREX set, every model on the same pairs")
+                        "the held-out NTREX set, every model on the same pairs; speed: sentences a "
+                          "second, student over teacher, on the same sentences")
     return figures

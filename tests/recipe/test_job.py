@@ -126,6 +126,9 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
     assert headline["tatoeba_dev_all_pairs_p_at_1"]["student"] == round(
         100 * report["tatoeba"]["student"]["tatoeba/average_p_at_1"], 2)
     assert set(headline["news_mining_f1"]) == {"student", "teacher"}
+    # Speed on the same sentences only: the news set (the teacher saw 3 Tatoeba pairs a language).
+    assert headline["speed_student_over_teacher"] == {"news": round(
+        report["news"]["teacher"]["news/seconds"] / report["news"]["student"]["news/seconds"], 2)}
     # hd's teacher pass gives the fd/ld targets: no Beam stage precomputes them.
     assert report["teacher_vectors"]["backend"]["backend"] == "in_step"
     assert "teacher_vectors" not in report["stage_seconds"]
