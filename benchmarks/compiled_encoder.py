@@ -1,4 +1,4 @@
-"""Benchmark: the student's encoder compiled with XLA (`jit_compile`) against the plain graph.
+r"""Benchmark: the student's encoder compiled with XLA (`jit_compile`) against the plain graph.
 
     python -m benchmarks.compiled_encoder --model_dir=runs/recipe/student \\
         --output_json=benchmarks/results/compiled_encoder.json

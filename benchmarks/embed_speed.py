@@ -1,4 +1,4 @@
-"""Benchmark: embedding speed of lealla_small against what users would otherwise pick.
+r"""Benchmark: embedding speed of lealla_small against what users would otherwise pick.
 
     python -m benchmarks.embed_speed --output_json=benchmarks/results/embed_speed.json \\
         --student=runs/recipe/export/lealla_small --teacher=runs/recipe/teacher

@@ -1,4 +1,4 @@
-"""Benchmark: the int8 TFLite export against the float32 SavedModel of the same student.
+r"""Benchmark: the int8 TFLite export against the float32 SavedModel of the same student.
 
     python -m benchmarks.int8_export --model_dir=runs/recipe/student \\
         --output_json=benchmarks/results/int8_export.json

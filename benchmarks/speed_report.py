@@ -1,4 +1,4 @@
-"""Benchmark: every speed figure of the speed issue from one command, in one JSON and one table.
+r"""Benchmark: every speed figure of the speed issue from one command, in one JSON and one table.
 
     python -m benchmarks.speed_report --recipe_dir=runs/recipe \\
         --output_json=benchmarks/results/speed_report.json

@@ -1,4 +1,4 @@
-"""Benchmark: the in-step teacher's pass (hd targets and FD/LD vectors), module against rebuilt network.
+r"""Benchmark: the in-step teacher's pass (hd targets and FD/LD vectors), module against rebuilt network.
 
     python -m benchmarks.teacher_pass --work_dir=runs/recipe \\
         --output_json=benchmarks/results/teacher_pass.json

@@ -1,4 +1,4 @@
-"""Benchmark: learn a vocabulary from all of ../shared/data/parallel, report on tatoeba_dev.
+r"""Benchmark: learn a vocabulary from all of ../shared/data/parallel, report on tatoeba_dev.
 
     python -m benchmarks.vocab_build --vocab_size=32000 --output_json=runs/vocab_wordpiece_32k.json
     python -m benchmarks.vocab_build --vocab_size=32000 --sentencepiece \\

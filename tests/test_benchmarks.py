@@ -38,6 +38,19 @@ def test_each_benchmark_runs_as_a_module_and_keeps_one_result():
     assert kept <= allowed, sorted(kept - allowed)
 
 
+def test_each_benchmarks_help_keeps_its_example_commands_line_continuations():
+    """A docstring's example command split with a backslash reads as one line in
+    --help unless the docstring is raw (the backslash and newline vanish)."""
+    import ast
+
+    for name in BENCHMARKS:
+        source = (REPO / "benchmarks" / f"{name}.py").read_text()
+        module = ast.parse(source)
+        docstring = ast.get_source_segment(source, module.body[0])
+        if docstring and "\\\n" in docstring:
+            assert docstring.startswith('r"""'), f"{name}: its docstring must be r\"\"\"...\"\"\""
+
+
 CHILD = textwrap.dedent("""
     import signal, sys, time
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))
