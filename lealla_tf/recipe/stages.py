@@ -504,8 +504,11 @@ def mine_stage(config: RecipeConfig, data_dir, sample_dir: str, bucc_dir: str,
     files = find_parallel_files([str(data_dir / "parallel")])
     available = []
     for language in config.bucc_languages:
-        pairs = [p for f in files if f.language == language for p in read_pairs(f.path)
-                 if p not in used]
+        in_data = [p for f in files if f.language == language for p in read_pairs(f.path)]
+        if not in_data:
+            print(f"skipping {language}: no {language}-eng pairs in {data_dir / 'parallel'}")
+            continue
+        pairs = [p for p in in_data if p not in used]
         try:
             for split, split_seed in (("training", config.seed), ("test", config.seed + 1)):
                 rows = build_bucc_like_split(pairs, config.bucc_gold, config.bucc_distractors,
