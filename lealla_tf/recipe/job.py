@@ -192,7 +192,8 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
             steps = training[STUDENT]["final_step"]
             plan = training[STUDENT]["plan"]
             if plan.get("planned"):
-                guard = 4 / 3 * (plan["start_seconds"] + steps * plan["seconds_per_step"]
+                start = plan.get("comparison_start_seconds", plan["start_seconds"])
+                guard = 4 / 3 * (start + steps * plan["seconds_per_step"]
                                  * COMPARISON_STEP_RATIO + (PLANNED_EVALUATIONS + 1)
                                  * plan["evaluation_seconds"]) / 60
         else:

@@ -23,8 +23,9 @@ PLANNED_EVALUATIONS = 5
 # The plan keeps this share of the budget in hand (the machine's speed drifts).
 PLAN_MARGIN = 0.05
 # The comparison's step (AMS alone, no teacher pass) over the student's (0.52 in
-# the main job on a 2-core Xeon: 0.61 s against 1.19), and the stages after
-# training (export, evaluations, mining, report) over the teacher's evaluation
+# a main job on a 2-core Xeon: 0.61 s against 1.19; 0.65 in another, 0.76 s
+# against 1.17, past the first step, which traces: 54 s and 61 s there), and the
+# stages after training (export, evaluations, mining, report) over the teacher's evaluation
 # stage, both measured in the main job's report (benchmarks/results/main_job.json),
 # with a margin: the plan scales them by what this machine measures.
 COMPARISON_STEP_RATIO = 0.6
@@ -65,8 +66,12 @@ class BudgetPlanner:
         left = budget * (1 - PLAN_MARGIN) - spent - self.after_training
         ratio = COMPARISON_STEP_RATIO if self.comparison else 0.0
         fixed = PLANNED_EVALUATIONS * evaluation
+        # The comparison's start: the student's, less its evaluation at step 0
+        # (counted with the others), plus its first step's tracing.
+        comparison_start = (max(0.0, measured["start_seconds"] - evaluation)
+                            + max(0.0, measured["step_seconds"][0] - per_step))
         if self.comparison:
-            fixed += measured["start_seconds"] + (PLANNED_EVALUATIONS + 1) * evaluation
+            fixed += comparison_start + (PLANNED_EVALUATIONS + 1) * evaluation
         steps = int((left - fixed + step * per_step) // (per_step * (1 + ratio)))
         steps = max(steps, PLANNED_WARMUP_STEPS + 1)
         own = (steps - step) * per_step + fixed
@@ -77,6 +82,7 @@ class BudgetPlanner:
                      self.config.global_batch_size / per_step,
                      "evaluation_seconds": evaluation,
                      "start_seconds": measured["start_seconds"],
+                     "comparison_start_seconds": comparison_start,
                      "comparison_step_ratio": ratio, "short": steps < SHORT_RUN_STEPS}
         print(f"\nplan: {per_step:.2f} s a step ({self.plan['pairs_per_second']:.1f} pairs/s); "
               f"budget {budget / 60:.0f} min, {spent / 60:.1f} spent, "

@@ -150,7 +150,8 @@ class Trainer:
         `planner`, for a run that decides its own length: called after each
         step with what has been measured (`step`, `train_seconds` of the steps
         so far, `step_seconds` of each, `evaluation_seconds` of the evaluation
-        at step 0 or None, `start_seconds` from this call to the first step);
+        at step 0 or None, `start_seconds` from this call to the start of its
+        first step, the evaluation at step 0 included);
         once it returns {"train_steps": n, ...} (and optionally `eval_every`,
         `checkpoint_every`), the run takes those settings, its learning-rate
         schedule decays to n, and `plan.json` in model_dir records them (a
@@ -189,7 +190,7 @@ class Trainer:
             evaluated = time.time()
             logs.evaluation(0, self.evaluate(), evaluations)
             evaluation_seconds = time.time() - evaluated
-        step_seconds, plan = [], None
+        step_seconds, plan, first_step_start = [], None, None
         bar = tqdm(total=config.train_steps, initial=steps_done, desc="training", unit="step",
                    disable=not self.progress, dynamic_ncols=True)
         window_start, window_steps = time.time(), 0
@@ -201,6 +202,8 @@ class Trainer:
                     reason = stopping
                     break
                 step_start = time.time()
+                if first_step_start is None:
+                    first_step_start = step_start
                 results = step_fn(next(iterator))
                 reduced = {k: float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None))
                            for k, v in results.items()}
@@ -227,7 +230,7 @@ class Trainer:
                     plan = planner({"step": steps_done, "train_seconds": train_seconds,
                                     "step_seconds": list(step_seconds),
                                     "evaluation_seconds": evaluation_seconds,
-                                    "start_seconds": step_start - started})
+                                    "start_seconds": first_step_start - started})
                     if plan is not None:
                         config = self._take_plan(plan, steps_done)
                         bar.total = config.train_steps

@@ -491,18 +491,21 @@ def test_the_plan_fits_both_students_and_the_later_stages_in_the_budget(tmp_path
                     "step_seconds": measured["step_seconds"][:at - 1]}) is None
     plan = planner({**measured, "step": at})
     # 40 min x 0.95 - 300 s spent - 185 s after training = 1795 s left; fixed: 5 evaluations
-    # of the student's + the comparison's start and 6 evaluations = 150 s; the student's
-    # steps already run are not paid again; a step is 2 s (the first `skip` not timed),
-    # the comparison's COMPARISON_STEP_RATIO of it: (1795 - 150 + at x 2) / (2 (1 + r)).
+    # of the student's + the comparison's start and 6 evaluations = 143 s, the start being
+    # the student's 40 s to its first step less its 10 s evaluation at step 0, plus the
+    # 3 s its first step took over the others (tracing); the student's steps already run
+    # are not paid again; a step is 2 s (the first `skip` not timed), the comparison's
+    # COMPARISON_STEP_RATIO of it: (1795 - 143 + at x 2) / (2 (1 + r)).
     ratio = COMPARISON_STEP_RATIO
-    steps = int((1795 - 150 + at * 2) // (2 * (1 + ratio)))
+    steps = int((1795 - 143 + at * 2) // (2 * (1 + ratio)))
     every = -(-steps // 5)  # five evaluations, the last one at the end
     assert plan["train_steps"] == steps and plan["eval_every"] == every
     assert plan["checkpoint_every"] == every
-    own = (steps - at) * 2.0 + 150.0
+    own = (steps - at) * 2.0 + 143.0
     assert plan["time_budget_minutes"] == pytest.approx((40 + at * 2 + 4 / 3 * own) / 60)
     recorded = json.loads((tmp_path / BUDGET_PLAN_FILE).read_text())
     assert recorded["train_steps"] == steps and recorded["pairs_per_second"] == 32.0
+    assert recorded["comparison_start_seconds"] == 33.0
     assert not recorded["short"] and recorded["spent_seconds"] >= 300.0
     alone = BudgetPlanner(RecipeConfig(time_budget_minutes=40), stages, 185.0, False,
                                  str(tmp_path))

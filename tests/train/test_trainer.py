@@ -158,6 +158,8 @@ def test_a_planner_sets_the_length_during_warmup(sentence_vocab_file, tiny_paral
     assert summary["final_step"] == 9 and [m["step"] for m in seen] == [1, 2, 3]
     assert len(seen[-1]["step_seconds"]) == 3 and seen[-1]["train_seconds"] > 0
     assert seen[-1]["start_seconds"] >= 0 and seen[-1]["evaluation_seconds"] is None
+    # The start is the time to the first step, the same at every call.
+    assert seen[0]["start_seconds"] == seen[-1]["start_seconds"]
     plan = json.load(open(tmp_path / "plan.json"))
     assert plan == {"train_steps": 9, "checkpoint_every": 3, "planned_at_step": 3}
     rates = [json.loads(line)["learning_rate"]
