@@ -125,5 +125,5 @@ def headline(report: dict) -> dict:
         figures["speed_student_over_teacher"] = speed
     figures["basis"] = ("Tatoeba: all pairs of every tatoeba_dev language, each model; news: "
                         "the held-out NTREX set, every model on the same pairs; speed: sentences a "
-                          "second, student over teacher, on the same sentences")
+                        "second, student over teacher, on the same sentences")
     return figures
