@@ -4,7 +4,13 @@ A file's language comes from its name, as in ../shared/data/parallel:
 `<code>-eng.tsv.gz`, where the code may carry a script, region or translation
 suffix (`aze-Latn`, `ber_Latn`, `deu-deu1912`, `pt-BR`). Two-letter ISO 639-1
 codes are mapped to ISO 639-3 so that one language from two corpora is one
-language for sampling and reports.
+language for sampling and reports; a name that gives no code is refused.
+
+No line is lost or mended without a word: `read_pairs` yields the well-formed
+pairs and counts every other line by kind, per file (`LineCounts`; over many
+files `CorpusCounts`, which `sample_pairs` fills for the main job's summary), and
+refuses a file with no well-formed pair. Faults in a user's file are
+`DataFileError`s (a ValueError) naming the file.
 
 May import: nothing else of lealla_tf.
 """
@@ -14,7 +20,7 @@ import gzip
 import io
 import os
 import re
-from typing import Dict, Iterator, List, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -39,9 +45,122 @@ ISO_639_1_TO_3 = {
 }
 
 _TSV_SUFFIXES = (".tsv.gz", ".tsv")
+# A language code as a file name gives it: ISO 639 (2 or 3 letters), or a longer
+# name such as `toki`; a letter first, ASCII letters and digits only.
+_LANGUAGE_CODE = re.compile(r"^[a-z][a-z0-9]{1,7}$")
 # Inside a directory only files named like pair files are taken, so that a
 # COUNTS.tsv or README beside them is not read as sentence pairs.
 _PAIR_FILE_SUFFIXES = ("-eng.tsv.gz", "-eng.tsv", "_eng.tsv.gz", "_eng.tsv")
+
+
+class DataFileError(ValueError):
+    """A user's data file that cannot be used as it is. The message names the
+    file (and the line, where one is at fault); `path` and `line` say the same."""
+
+    def __init__(self, message: str, path: str, line: Optional[int] = None):
+        super().__init__(message)
+        self.path, self.line = path, line
+
+
+# The kinds of line `read_pairs` skips, in the order they are reported, and how.
+SKIPPED_KINDS = {"no_tab": "with no tab", "extra_columns": "with more than two columns",
+                 "empty_side": "with an empty side", "not_utf8": "not UTF-8",
+                 "blank": "blank"}
+
+
+@dataclasses.dataclass
+class LineCounts:
+    """What `read_pairs` did with the lines of one file: pairs read, and each kind
+    of line skipped (`SKIPPED_KINDS`) with the number of its first line."""
+
+    path: str
+    pairs: int = 0
+    skipped_by_kind: Dict[str, int] = dataclasses.field(default_factory=dict)
+    first_line: Dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def skip(self, kind: str, line: int) -> None:
+        self.skipped_by_kind[kind] = self.skipped_by_kind.get(kind, 0) + 1
+        self.first_line.setdefault(kind, line)
+
+    @property
+    def skipped(self) -> int:
+        return sum(self.skipped_by_kind.values())
+
+    def as_dict(self) -> Dict[str, int]:
+        """{"pairs": n, kind: n for each kind skipped at least once}."""
+        return {"pairs": self.pairs, **{kind: self.skipped_by_kind[kind]
+                                        for kind in SKIPPED_KINDS if kind in self.skipped_by_kind}}
+
+    def describe(self) -> str:
+        """"3 lines skipped: 2 with no tab (line 1), 1 blank (line 4)", or "no line skipped"."""
+        if not self.skipped:
+            return "no line skipped"
+        return (f"{_lines(self.skipped)} skipped: "
+                + ", ".join(f"{self.skipped_by_kind[kind]} {SKIPPED_KINDS[kind]} "
+                            f"(line {self.first_line[kind]})"
+                            for kind in SKIPPED_KINDS if kind in self.skipped_by_kind))
+
+
+class CorpusCounts:
+    """`LineCounts` of each file of one read over many files (`sample_pairs`'s
+    `line_counts`): `files` {path: LineCounts}, totals, and `as_dict()` for a
+    report (JSON), `describe()` for a log or summary line."""
+
+    def __init__(self):
+        self.files: Dict[str, LineCounts] = {}
+
+    def file(self, path: str) -> LineCounts:
+        """The counts of `path`, new (and kept) on first use."""
+        return self.files.setdefault(path, LineCounts(path))
+
+    @property
+    def pairs(self) -> int:
+        return sum(counts.pairs for counts in self.files.values())
+
+    @property
+    def skipped(self) -> int:
+        return sum(counts.skipped for counts in self.files.values())
+
+    def as_dict(self) -> dict:
+        """{"files", "pairs", "skipped_lines", "skipped_by_kind": {kind: n},
+        "files_with_skipped_lines": {path: {kind: n}}} (kinds skipped at least once)."""
+        by_kind = {}
+        for counts in self.files.values():
+            for kind, number in counts.skipped_by_kind.items():
+                by_kind[kind] = by_kind.get(kind, 0) + number
+        return {"files": len(self.files), "pairs": self.pairs, "skipped_lines": self.skipped,
+                "skipped_by_kind": {kind: by_kind[kind] for kind in SKIPPED_KINDS
+                                    if kind in by_kind},
+                "files_with_skipped_lines": {
+                    path: {kind: number for kind, number in counts.as_dict().items()
+                           if kind != "pairs"}
+                    for path, counts in sorted(self.files.items()) if counts.skipped}}
+
+    def describe(self) -> str:
+        return describe_corpus_counts(self.as_dict())
+
+
+def _lines(number: int) -> str:
+    return f"{number:,} line{'' if number == 1 else 's'}"
+
+
+def describe_corpus_counts(record: dict, most_files: int = 5) -> str:
+    """One line of `CorpusCounts.as_dict()`'s record: "corpus: 40 pairs from 2 files;
+    3 lines skipped in 1 file: 2 with no tab, 1 not UTF-8 (fra-eng.tsv: 3)"."""
+    files = record["files"]
+    head = f"corpus: {record['pairs']:,} pairs from {files:,} file{'' if files == 1 else 's'}"
+    if not record["skipped_lines"]:
+        return head + "; no line skipped"
+    named = record["files_with_skipped_lines"]
+    worst = sorted(named, key=lambda path: (-sum(named[path].values()), path))
+    listed = ", ".join(f"{os.path.basename(path)}: {sum(named[path].values()):,}"
+                       for path in worst[:most_files])
+    more = f", and {len(worst) - most_files} more" if len(worst) > most_files else ""
+    return (f"{head}; {_lines(record['skipped_lines'])} skipped in {len(named):,} "
+            f"file{'' if len(named) == 1 else 's'}: "
+            + ", ".join(f"{number:,} {SKIPPED_KINDS.get(kind, kind)}"
+                        for kind, number in record["skipped_by_kind"].items())
+            + f" ({listed}{more})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +175,8 @@ def language_of(path: str) -> str:
     """Language code of a parallel or Tatoeba file, from its name.
 
     `ntrex/aze-Latn-eng.tsv.gz` -> "aze", `tico19/pt-BR-eng.tsv.gz` -> "por",
-    `tatoeba.afr-eng.afr` -> "afr".
+    `tatoeba.afr-eng.afr` -> "afr". A name that gives no code (`..-eng.tsv.gz`,
+    `12-eng.tsv`) raises `DataFileError` naming the file.
     """
     name = os.path.basename(path)
     match = re.match(r"^tatoeba\.([^.]+)-eng\.", name)
@@ -71,6 +191,10 @@ def language_of(path: str) -> str:
             name = name[:-4]
         code = re.split(r"[-_.]", name)[0]
     code = code.lower()
+    if not _LANGUAGE_CODE.match(code):
+        raise DataFileError(
+            f"{path}: the file name gives no language code ({code!r}): name a parallel file "
+            "<code>-eng.tsv[.gz], <code> an ISO 639 code such as deu, fra or pt-BR", path)
     return ISO_639_1_TO_3.get(code, code)
 
 
@@ -80,7 +204,8 @@ def find_parallel_files(patterns: Sequence[str]) -> List[ParallelFile]:
     In a directory, the files named `<code>-eng.tsv[.gz]` are taken; a file or
     glob given explicitly is taken whatever its name.
 
-    Raises FileNotFoundError naming each pattern that matched nothing.
+    Raises FileNotFoundError naming each pattern that matched nothing, and
+    DataFileError naming a file whose name gives no language code.
     """
     if isinstance(patterns, str):
         patterns = [p for p in patterns.split(",") if p]
@@ -100,8 +225,8 @@ def find_parallel_files(patterns: Sequence[str]) -> List[ParallelFile]:
     return [ParallelFile(path, language_of(path)) for path in sorted(set(found))]
 
 
-def open_text(path: str):
-    """A text reader for a plain or gzip'd UTF-8 file (undecodable bytes replaced)."""
+def open_bytes(path: str):
+    """A binary reader for a plain or gzip'd file, local or remote."""
     if "://" in path:
         # Remote file systems (gs://, s3://) through TensorFlow; GFile is not an
         # io.RawIOBase, so read it whole (parallel files are shards of MBs).
@@ -111,35 +236,72 @@ def open_text(path: str):
         raw = open(path, "rb")
     if path.endswith(".gz"):
         raw = gzip.GzipFile(fileobj=raw)
-    return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n")
+    return raw
+
+
+def open_text(path: str):
+    """A text reader for a plain or gzip'd UTF-8 file (undecodable bytes replaced;
+    `read_pairs` skips and counts such lines instead)."""
+    return io.TextIOWrapper(open_bytes(path), encoding="utf-8", errors="replace",
+                            newline="\n")
 
 
 def _lines_naming(path: str, handle):
-    """The lines of `handle`; a corrupt compressed file raises ValueError naming `path`."""
+    """The lines of `handle`; a corrupt compressed file raises DataFileError naming `path`."""
     import zlib
 
     try:
         yield from handle
     except (OSError, EOFError, zlib.error) as error:
-        raise ValueError(f"{path}: unreadable or corrupt file ({error})") from None
+        raise DataFileError(f"{path}: unreadable or corrupt file ({error})", path) from None
 
 
-def read_pairs(path: str, stats: dict = None) -> Iterator[Tuple[str, str]]:
-    """Yields `(source, english)` for each well-formed line of a TSV file.
+def read_pairs(path: str, stats: Optional[dict] = None,
+               counts: Optional[LineCounts] = None) -> Iterator[Tuple[str, str]]:
+    """Yields `(source, english)` for each well-formed line of a TSV file:
+    UTF-8, exactly one tab, neither side blank (a line ends in LF or CRLF).
 
-    A line without a tab or with an empty side is skipped and counted in
-    `stats["malformed"]` (if `stats` is given), never silently lost.
+    Every other line is skipped and counted by kind (`SKIPPED_KINDS`: no tab,
+    more than two columns, an empty side, not UTF-8, blank) in `counts`, with
+    its first line number; none is repaired. `stats` (a dict, kept across
+    files) gets the totals `pairs` and `malformed`. A file with no well-formed
+    pair raises `DataFileError` naming it and what its lines were.
     """
-    with open_text(path) as f:
-        for line in _lines_naming(path, f):
-            source, tab, target = line.rstrip("\n").rstrip("\r").partition("\t")
-            if not tab or not source.strip() or not target.strip():
-                if stats is not None:
-                    stats["malformed"] = stats.get("malformed", 0) + 1
+    counts = counts if counts is not None else LineCounts(path)
+    before = counts.pairs, counts.skipped
+    number = 0
+    with open_bytes(path) as f:
+        for number, raw in enumerate(_lines_naming(path, f), 1):
+            kind = None
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                kind = "not_utf8"
+            else:
+                line = line.rstrip("\n").rstrip("\r")
+                columns = line.split("\t")
+                if not line.strip():
+                    kind = "blank"
+                elif len(columns) == 1:
+                    kind = "no_tab"
+                elif len(columns) > 2:
+                    kind = "extra_columns"
+                elif not columns[0].strip() or not columns[1].strip():
+                    kind = "empty_side"
+            if kind:
+                counts.skip(kind, number)
                 continue
-            if stats is not None:
-                stats["pairs"] = stats.get("pairs", 0) + 1
-            yield source, target
+            counts.pairs += 1
+            yield columns[0], columns[1]
+    pairs, skipped = counts.pairs - before[0], counts.skipped - before[1]
+    if stats is not None:
+        stats["pairs"] = stats.get("pairs", 0) + pairs
+        if skipped:
+            stats["malformed"] = stats.get("malformed", 0) + skipped
+    if not pairs:
+        raise DataFileError(f"{path}: no well-formed pairs (source<TAB>English, both "
+                            "non-empty): " + (counts.describe() if number else
+                                              "the file is empty"), path)
 
 
 def find_tatoeba_languages(tatoeba_dir: str) -> List[str]:
@@ -200,13 +362,16 @@ def language_sampling_probabilities(sizes: Dict[str, int], alpha: float) -> Dict
 
 def sample_pairs(files: Sequence[ParallelFile], num_pairs: int, output_dir: str,
                  alpha: float = 0.3, seed: int = 0, exclude: Sequence[str] = (),
-                 min_per_language: int = 1) -> dict:
+                 min_per_language: int = 1,
+                 line_counts: Optional[CorpusCounts] = None) -> dict:
     """Writes a language-balanced sample of pairs as `<lang>-eng.tsv.gz` files.
 
     Languages get shares q_l ∝ n_l^alpha (temperature sampling), each at
     least `min_per_language` pairs and at most all it has; pairs are drawn
     without replacement. Pairs with a side in `exclude` (a set of sentences)
-    are never drawn.
+    are never drawn. Each file's lines are counted in `line_counts` (what was
+    read and skipped, `CorpusCounts`); a file with no well-formed pair raises
+    `DataFileError` naming it (`read_pairs`).
 
     Returns {language: pairs written}.
     """
@@ -217,9 +382,11 @@ def sample_pairs(files: Sequence[ParallelFile], num_pairs: int, output_dir: str,
     import numpy as np
 
     excluded = set(exclude)
+    line_counts = line_counts if line_counts is not None else CorpusCounts()
     by_language = collections.defaultdict(list)
     for parallel_file in files:
-        for source, english in read_pairs(parallel_file.path):
+        for source, english in read_pairs(parallel_file.path,
+                                          counts=line_counts.file(parallel_file.path)):
             if source not in excluded and english not in excluded:
                 by_language[parallel_file.language].append((source, english))
     sizes = {lang: len(pairs) for lang, pairs in by_language.items() if pairs}

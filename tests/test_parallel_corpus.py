@@ -40,8 +40,9 @@ def test_read_pairs_counts_malformed_lines(tmp_path):
         f.write(b"\xff bad bytes\tstill english\n")
     stats = {}
     pairs = list(read_pairs(path, stats))
-    assert pairs == [("a", "b"), ("c", "d"), ("\ufffd bad bytes", "still english")]
-    assert stats == {"pairs": 3, "malformed": 3}
+    # Bytes that are not UTF-8 were replaced by U+FFFD and the pair kept; skipped now.
+    assert pairs == [("a", "b"), ("c", "d")]
+    assert stats == {"pairs": 2, "malformed": 4}
 
 
 def test_tatoeba_reading(tiny_tatoeba_dir, tmp_path):
@@ -67,3 +68,100 @@ def test_sample_pairs_balances_and_excludes(tmp_path):
     pairs = list(read_pairs(str(tmp_path / "out" / "xho-eng.tsv.gz")))
     assert len(pairs) == 99 and ("xh 3", "en x3") not in pairs
     assert len(set(pairs)) == 99
+
+
+# === Issue 51, item 4: no line of a user's corpus vanishes without a count ===
+
+def write_lines(path, raw: bytes, gz: bool = False):
+    import gzip
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(raw) if gz else raw)
+    return str(path)
+
+
+def test_every_line_skipped_is_counted_by_kind_per_file(tmp_path):
+    """Lines with no tab vanished, a third column rode into the English side and
+    bytes that are not UTF-8 became U+FFFD, all without a count."""
+    from lealla_tf.parallel_corpus import LineCounts
+
+    path = write_lines(tmp_path / "deu-eng.tsv",
+                       b"a\tb\nno tab here\n\tempty source\n\nx\ty\tz\n"
+                       b"\xff bad bytes\tstill english\nc\td\r\n")
+    counts = LineCounts(path)
+    assert list(read_pairs(path, counts=counts)) == [("a", "b"), ("c", "d")]
+    assert counts.as_dict() == {"pairs": 2, "no_tab": 1, "extra_columns": 1,
+                                "empty_side": 1, "not_utf8": 1, "blank": 1}
+    assert counts.skipped == 5 and counts.first_line["not_utf8"] == 6
+    assert counts.describe() == ("5 lines skipped: 1 with no tab (line 2), 1 with more than "
+                                 "two columns (line 5), 1 with an empty side (line 3), 1 not "
+                                 "UTF-8 (line 6), 1 blank (line 4)")
+
+
+def test_a_third_column_is_not_carried_into_the_pair(tmp_path):
+    path = write_lines(tmp_path / "fra-eng.tsv.gz", b"chat\tcat\nchien\tdog\t0.93\n", gz=True)
+    assert list(read_pairs(path)) == [("chat", "cat")]
+
+
+def test_bytes_that_are_not_utf8_are_skipped_not_replaced(tmp_path):
+    path = write_lines(tmp_path / "fra-eng.tsv", b"chat\tcat\nch\xe9ri\tdarling\n")
+    stats = {}
+    assert list(read_pairs(path, stats)) == [("chat", "cat")]
+    assert stats == {"pairs": 1, "malformed": 1}
+
+
+def test_a_file_with_no_usable_line_is_refused_naming_it(tmp_path):
+    """A main job on files whose lines had no tab exited 0, trained on the rest."""
+    from lealla_tf.parallel_corpus import DataFileError, sample_pairs
+
+    write_pairs(tmp_path / "in", "deu", [(f"de {i}", f"en {i}") for i in range(50)])
+    bad = write_lines(tmp_path / "in" / "fra-eng.tsv.gz",
+                      b"no tab\nstill none\nchien\tdog\t1\n", gz=True)
+    with pytest.raises(DataFileError) as raised:
+        list(read_pairs(bad))
+    assert raised.value.path == bad
+    assert str(raised.value) == (
+        f"{bad}: no well-formed pairs (source<TAB>English, both non-empty): 3 lines "
+        "skipped: 2 with no tab (line 1), 1 with more than two columns (line 3)")
+    with pytest.raises(DataFileError, match="fra-eng.tsv.gz: no well-formed pairs"):
+        sample_pairs(find_parallel_files([str(tmp_path / "in")]), 20, str(tmp_path / "out"))
+    empty = write_lines(tmp_path / "empty" / "ita-eng.tsv", b"")
+    with pytest.raises(DataFileError, match=f"{empty}: no well-formed pairs .*: the file is "
+                                            "empty"):
+        list(read_pairs(empty))
+
+
+@pytest.mark.parametrize("name", ["..-eng.tsv.gz", "-eng.tsv", "_eng.tsv.gz", "12-eng.tsv",
+                                  "x-eng.tsv"])
+def test_a_file_whose_name_gives_no_language_is_refused_naming_it(tmp_path, name):
+    """`..-eng.tsv.gz` became language "", sampled and reported as such."""
+    from lealla_tf.parallel_corpus import DataFileError
+
+    path = write_lines(tmp_path / "in" / name, b"a\tb\n")
+    for pattern in (str(tmp_path / "in"), path):
+        with pytest.raises(DataFileError, match="no language code") as raised:
+            find_parallel_files([pattern])
+        assert raised.value.path == path and name in str(raised.value)
+
+
+def test_sample_pairs_counts_what_it_skipped_in_each_file(tmp_path):
+    from lealla_tf.parallel_corpus import CorpusCounts, sample_pairs
+
+    good = write_pairs(tmp_path / "in", "deu", [(f"de {i}", f"en {i}") for i in range(30)])
+    odd = write_lines(tmp_path / "in" / "fra-eng.tsv",
+                      "".join(f"fr {i}\ten {i}\n" for i in range(10)).encode()
+                      + b"no tab\nfr x\ten x\textra\n\xfe\tbad\n")
+    corpus = CorpusCounts()
+    written = sample_pairs(find_parallel_files([str(tmp_path / "in")]), 20,
+                           str(tmp_path / "out"), line_counts=corpus)
+    assert sum(written.values()) >= 20
+    assert corpus.pairs == 40 and corpus.skipped == 3
+    assert corpus.files[good].skipped == 0 and corpus.files[odd].as_dict()["no_tab"] == 1
+    record = corpus.as_dict()
+    assert record == {"files": 2, "pairs": 40, "skipped_lines": 3,
+                      "skipped_by_kind": {"no_tab": 1, "extra_columns": 1, "not_utf8": 1},
+                      "files_with_skipped_lines": {odd: {"no_tab": 1, "extra_columns": 1,
+                                                         "not_utf8": 1}}}
+    assert corpus.describe() == (
+        "corpus: 40 pairs from 2 files; 3 lines skipped in 1 file: 1 with no tab, 1 with more "
+        f"than two columns, 1 not UTF-8 (fra-eng.tsv: 3)")
