@@ -13,8 +13,11 @@ neighbour both ways, averaged over directions, then languages) is under the key
 
 Inputs are checked before the model is loaded: a Tatoeba language with one file
 of its two, or a BUCC split whose `.gold` file is missing, empty or names ids
-that are in neither sentence file, exits 2 naming the file (such a fault would
-otherwise change the average or the recall without a word).
+that are in neither sentence file, or a BUCC file that holds one id twice, exits 2
+naming the file (and the line and id); such a fault would otherwise change the
+average, the recall or the F1 without a word. Each BUCC F1 is printed with the
+gold pairs behind it (`bucc/<lang>/gold_pairs` in the JSON), with a caveat under
+100.
 """
 
 if __name__ == "__main__":  # before TensorFlow and Beam load (lealla_tf.progress)
@@ -63,8 +66,9 @@ def main(argv=None) -> int:
 
     from lealla_tf.inference.embedder import load_embedder
     from lealla_tf.evaluation.retrieval import (TATOEBA_PRIMARY_METRIC, evaluate_bucc,
-                                                format_tatoeba_table, per_language,
-                                                read_bucc_split, tatoeba_with_margin)
+                                                format_tatoeba_table, gold_pairs_note,
+                                                per_language, read_bucc_split,
+                                                tatoeba_with_margin)
     from lealla_tf.parallel_corpus import find_tatoeba_languages
     from lealla_tf.evaluation.plots import plot_per_language
 
@@ -107,7 +111,8 @@ def main(argv=None) -> int:
     for language in languages if args.bucc_dir else []:
         print(f"BUCC {language}: P {100 * metrics[f'bucc/{language}/precision']:.1f} "
               f"R {100 * metrics[f'bucc/{language}/recall']:.1f} "
-              f"F1 {100 * metrics[f'bucc/{language}/f1']:.1f}")
+              f"F1 {100 * metrics[f'bucc/{language}/f1']:.1f} "
+              f"({gold_pairs_note(metrics[f'bucc/{language}/gold_pairs'])})")
     print(f"{TATOEBA_PRIMARY_METRIC} = {metrics[TATOEBA_PRIMARY_METRIC]:.4f}  -> "
           f"{args.output_json}, {plot}")
     return 0

@@ -186,7 +186,9 @@ def evaluate_news(embedder, news_dir: str, languages: Sequence[str],
                   count_tokens: Callable[[List[str]], np.ndarray]) -> Dict[str, float]:
     """Both news evaluations of one model: `news/<lang>/{precision,recall,f1,
     threshold}` and `news/average_f1` (BUCC protocol, ratio margin, threshold
-    from the training half), and `news_length/...` (see `p_at_1_by_length`)."""
+    from the training half) with the gold pairs behind them (`news/<lang>/gold_pairs`,
+    `news/gold_pairs`: the test halves'), and `news_length/...` (see
+    `p_at_1_by_length`)."""
     from lealla_tf.evaluation.retrieval import BUCC_AVERAGE_F1, evaluate_bucc
 
     cached = CachedEmbedder(embedder)

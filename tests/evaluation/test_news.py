@@ -74,22 +74,42 @@ def test_p_at_1_by_band_counts_every_pair_once_on_the_same_pairs(tmp_path):
     assert metrics["news_length/1-15/pairs"] == pairs  # 3-4 words each here
 
 
+class Counting:
+    """A sentence's number as one-hot on a positive floor (margins need positive
+    neighbours): every pair found; `calls` holds every sentence embedded."""
+
+    dimension = 256
+
+    def __init__(self):
+        self.calls = []
+
+    def encode(self, sentences, *args, **kwargs):
+        self.calls.extend(sentences)
+        rows = np.full((len(sentences), self.dimension), 0.05, np.float32)
+        for row, sentence in zip(rows, sentences):
+            row[int(sentence.split()[2])] = 1.0
+        return rows
+
+
+def count_words(sentences):
+    return np.array([len(s.split()) for s in sentences])
+
+
 def test_the_news_evaluation_embeds_each_distinct_sentence_once(tmp_path):
     news_set.write_news_set(news_dir(tmp_path), str(tmp_path / "out"), ["deu", "fra"])
-    calls = []
-
-    class Counting:  # one-hot on a positive floor: margins need positive neighbours
-        dimension = 256
-
-        def encode(self, sentences, *args, **kwargs):
-            calls.extend(sentences)
-            rows = np.full((len(sentences), self.dimension), 0.05, np.float32)
-            for row, sentence in zip(rows, sentences):
-                row[int(sentence.split()[2])] = 1.0
-            return rows
-
-    metrics = news_set.evaluate_news(
-        Counting(), str(tmp_path / "out"), ["deu", "fra"],
-        lambda sentences: np.array([len(s.split()) for s in sentences]))
+    embedder = Counting()
+    metrics = news_set.evaluate_news(embedder, str(tmp_path / "out"), ["deu", "fra"], count_words)
+    calls = embedder.calls
     assert len(calls) == len(set(calls)) == metrics["news/sentences"]
     assert metrics[news_set.NEWS_PRIMARY_METRIC] == pytest.approx(1.0)
+
+
+def test_the_news_f1_states_the_gold_pairs_behind_it(tmp_path):
+    """A tiny job's news F1 (and its ratio to the teacher's) came from 2 gold
+    pairs, and nothing said so."""
+    summary = news_set.write_news_set(news_dir(tmp_path), str(tmp_path / "out"), ["deu", "fra"])
+    metrics = news_set.evaluate_news(Counting(), str(tmp_path / "out"), ["deu", "fra"],
+                                     count_words)
+    for language in ("deu", "fra"):
+        assert metrics[f"news/{language}/gold_pairs"] == summary["gold"][language]["test"]
+    assert metrics["news/gold_pairs"] == sum(g["test"] for g in summary["gold"].values())

@@ -246,3 +246,108 @@ def test_bucc_gold_faults_are_named(tmp_path):
     gold.unlink()
     with pytest.raises(FileNotFoundError, match=f"BUCC gold file {gold} not found"):
         evaluate_bucc(OracleEmbedder(pairs), str(tmp_path), ["deu"])
+
+
+# === Issue 51, item 6: a BUCC id names one sentence; every F1 states its gold ===
+
+def bucc_split_files(tmp_path, gold=20, distractors=20):
+    pairs = real_or_fixture_pairs(count=300)
+    for split, seed in (("training", 1), ("test", 2)):
+        rows = build_bucc_like_split(pairs, num_gold=gold, num_distractors=distractors,
+                                     seed=seed)
+        write_bucc_split(str(tmp_path), "deu", split, *rows)
+    return pairs
+
+
+def test_a_duplicated_bucc_id_is_refused_naming_the_file_and_the_id(tmp_path):
+    """A sentence file holding one id twice was read, and F1 moved (60.0 to 72.7
+    in the probe): a candidate of either sentence counted for the gold id."""
+    from lealla_tf.parallel_corpus import DataFileError
+
+    bucc_split_files(tmp_path)
+    english = tmp_path / "deu-en.test.en"
+    lines = english.read_text(encoding="utf-8").splitlines()
+    first_id = lines[0].split("\t")[0]
+    english.write_text("\n".join(lines + [f"{first_id}\tA different sentence."]) + "\n",
+                       encoding="utf-8")
+    with pytest.raises(DataFileError) as raised:
+        read_bucc_split(str(tmp_path), "deu", "test")
+    assert raised.value.path == str(english) and raised.value.line == len(lines) + 1
+    assert str(raised.value) == (f"BUCC sentence file {english}: line {len(lines) + 1}: id "
+                                 f"{first_id!r} again (first on line 1): each id names one "
+                                 "sentence")
+    with pytest.raises(DataFileError, match=first_id):
+        evaluate_bucc(OracleEmbedder(real_or_fixture_pairs(count=300)), str(tmp_path), ["deu"])
+
+
+def test_a_bucc_sentence_line_that_is_not_id_tab_sentence_is_refused(tmp_path):
+    from lealla_tf.parallel_corpus import DataFileError
+
+    bucc_split_files(tmp_path)
+    source = tmp_path / "deu-en.training.deu"
+    source.write_bytes(source.read_bytes() + b"\nno tab on this line\n")
+    with pytest.raises(DataFileError, match=f"{source}: line 42 is not id<TAB>sentence"):
+        read_bucc_split(str(tmp_path), "deu", "training")
+    source.write_bytes(source.read_bytes().replace(b"no tab on this line", b"s-x\t\xff"))
+    with pytest.raises(DataFileError, match=f"{source}: line 42 is not UTF-8"):
+        read_bucc_split(str(tmp_path), "deu", "training")
+
+
+def test_a_gold_id_paired_twice_is_refused(tmp_path):
+    from lealla_tf.parallel_corpus import DataFileError
+
+    bucc_split_files(tmp_path)
+    gold = tmp_path / "deu-en.test.gold"
+    lines = gold.read_text().splitlines()
+    source_id, english_id = lines[0].split("\t")
+    other_english = lines[1].split("\t")[1]
+    gold.write_text("\n".join(lines + [lines[0], f"{source_id}\t{other_english}"]) + "\n")
+    with pytest.raises(DataFileError) as raised:
+        read_bucc_split(str(tmp_path), "deu", "test")
+    assert raised.value.path == str(gold)
+    message = str(raised.value)
+    assert f"line 21: source id {source_id!r} again (first on line 1)" in message
+    assert f"line 21: English id {english_id!r} again (first on line 1)" in message
+    assert f"line 22: source id {source_id!r} again (first on line 1)" in message
+    assert f"line 22: English id {other_english!r} again (first on line 2)" in message
+
+
+def test_every_bucc_f1_states_its_gold_pairs(tmp_path):
+    pairs = bucc_split_files(tmp_path, gold=30)
+    metrics = evaluate_bucc(OracleEmbedder(pairs), str(tmp_path), ["deu"])
+    assert metrics["bucc/deu/gold_pairs"] == 30 and metrics["bucc/gold_pairs"] == 30
+    assert metrics["bucc/deu/training_gold_pairs"] == 30
+
+
+def test_evaluate_refuses_a_duplicated_bucc_id_in_one_line(tmp_path, tiny_tatoeba_dir, capsys):
+    from conftest import assert_one_line_stderr
+    from lealla_tf.cli.evaluate import main
+
+    bucc_split_files(tmp_path / "bucc")
+    source = tmp_path / "bucc" / "deu-en.training.deu"
+    first = source.read_text(encoding="utf-8").splitlines()[0]
+    source.write_text(source.read_text(encoding="utf-8") + first + "\n", encoding="utf-8")
+    code = main([f"--model={tmp_path / 'no model'}", f"--tatoeba_dir={tiny_tatoeba_dir}",
+                 f"--output_json={tmp_path / 'e.json'}", f"--bucc_dir={tmp_path / 'bucc'}",
+                 "--bucc_languages=deu", "--no_progress"])
+    assert_one_line_stderr(code, capsys.readouterr().err, str(source),
+                           repr(first.split("\t")[0]))
+
+
+def test_evaluate_prints_the_gold_pairs_behind_each_bucc_f1(tmp_path, tiny_tatoeba_dir,
+                                                            monkeypatch, capsys):
+    from lealla_tf.cli import evaluate
+
+    pairs = bucc_split_files(tmp_path / "bucc", gold=12, distractors=10)
+    monkeypatch.setattr("lealla_tf.inference.embedder.load_embedder",
+                        lambda model: OracleEmbedder(pairs + [p for ps in TINY_PAIRS.values()
+                                                              for p in ps]))
+    assert evaluate.main(["--model=oracle", f"--tatoeba_dir={tiny_tatoeba_dir}",
+                          f"--output_json={tmp_path / 'e.json'}",
+                          f"--bucc_dir={tmp_path / 'bucc'}", "--bucc_languages=deu",
+                          "--no_progress"]) == 0
+    out = capsys.readouterr().out
+    line = [l for l in out.splitlines() if l.startswith("BUCC deu")][0]
+    assert "over 12 gold pairs" in line and "few" in line
+    metrics = json.loads((tmp_path / "e.json").read_text())["metrics"]
+    assert metrics["bucc/deu/gold_pairs"] == 12
