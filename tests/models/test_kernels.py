@@ -358,3 +358,102 @@ def test_a_killed_builds_partial_library_is_removed_by_the_next_build(copying_co
     assert ours_running.exists() and all(path.exists() for path in not_ours)
     assert kernels.valid(library)
     assert not list(cache.glob(f"{kernels.BUILD_PREFIX}*-*.so.sha256*"))
+
+
+# === A cache another user can write is never loaded from ===
+
+PLANTED = r"""
+#include <stdio.h>
+__attribute__((constructor)) static void planted(void) {
+    FILE *f = fopen("%s", "w");
+    if (f) { fputs("planted code ran\n", f); fclose(f); }
+}
+"""
+
+
+def plant(path: pathlib.Path, marker: pathlib.Path) -> None:
+    """A library at `path` whose constructor writes `marker`, with the size and
+    sha256 a build would have written beside it."""
+    source = path.with_name("planted.c")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    source.write_text(PLANTED % marker)
+    subprocess.run(["gcc", "-shared", "-fPIC", str(source), "-o", str(path)], check=True)
+    source.unlink()
+    kernels.checksum_path(path).write_text(kernels._fingerprint(path) + "\n")
+
+
+def planted_library(monkeypatch, cache=None, xdg=None):
+    """The environment of a cache (`$LEALLA_TF_KERNEL_CACHE`, or under
+    `$XDG_CACHE_HOME`) and the predictable path a planted library takes there."""
+    environment = {k: v for k, v in os.environ.items() if k not in (kernels.CACHE,
+                                                                    "XDG_CACHE_HOME")}
+    monkeypatch.delenv(kernels.CACHE, raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    if cache is not None:
+        environment[kernels.CACHE] = str(cache)
+        monkeypatch.setenv(kernels.CACHE, str(cache))
+    if xdg is not None:
+        environment["XDG_CACHE_HOME"] = str(xdg)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    return environment, kernels.library_path()
+
+
+@pytest.mark.parametrize("where", ["cache", "xdg"])
+def test_a_planted_library_in_a_folder_others_can_write_never_runs(tmp_path, monkeypatch,
+                                                                   where):
+    """`$LEALLA_TF_KERNEL_CACHE` (or `$XDG_CACHE_HOME`) at a world-writable folder: a
+    library planted there under the predictable name, its checksum beside it, ran its
+    constructor inside training. The folder is now refused before anything is
+    loaded: training falls back with one warning naming the folder, and
+    `python -m lealla_tf.models.kernels --strict` exits 1 naming it."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    marker = tmp_path / "planted-code-ran"
+    environment, library = planted_library(monkeypatch, **{where: shared})
+    plant(library, marker)
+    shared.chmod(0o777)  # anyone may write here (no sticky bit)
+    script = ("from lealla_tf.models import kernels\n"
+              "print('available', kernels.available(), kernels.usable())\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=environment, timeout=300)
+    assert not marker.exists(), "the planted library's code ran"
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "available False False" in done.stdout
+    lines = warnings(done.stderr)
+    assert len(lines) == 1 and str(shared) in lines[0] and "other users can write" in lines[0], \
+        done.stderr
+    done = run_kernels(environment, "--strict")
+    assert not marker.exists(), "the planted library's code ran"
+    assert done.returncode == 1 and str(shared) in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("fault", ["group_writable", "symlink", "foreign_owner"])
+def test_a_cached_library_others_could_have_written_is_rebuilt_not_loaded(
+        copying_compiler, tmp_path, fault):
+    """In a folder of our own, a library file another user could have written (or
+    a symlink to one elsewhere) is not loaded even with a matching checksum: it
+    is rebuilt, with one warning line naming it."""
+    environment, library = copying_compiler["env"], copying_compiler["library"]
+    marker = tmp_path / "planted-code-ran"
+    if fault == "symlink":
+        elsewhere = tmp_path / "elsewhere" / library.name
+        plant(elsewhere, marker)
+        library.parent.mkdir(parents=True)
+        library.symlink_to(elsewhere)
+        kernels.checksum_path(library).write_text(kernels._fingerprint(elsewhere) + "\n")
+    else:
+        plant(library, marker)
+        if fault == "group_writable":
+            library.chmod(0o775)
+        else:
+            if os.geteuid() != 0:
+                pytest.skip("only root can give a file to another user")
+            os.chown(library, 65534, 65534)
+    done = run_kernels(environment, "--strict")
+    assert not marker.exists(), "the planted library's code ran"
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = warnings(done.stderr)
+    assert len(lines) == 1 and str(library) in lines[0] and "rebuilding" in lines[0], done.stderr
+    assert not library.is_symlink()
+    assert library.read_bytes() == copying_compiler["real"].read_bytes()
+    assert kernels.valid(library)

@@ -28,7 +28,19 @@ source, TensorFlow's version and flags, the compiler and the processor, so a
 changed source, TensorFlow or machine builds anew. Each library has its size and
 sha256 written beside it (`<library>.sha256`) and is loaded only when both match,
 so a truncated or foreign file is rebuilt (with one warning line), never loaded;
-a library that lacks the ops is refused. A build killed midway leaves
+a library that lacks the ops is refused.
+
+Loading a library runs its code, and its name is predictable, so nothing is
+loaded from where another user could have put it. Before anything is opened,
+the cache folder and every folder above it must belong to this user or root,
+and no other user may write the cache folder (nor a folder above it, unless its
+sticky bit is set, as /tmp's is): otherwise the kernels are refused with one
+line naming the folder, and training runs without them. In the cache, the
+library and its checksum must be regular files of this user (or root) that no
+other user can write, opened without following a symlink; anything else is
+rebuilt. The library is then loaded through the very descriptor that was
+checked and hashed (`/proc/self/fd/N`), so it cannot be swapped in between. A
+build killed midway leaves
 `fused_layers-build-<pid>-*.so`, removed by the next build once that pid has
 gone. `LEALLA_TF_FUSED_KERNELS=0`
 turns them off; so does a machine without a C++ compiler (`$CXX`, default
@@ -42,6 +54,7 @@ import os
 import pathlib
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -143,25 +156,152 @@ def checksum_path(path: pathlib.Path) -> pathlib.Path:
     return path.with_name(path.name + ".sha256")
 
 
+def _fingerprint_fd(fd: int) -> str:
+    digest, offset = hashlib.sha256(), 0
+    while True:
+        block = os.pread(fd, 1 << 20, offset)
+        if not block:
+            return f"{digest.hexdigest()} {offset}"
+        digest.update(block)
+        offset += len(block)
+
+
 def _fingerprint(path: pathlib.Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return f"{digest.hexdigest()} {path.stat().st_size}"
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return _fingerprint_fd(fd)
+    finally:
+        os.close(fd)
+
+
+# === Trust: nothing is loaded from where another user could have put it ===
+
+def _trusted_owner(uid: int) -> bool:
+    return uid in (os.geteuid(), 0)
+
+
+def _folder_problem(directory: str, info: os.stat_result, itself: bool) -> Optional[str]:
+    """Why another user could change what `directory` holds (None: nobody can).
+    A folder above the cache may be writable by others when its sticky bit keeps
+    them from renaming what is not theirs (/tmp)."""
+    if not stat.S_ISDIR(info.st_mode):
+        return f"{directory} is not a folder"
+    if not _trusted_owner(info.st_uid):
+        return (f"{directory} belongs to uid {info.st_uid}, not to this user "
+                f"(uid {os.geteuid()}) or root")
+    if info.st_mode & 0o022 and (itself or not info.st_mode & stat.S_ISVTX):
+        return (f"other users can write {directory} "
+                f"(mode {stat.S_IMODE(info.st_mode):04o})")
+    return None
+
+
+def _untrusted(folder, problem: str) -> KernelBuildError:
+    return KernelBuildError(
+        f"refusing to load code from the kernel cache {folder}: {problem}, so a library "
+        f"there could be anyone's; make it yours alone (chmod go-w) or set {CACHE} to a "
+        "folder only you can write")
+
+
+def trusted_folder(folder) -> pathlib.Path:
+    """The real path of the cache `folder`, created (mode 0700) where missing,
+    once it and every folder above it are this user's or root's and no other
+    user can change what it holds (see `_folder_problem`). KernelBuildError
+    naming the folder otherwise, before anything in it is opened."""
+    real = pathlib.Path(os.path.realpath(folder))
+    missing, existing = [], real
+    while not os.path.lexists(existing) and existing != existing.parent:
+        missing.append(existing)
+        existing = existing.parent
+    for directory in [existing, *existing.parents]:
+        try:
+            info = os.lstat(directory)
+        except OSError as error:
+            raise _unwritable(folder, error) from None
+        if directory == real and not stat.S_ISDIR(info.st_mode):
+            raise _unwritable(folder, NotADirectoryError(errno.ENOTDIR, "not a folder"))
+        problem = _folder_problem(str(directory), info, itself=directory == real)
+        if problem:
+            raise _untrusted(folder, problem)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass  # a concurrent build made it: checked as any other below
+        except OSError as error:
+            raise _unwritable(folder, error) from None
+        problem = _folder_problem(str(directory), os.lstat(directory),
+                                  itself=directory == real)
+        if problem:
+            raise _untrusted(folder, problem)
+    return real
+
+
+def _file_problem(info: os.stat_result) -> Optional[str]:
+    if not stat.S_ISREG(info.st_mode):
+        return "is not a regular file"
+    if not _trusted_owner(info.st_uid):
+        return f"belongs to uid {info.st_uid}, not to this user (uid {os.geteuid()})"
+    if info.st_mode & 0o022:
+        return f"can be written by other users (mode {stat.S_IMODE(info.st_mode):04o})"
+    return None
+
+
+def _open_checked(path) -> int:
+    """A descriptor of `path`, opened without following a symlink, once it is a
+    regular file of this user (or root) that no other user can write;
+    `_Problem` saying why not otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise _Problem("is missing") from None
+    except OSError as error:
+        raise _Problem("is a symbolic link" if error.errno == errno.ELOOP
+                       else f"cannot be read ({error.strerror})") from None
+    problem = _file_problem(os.fstat(fd))
+    if problem:
+        os.close(fd)
+        raise _Problem(problem)
+    return fd
+
+
+class _Problem(Exception):
+    """Why a cached library is not loaded (a phrase: "<library> {why}")."""
+
+
+def _open_verified(path: pathlib.Path) -> int:
+    """A descriptor of the library at `path` once it passes `_open_checked` and
+    its size and sha256 match those written beside it (by a file that passes
+    `_open_checked` too); `_Problem` saying why not otherwise."""
+    try:
+        checksum = _open_checked(checksum_path(path))
+    except _Problem as problem:
+        raise _Problem("has no checksum beside it" if str(problem) == "is missing"
+                       else f"has a checksum beside it that {problem}") from None
+    try:
+        expected = os.pread(checksum, 4096, 0).decode("ascii", "replace").split()[:2]
+    finally:
+        os.close(checksum)
+    fd = _open_checked(path)
+    if len(expected) != 2 or _fingerprint_fd(fd) != " ".join(expected):
+        os.close(fd)
+        raise _Problem("does not match the size and sha256 written beside it when it was built")
+    return fd
+
+
+def _why_not_loadable(path: pathlib.Path) -> Optional[str]:
+    try:
+        os.close(_open_verified(path))
+    except _Problem as problem:
+        return str(problem)
+    return None
 
 
 def valid(path: pathlib.Path) -> bool:
-    """Whether `path` is the library a build wrote: its size and sha256 match
-    those written beside it. A truncated library killed the process that loaded
-    it (SIGBUS), and a foreign one failed later; neither is loaded."""
-    try:
-        expected = checksum_path(path).read_text().split()
-        recorded_size = int(expected[1])
-        return (path.stat().st_size == recorded_size
-                and _fingerprint(path) == " ".join(expected[:2]))
-    except (OSError, ValueError, IndexError):
-        return False
+    """Whether `path` is the library a build wrote: a regular file of this user
+    that no other user can write, whose size and sha256 match those written
+    beside it. A truncated library killed the process that loaded it (SIGBUS),
+    a foreign one failed later, and a planted one ran its code; none is loaded."""
+    return _why_not_loadable(pathlib.Path(path)) is None
 
 
 def _pid_running(pid: int) -> bool:
@@ -204,11 +344,21 @@ def _unwritable(folder: pathlib.Path, error: OSError) -> KernelBuildError:
 
 def _install(partial: pathlib.Path, path: pathlib.Path) -> None:
     """Moves a compiled library into place, its checksum first: a library that is
-    there is loaded only once the checksum beside it matches."""
+    there is loaded only once the checksum beside it matches. Both are made
+    writable by this user alone, whatever the umask."""
     checksum = checksum_path(path)
     staged = checksum.with_name(f"{checksum.name}.{os.getpid()}.tmp")
     try:
-        staged.write_text(_fingerprint(partial) + "\n")
+        os.chmod(partial, 0o755)
+        if staged.exists():
+            staged.unlink()
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o644)
+        try:
+            os.fchmod(fd, 0o644)
+            os.write(fd, (_fingerprint(partial) + "\n").encode("ascii"))
+        finally:
+            os.close(fd)
         os.replace(staged, checksum)
         os.replace(partial, path)
     except OSError as error:
@@ -222,21 +372,21 @@ def build(force: bool = False) -> pathlib.Path:
     """Compiles the library unless a valid one (see `valid`) is in the cache; its
     path. Concurrent builds (several processes) wait for one another."""
     path = library_path()
+    path = trusted_folder(path.parent) / path.name  # refused before anything is opened
     if valid(path) and not force:
         return path
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(path.parent / ".lock", "w")
+        lock = open(os.open(path.parent / ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
+                            | os.O_CLOEXEC, 0o644), "w")
     except OSError as error:
         raise _unwritable(path.parent, error) from None
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         _remove_partial_builds(path.parent)
-        if valid(path) and not force:
+        why = _why_not_loadable(path)
+        if why is None and not force:
             return path
-        if path.exists():
-            why = ("does not match the size and sha256 written beside it when it was built"
-                   if checksum_path(path).exists() else "has no checksum beside it")
+        if os.path.lexists(path) and why is not None:
             print(f"warning: the cached fused kernels {path} {why}; rebuilding them "
                   "(about 15 s)", file=sys.stderr, flush=True)
         else:
@@ -272,7 +422,7 @@ def load():
         raise KernelBuildError(_state["failure"])
     try:
         path = build()
-        library = tf.load_op_library(str(path))
+        library = _load_verified(path)
         missing = [op for op in OPS if not hasattr(library, op)]
         if missing:
             raise KernelBuildError(f"{path} is not the fused kernels' library (it lacks "
@@ -286,6 +436,20 @@ def load():
     _register_gradients(library)
     _state["library"] = library
     return library
+
+
+def _load_verified(path: pathlib.Path):
+    """tf.load_op_library of the library at `path`, checked (see `valid`) before
+    it is loaded, and loaded through the descriptor that was checked."""
+    try:
+        fd = _open_verified(path)
+    except _Problem as problem:
+        raise KernelBuildError(f"the fused kernels {path} {problem}; not loaded") from None
+    try:
+        via = f"/proc/self/fd/{fd}"
+        return tf.load_op_library(via if os.path.exists(via) else str(path))
+    finally:
+        os.close(fd)
 
 
 def available() -> bool:
