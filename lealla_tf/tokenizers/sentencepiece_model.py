@@ -8,6 +8,10 @@ format (field numbers from sentencepiece's `sentencepiece_model.proto`):
     ModelProto      1 pieces (repeated SentencePiece), 2 trainer_spec,
                     3 normalizer_spec, 5 denormalizer_spec
     SentencePiece   1 piece (string), 2 score (float), 3 type (enum)
+    NormalizerSpec  1 name, 2 precompiled_charsmap, 3 add_dummy_prefix,
+                    4 remove_extra_whitespaces, 5 escape_whitespaces,
+                    6 normalization_rule_tsv (the path of the rule file compiled:
+                    never written, see `without_rule_file`)
     TrainerSpec     3 model_type, 4 vocab_size, 35 byte_fallback,
                     40 unk_id, 41 bos_id, 42 eos_id, 43 pad_id,
                     45 unk_piece, 46 bos_piece, 47 eos_piece, 48 pad_piece
@@ -95,7 +99,7 @@ class SentencePieceModel:
             if name:
                 trainer += _field_bytes(number, name.encode("utf-8"))
         out += _field_bytes(2, trainer)
-        out += _field_bytes(3, self.normalizer_spec)
+        out += _field_bytes(3, without_rule_file(self.normalizer_spec))
         return bytes(out)
 
 
@@ -165,13 +169,22 @@ def normalizer_spec_from_map(norm_map: Dict[int, Sequence[int]], name: str) -> b
         spec = normalizer.serialized_normalizer_spec()
     finally:
         os.unlink(rules)
-    # The compiled spec names the rule file; give it the rule set's name instead.
-    fields = [(n, v) for n, v in _fields(spec) if n != 1]
-    out = _field_bytes(1, name.encode("utf-8"))
-    for number, value in fields:
-        out += _field_bytes(number, value) if isinstance(value, bytes) else _field_varint(
-            number, value)
-    return bytes(out)
+    # The compiled spec is named after the rule file and records its path: the
+    # rule set's name instead, and no path.
+    return _field_bytes(1, name.encode("utf-8")) + without_rule_file(spec, drop=(1,))
+
+
+# NormalizerSpec.normalization_rule_tsv: sentencepiece records there the path of
+# the rule file it compiled (a build's /tmp/tmpXXXX.tsv), which nothing reads back.
+_RULE_FILE = 6
+
+
+def without_rule_file(spec: bytes, drop: Sequence[int] = ()) -> bytes:
+    """A serialized `NormalizerSpec` without its rule-file path (and the fields
+    `drop`), the rest as it was: a model or an export then carries no path of
+    the machine that built it."""
+    return b"".join(spec[start:end] for number, _, start, end in _field_spans(spec)
+                    if number != _RULE_FILE and number not in drop)
 
 
 def normalizer_settings(spec: bytes) -> dict:
@@ -231,8 +244,15 @@ def _signed(value: int) -> int:
 def _fields(data: bytes) -> Iterator[Tuple[int, object]]:
     """(field number, value) of a serialized message: ints for varints, bytes
     for length-delimited and fixed-width fields."""
+    for number, value, _, _ in _field_spans(data):
+        yield number, value
+
+
+def _field_spans(data: bytes) -> Iterator[Tuple[int, object, int, int]]:
+    """`_fields`, with where each field (its tag included) starts and ends."""
     position = 0
     while position < len(data):
+        start = position
         key, position = _read_varint(data, position)
         number, wire_type = key >> 3, key & 7
         if wire_type == _VARINT:
@@ -251,5 +271,5 @@ def _fields(data: bytes) -> Iterator[Tuple[int, object]]:
             position += 8
         else:
             raise ValueError(f"unsupported wire type {wire_type}")
-        yield number, value
+        yield number, value, start, position
 

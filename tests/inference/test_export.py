@@ -278,3 +278,44 @@ def test_a_collapsed_model_is_named_at_export(sentence_vocab_file, tmp_path, cap
                                   f"--export_path={tmp_path / (directory + '_export')}"]) == 0
         error = capsys.readouterr().err
         assert ("WARNING" in error and "has collapsed" in error) == collapse, error
+
+
+def test_an_export_carries_no_path_of_the_machine_that_built_it(tmp_path, monkeypatch):
+    """A SentencePiece vocabulary with a compiled normalizer (as every converted
+    teacher's and student's is) put the build's `/tmp/tmpXXXX.tsv` rule-file path
+    into assets/vocab.model and saved_model.pb. No file of an export (LEALLA format,
+    LaBSE/2 pair) holds a path of the machine that built it."""
+    import re
+    import tempfile
+
+    from lealla_tf.tokenizers import sentencepiece_model as spm_model
+
+    build_temp = tmp_path / "build-temp"
+    build_temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(build_temp))
+    spec = spm_model.normalizer_spec_from_map({0xFF21: [0x41], 0x1: []}, "nmt_nfkc")
+    pieces = [spm_model.Piece("<s>", 0, spm_model.CONTROL),
+              spm_model.Piece("<pad>", 0, spm_model.CONTROL),
+              spm_model.Piece("</s>", 0, spm_model.CONTROL),
+              spm_model.Piece("<unk>", 0, spm_model.UNKNOWN),
+              spm_model.Piece("\u2581A", -1.0), spm_model.Piece("\u2581b", -2.0)]
+    vocab = tmp_path / "vocab" / "vocab.model"
+    vocab.parent.mkdir()
+    vocab.write_bytes(spm_model.SentencePieceModel(pieces, spec).serialize())
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    tokenizer = Tokenizer(str(vocab), max_seq_length=16)
+    encoder = build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
+                                          num_heads=2, hidden_dim=8, intermediate_dim=8))
+    exports = tmp_path / "exports"
+    export_lib.export_lealla_model(encoder, tokenizer, str(exports / "lealla"))
+    export_lib.export_labse_pair(encoder, tokenizer, str(exports / "labse"))
+    files = [path for path in exports.rglob("*") if path.is_file()]
+    assert any(path.name == "vocab.model" for path in files)
+    leaks = []
+    for path in files:
+        data = path.read_bytes()
+        leaks += [(str(path.relative_to(exports)), found.decode("utf-8", "replace"))
+                  for found in re.findall(rb"/tmp/[\w.-]+|[\w./-]*\.tsv", data)]
+        leaks += [(str(path.relative_to(exports)), where) for where in (
+            str(tmp_path), tempfile.gettempdir()) if where.encode() in data]
+    assert not leaks, leaks

@@ -84,3 +84,28 @@ def test_pruning_keeps_used_pieces_and_falls_back_to_characters(tmp_path):
         assert pruned.decode(pruned.encode(sentence)) == sentence
     with pytest.raises(ValueError, match=".model"):
         prune_teacher_vocabulary(str(teacher), [str(tmp_path / "data")], "x.txt")
+
+
+def test_a_compiled_normalizer_names_no_rule_file(tmp_path, monkeypatch):
+    """sentencepiece records the rule file it compiled (`normalization_rule_tsv`,
+    NormalizerSpec field 6): a build-time `/tmp/tmpXXXX.tsv` then travelled in every
+    vocab.model and export. Neither a new spec nor a model written from an old one
+    (a teacher converted by an earlier version) carries it, and they normalise alike."""
+    import tempfile
+
+    build_temp = tmp_path / "build-temp"
+    build_temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(build_temp))
+    norm_map = {0xFF21: [0x41], 0x1: []}
+    spec = spm_model.normalizer_spec_from_map(norm_map, "nmt_nfkc")
+    assert str(build_temp).encode() not in spec and b".tsv" not in spec
+    assert 6 not in dict(spm_model._fields(spec))
+    assert spm_model.normalizer_settings(spec)["name"] == "nmt_nfkc"
+    old_spec = spec + spm_model._field_bytes(6, f"{build_temp}/tmpab12cd34.tsv".encode())
+    pieces = [spm_model.Piece("<unk>", 0, spm_model.UNKNOWN), spm_model.Piece("\u2581A", -1.0),
+              spm_model.Piece("\u2581b", -2.0)]
+    written = spm_model.SentencePieceModel(pieces, old_spec).serialize()
+    assert str(build_temp).encode() not in written and b".tsv" not in written
+    assert written == spm_model.SentencePieceModel(pieces, spec).serialize()
+    processor = sentencepiece.SentencePieceProcessor(model_proto=written)
+    assert processor.encode("\uff21\x01 b") == processor.encode("A b") == [1, 2]
