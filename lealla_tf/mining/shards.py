@@ -5,10 +5,14 @@ A pipeline output directory looks like
     output/
       MANIFEST.json          the last COMPLETE run: its files and counts
       run-<timestamp>/       shards of that run (TFRecord, gzip)
+      .lealla_tf_runs.json   the run folders this output's runs made and
+                             have not removed yet (killed runs' among them)
 
-A run writes into a fresh `run-*` folder and only then replaces the manifest
-(atomically) and removes older runs, so rerunning into the same path never
-mixes shards of two runs and a failed run leaves the previous result intact.
+A run records its `run-*` folder, writes into it, and only then replaces the
+manifest (atomically) and removes the older runs, so rerunning into the same
+path never mixes shards of two runs and a failed run leaves the previous result
+intact. Only run folders that the manifest names or the record lists are ever
+removed: a `run-important/` of the user's stays, whatever its name.
 
 The two record schemas live here and nowhere else:
 
@@ -101,16 +105,25 @@ def write_atomically(path: str, write) -> None:
     Any Beam filesystem (local, gs://, ...). A reader never sees a partial file,
     and a task that is retried (a worker killed mid-write) replaces the file,
     never adds a second or a partial one; a failed write leaves the previous
-    file, if any, untouched (its temporary file may stay behind).
+    file, if any, untouched and removes its temporary file (a killed writer's
+    stays behind, for the next run to remove).
     """
     import uuid
 
     from apache_beam.io.filesystems import FileSystems
 
     temporary = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    with FileSystems.create(temporary) as handle:
-        write(handle)
-    FileSystems.rename([temporary], [path])
+    try:
+        with FileSystems.create(temporary) as handle:
+            write(handle)
+        FileSystems.rename([temporary], [path])
+    except BaseException:
+        try:
+            if FileSystems.exists(temporary):
+                FileSystems.delete([temporary])
+        except Exception:  # the write's own error is the one to report
+            pass
+        raise
 
 
 def embedding_example(identifier: str, vector: np.ndarray, text: Optional[str] = None) -> bytes:
@@ -135,50 +148,154 @@ def new_run_directory(output_dir: str) -> str:
 
 @contextlib.contextmanager
 def run_directory(output_dir: str):
-    """A fresh run folder (its name: see `new_run_directory`) for a run that
-    holds `output_lock(output_dir)`. The run folders that never committed
-    (killed or refused runs) are removed first, and this one is removed when
-    the run raises before it commits; remote outputs are left as they are."""
+    """A fresh run folder (its name: see `new_run_directory`), recorded as this
+    output's and made, for a run that holds `output_lock(output_dir)`. The
+    recorded run folders that never committed (killed or refused runs) are
+    removed first, and this one is removed when the run raises before it
+    commits; remote outputs are neither recorded nor cleaned."""
     import shutil
 
-    remove_abandoned_runs(output_dir)
     run_dir = new_run_directory(output_dir)
+    if "://" not in output_dir:
+        remove_abandoned_runs(output_dir)
+        _record_runs(output_dir, _recorded_runs(output_dir) + [os.path.basename(run_dir)])
+        os.makedirs(run_dir)
     try:
         yield run_dir
     except BaseException:
-        if "://" not in run_dir:
+        if "://" not in run_dir and not _committed(output_dir, run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)
+            _record_runs(output_dir, [name for name in _recorded_runs(output_dir)
+                                      if name != os.path.basename(run_dir)])
         raise
 
 
-def commit_run(output_dir: str, run_dir: str, files: List[str], **details) -> dict:
-    """Points the manifest at `run_dir` (atomically) and deletes older runs."""
-    import shutil
+def _committed(output_dir: str, run_dir: str) -> bool:
+    """Whether the manifest of `output_dir` names `run_dir` (a commit that
+    failed after it replaced the manifest must not lose its run)."""
+    try:
+        manifest = read_manifest(output_dir)
+    except DamagedManifestError:
+        return False
+    return manifest is not None and manifest["run"] == os.path.basename(run_dir)
 
+
+def commit_run(output_dir: str, run_dir: str, files: List[str], **details) -> dict:
+    """Points the manifest at `run_dir` (atomically), then deletes the runs
+    this output made before: the one the old manifest named and the ones its
+    record lists. A folder neither names is not ours and stays."""
+    try:
+        previous = read_manifest(output_dir)
+    except DamagedManifestError:  # being repaired now; the record still knows its run
+        previous = None
     manifest = {"run": os.path.basename(run_dir),
                 "files": sorted(os.path.relpath(f, output_dir) for f in files), **details}
     temporary = os.path.join(output_dir, MANIFEST + ".tmp")
     with open(temporary, "w") as f:
         json.dump(manifest, f, indent=2, sort_keys=True)
     os.replace(temporary, os.path.join(output_dir, MANIFEST))
-    for name in os.listdir(output_dir):
-        path = os.path.join(output_dir, name)
-        if name.startswith("run-") and path != run_dir and os.path.isdir(path):
-            shutil.rmtree(path, ignore_errors=True)
+    ours = _recorded_runs(output_dir) + ([previous["run"]] if previous else [])
+    _remove_runs(output_dir, [name for name in ours if name != manifest["run"]])
+    _record_runs(output_dir, [manifest["run"]])
     return manifest
 
 
+RUNS_RECORD = ".lealla_tf_runs.json"  # the run folders this output's runs made
+RUN_FOLDER = r"run-\d{8}T\d{12}Z"  # new_run_directory's names
+
+
+def _recorded_runs(output_dir: str) -> List[str]:
+    """The run folders the record of `output_dir` lists ([] for none, or for an
+    unreadable record: a run it no longer knows is left, never guessed at)."""
+    import re
+
+    path = os.path.join(output_dir, RUNS_RECORD)
+    try:
+        with open(path, "rb") as f:
+            runs = json.loads(f.read().decode("utf-8"))["runs"]
+        return [name for name in runs if isinstance(name, str) and re.fullmatch(RUN_FOLDER, name)]
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        log.warning("%s is unreadable (%s): the run folders it listed are left as they are",
+                    path, error)
+        return []
+
+
+def _record_runs(output_dir: str, runs: List[str]) -> None:
+    """Replaces the record of `output_dir` (atomically) with `runs`."""
+    path = os.path.join(output_dir, RUNS_RECORD)
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w") as f:
+        json.dump({"runs": sorted(set(runs))}, f)
+    os.replace(temporary, path)
+
+
+def _remove_runs(output_dir: str, names: List[str]) -> List[str]:
+    """Removes the run folders `names` of `output_dir` (names that are not run
+    folders' and symbolic links are left); returns the removed paths."""
+    import re
+    import shutil
+
+    removed = []
+    for name in names:
+        path = os.path.join(output_dir, name)
+        if re.fullmatch(RUN_FOLDER, name) and os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+class DamagedManifestError(ValueError):
+    """An output's MANIFEST.json is not a manifest (cut short, or something
+    else); `path` is the file."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(f"{path} is damaged ({reason}), so its output cannot be read: rerun "
+                         f"embed_corpus into {os.path.dirname(path) or '.'} to write it again")
+        self.path = path
+
+
 def read_manifest(output_dir: str) -> Optional[dict]:
-    """The manifest of a pipeline output directory, or None."""
-    return read_json_or_none(os.path.join(output_dir, MANIFEST))
+    """The manifest of a pipeline output directory, or None when it has none;
+    DamagedManifestError (naming the file) when it is cut short or no manifest."""
+    path = os.path.join(output_dir, MANIFEST)
+    try:
+        manifest = read_json_or_none(path)
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
+        raise DamagedManifestError(path, f"not JSON: {' '.join(str(error).split())}") from None
+    if manifest is None:
+        return None
+    if not isinstance(manifest, dict):
+        raise DamagedManifestError(path, f"a JSON {type(manifest).__name__}, not an object")
+    for key in ("run", "files"):
+        if key not in manifest:
+            raise DamagedManifestError(path, f"no {key!r}")
+    if not isinstance(manifest["run"], str) or not (
+            isinstance(manifest["files"], list)
+            and all(isinstance(name, str) for name in manifest["files"])):
+        raise DamagedManifestError(path, "its 'run' or 'files' is not a name or list of names")
+    return manifest
 
 
 def manifest_files(output_dir: str, suffix: str = ".tfrecord.gz") -> List[str]:
-    """The shard files of the last complete run (FileNotFoundError if none)."""
+    """The shard files of the last complete run (FileNotFoundError if none,
+    DamagedManifestError if its manifest is damaged)."""
     manifest = read_manifest(output_dir)
     if manifest is None:
         raise FileNotFoundError(f"{output_dir} has no {MANIFEST}: not a finished pipeline output")
     return [os.path.join(output_dir, f) for f in manifest["files"] if f.endswith(suffix)]
+
+
+def file_in_the_way(path: str) -> Optional[str]:
+    """The nearest existing folder above the local `path` when it is no folder
+    (a file a run could not write below), else None; None for remote paths."""
+    if "://" in path:
+        return None
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    return None if os.path.isdir(parent) else parent
 
 
 def read_embeddings(output_dir: str, with_text: bool = False):
@@ -423,31 +540,24 @@ def remove_dead_leftovers(directory: str, pattern: str) -> List[str]:
     return removed
 
 
-RUN_FOLDER = r"run-\d{8}T\d{12}Z"  # new_run_directory's names
-
-
 def remove_abandoned_runs(output_dir: str) -> List[str]:
-    """Removes the `run-*` folders of `output_dir` that its manifest does not
-    name: runs that were killed or refused before they committed. Call it
-    holding `output_lock(output_dir)`, which proves that no live run writes
-    there (`run_directory` does). Local outputs only; returns the removed paths."""
-    import re
-    import shutil
-
+    """Removes the run folders that the record of `output_dir` lists and its
+    manifest does not name: runs of this output that were killed or refused
+    before they committed (a folder the record does not list is not ours and
+    stays). Call it holding `output_lock(output_dir)`, which proves that no
+    live run writes there (`run_directory` does). Local outputs only; returns
+    the removed paths."""
     if "://" in output_dir or not os.path.isdir(output_dir):
         return []
     try:
         manifest = read_manifest(output_dir)
-        committed = None if manifest is None else str(manifest["run"])
-    except Exception:  # unreadable: which run is committed is unknown, so remove nothing
+    except DamagedManifestError:  # which run is committed is unknown: remove nothing
         return []
-    removed = []
-    for name in os.listdir(output_dir):
-        path = os.path.join(output_dir, name)
-        if (re.fullmatch(RUN_FOLDER, name) and name != committed and os.path.isdir(path)
-                and not os.path.islink(path)):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+    committed = None if manifest is None else manifest["run"]
+    recorded = _recorded_runs(output_dir)
+    removed = _remove_runs(output_dir, [name for name in recorded if name != committed])
+    if any(name != committed for name in recorded):
+        _record_runs(output_dir, [name for name in recorded if name == committed])
     if removed:
         log.info("removed %d run folder(s) that never committed from %s", len(removed),
                  output_dir)

@@ -25,7 +25,10 @@ nothing is lost: lines read = embedded + dead-lettered. Output shards land in a
 fresh run folder and MANIFEST.json is replaced only when the run is complete, so
 rerunning into the same --output is safe; a second run into an --output that a
 live run holds is refused. A run that fails or is refused removes its run
-folder; the run folders of killed runs are removed by the next run.
+folder; the run folders of killed runs are removed by the next run. Only run
+folders this output's runs made (named by MANIFEST.json or recorded in
+.lealla_tf_runs.json) are ever removed: a `run-important/` of yours stays.
+An --output that is a file is refused before anything is written.
 
 The command line shows its progress (lines read, then sentences embedded: a bar
 on a terminal, a line every 30 s in a log) and ends with a summary: the counts,
@@ -576,8 +579,9 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
     `threads_per_worker`; None: shared out among local worker processes).
     `progress`: show the run's progress on stderr (`ProgressDisplay`; local
     outputs only).
-    Raises FileNotFoundError / ValueError for bad arguments, RuntimeError when
-    lines went missing or ids collide (naming a few duplicated ids and the
+    Raises FileNotFoundError / ValueError for bad arguments (an `output` that
+    is a file, or below one, among them: before anything is written),
+    RuntimeError when lines went missing or ids collide (naming a few duplicated ids and the
     "file:line" of each) or when another run holds a local `output` (the
     previous output is then untouched; remote outputs are not locked).
     """
@@ -594,6 +598,7 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
     model_max_tokens = model_max_tokens or None
     if english_only and not pairs:
         raise ValueError("--english_only applies to --pairs")
+    check_output(output)
     options = pipeline_options(pipeline_args, default_runner=test_pipeline is None)
     threads = threads_per_worker(options, threads_per_worker_asked)
     model_kind(model)  # a wrong --model is refused here, not inside a worker
@@ -642,6 +647,21 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
                               inputs=files, pairs=pairs, english_only=english_only)
     logging.info("embed_corpus: %s", counts)
     return manifest
+
+
+def check_output(output: str) -> None:
+    """A one-line ValueError naming --output when a local `output` cannot be
+    the folder of a run: it is a file, or lies below one."""
+    from lealla_tf.mining.shards import file_in_the_way
+
+    if "://" in output:
+        return
+    if os.path.lexists(output) and not os.path.isdir(output):
+        raise ValueError(f"--output={output} is a file, not a folder: embed_corpus writes a "
+                         "folder of shards and a MANIFEST.json; pass a folder's path")
+    blocking = file_in_the_way(output)
+    if blocking is not None:
+        raise ValueError(f"--output={output} cannot be made: {blocking} is a file, not a folder")
 
 
 def reading_example(output: str) -> str:

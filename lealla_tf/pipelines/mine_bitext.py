@@ -36,7 +36,9 @@ Outputs, each written atomically:
                                value, or all zeros): side, id and reason a line;
   <output>.summary.json        the counts.
 A run holds <output>.lock while it writes: a second run into the same --output is
-refused. Beam carries the step, so the same command runs on any runner.
+refused. An --output that is a folder, and a --source or --target whose
+MANIFEST.json is damaged, are refused (naming it) before anything is written.
+Beam carries the step, so the same command runs on any runner.
 
 The command line prints each step as it finishes (the shards mapped, each
 search, the scoring, the matching, the pairs written) and ends with a summary:
@@ -164,6 +166,28 @@ def check_inputs(source: str, target: str, k: int, index: str, memory_budget_gb,
                 memory_budget_gb, **_index_options(nlist, nprobe))
 
 
+def check_output(output: str) -> None:
+    """A one-line ValueError naming --output when a local `output` cannot be
+    written as a file: it (or one of the files written beside it) is a folder,
+    or it lies below a file."""
+    from lealla_tf.mining.shards import file_in_the_way
+
+    if "://" in output:
+        return
+    if os.path.isdir(output):
+        raise ValueError(f"--output={output} is a folder: mine_bitext writes a TSV file (with "
+                         f"{SUMMARY_SUFFIX} and {DEAD_LETTER_SUFFIX} beside it); pass a file's "
+                         f"path, e.g. --output={os.path.join(output, 'mined.tsv')}")
+    for companion in (DEAD_LETTER_SUFFIX, SUMMARY_SUFFIX, LOCK_SUFFIX):
+        if os.path.isdir(output + companion):
+            raise ValueError(f"--output={output}: {output + companion}, which a run writes "
+                             "beside it, is a folder; pass another --output")
+    blocking = file_in_the_way(output)
+    if blocking is not None:
+        raise ValueError(f"--output={output} cannot be written: {blocking} is a file, "
+                         "not a folder")
+
+
 class MineDirectories(beam.DoFn):
     """(source dir, target dir) -> the summary of `mine_to_files`."""
 
@@ -214,6 +238,7 @@ def mine_bitext(source: str, target: str, output: str, margin: str = "ratio",
     returns the number of pairs written."""
     from lealla_tf.pipelines.options import pipeline_options, run_pipeline
 
+    check_output(output)  # before anything is written, the shards' copies included
     check_inputs(source, target, k, index, memory_budget_gb, cache_dir, nlist, nprobe, threshold)
     options = pipeline_options(pipeline_args, default_runner=test_pipeline is None)
     with output_file_lock(output):

@@ -510,6 +510,59 @@ def test_mine_bitext_input_faults(tmp_path, capsys):
     assert_one_line_error(capsys, main(mine_args("d8", "d6")), shard.name, "unreadable")
 
 
+def listing(folder):
+    """Every path under `folder`, relative to it."""
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("command", ["embed_corpus", "mine_bitext"])
+def test_an_output_of_the_wrong_kind_is_one_line_and_nothing_is_written(command, request,
+                                                                         tmp_path, capsys):
+    """embed_corpus writes a folder, mine_bitext a file: an --output of the
+    other kind, or one below a file, is one line naming the flag, checked
+    before anything is written (no `.tmp-*`, no lock, no copy of a shard);
+    what is there stays as it was."""
+    import importlib
+
+    import numpy as np
+
+    main = importlib.import_module(f"lealla_tf.pipelines.{command}").main
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    (tmp_path / "mined").mkdir()
+    if command == "embed_corpus":
+        (tmp_path / "ok.txt").write_text("The dog is nice.\n")
+        inputs = [f"--input={tmp_path / 'ok.txt'}",
+                  f"--model={request.getfixturevalue('exported')['export']}"]
+        wrong_kind = ("notes.txt", "is a file")
+    else:
+        write_embedding_output(tmp_path / "d8", np.random.default_rng(0).normal(size=(30, 8)))
+        inputs = [f"--source={tmp_path / 'd8'}", f"--target={tmp_path / 'd8'}"]
+        wrong_kind = ("mined", "is a folder")
+    before = listing(tmp_path)
+    for output, needle in [wrong_kind, ("notes.txt/out", "notes.txt is a file")]:
+        assert_one_line_error(capsys, main([*inputs, f"--output={tmp_path / output}"]),
+                              f"--output={tmp_path / output}", needle)
+    assert (tmp_path / "notes.txt").read_text() == "my notes\n"
+    assert listing(tmp_path) == before
+
+
+def test_a_truncated_manifest_is_named_by_mine_bitext(tmp_path, capsys):
+    import numpy as np
+
+    from lealla_tf.pipelines.mine_bitext import main
+
+    write_embedding_output(tmp_path / "d8", np.random.default_rng(0).normal(size=(30, 8)))
+    write_embedding_output(tmp_path / "cut", np.random.default_rng(1).normal(size=(30, 8)))
+    manifest = tmp_path / "cut" / "MANIFEST.json"
+    manifest.write_bytes(manifest.read_bytes()[:30])
+    for source, target in [("d8", "cut"), ("cut", "d8")]:
+        assert_one_line_error(capsys, main([f"--source={tmp_path / source}",
+                                            f"--target={tmp_path / target}",
+                                            f"--output={tmp_path / 'm.tsv'}"]),
+                              str(manifest), "rerun embed_corpus")
+    assert not (tmp_path / "m.tsv").exists()
+
+
 def test_precomputed_english_only_vectors_are_not_silently_used_both_ways(
         sentence_vocab_file, tmp_path, capsys):
     import numpy as np

@@ -207,32 +207,133 @@ def test_missing_input_is_an_error(corpus_model, tmp_path):
                           f"--output={tmp_path / 'o'}"])
 
 
+# A run killed (SIGKILL) after it made its run folder and started a shard.
+KILLED_RUN = """
+import os, signal, sys
+from lealla_tf.mining.shards import output_lock, run_directory
+with output_lock(sys.argv[1]), run_directory(sys.argv[1]) as run_dir:
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "embeddings-00000-of-00004.tfrecord.gz.tmp-1-0123abcd"),
+              "wb") as f:
+        f.write(b"half")
+    print(os.path.basename(run_dir), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def kill_a_run(output) -> str:
+    """The run folder a run into `output` made before it was killed."""
+    import subprocess
+
+    result = subprocess.run([sys.executable, "-c", KILLED_RUN, str(output)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == -9, result.stderr
+    return result.stdout.strip()
+
+
 def test_refused_and_killed_runs_leave_no_run_folder(corpus_model, tmp_path):
     """A refused run (duplicate ids) removes its own run folder at once; the
     folder of a killed run (never committed) is removed by the next run, which
     holds the lock. The committed run, and folders that are not run folders
-    of ours, stay."""
+    of ours (even one named as ours), stay."""
     path, _ = corpus_model
     (tmp_path / "ok.txt").write_text("The dog is nice.\n")
     (tmp_path / "ids.tsv").write_text("a\tThe dog.\nb\tThe cat.\na\tA house.\n")
     output = tmp_path / "out"
     committed = embed_corpus.run([f"--input={tmp_path / 'ok.txt'}", f"--model={path}",
                                   f"--output={output}"])["run"]
-    killed = output / "run-20240101T000000123456Z"  # as new_run_directory names it
-    killed.mkdir()
-    (killed / "embeddings-00000-of-00004.tfrecord.gz.tmp-1-0123abcd").write_bytes(b"half")
-    not_ours = [output / "run-notes", output / "notes"]
+    killed = kill_a_run(output)
+    assert (output / killed).is_dir()
+    not_ours = ["run-notes", "notes", "run-20240101T000000123456Z"]  # the last named as ours
     for folder in not_ours:
-        folder.mkdir()
+        (output / folder).mkdir()
     with pytest.raises(RuntimeError, match="more than once"):
         embed_corpus.run([f"--input={tmp_path / 'ids.tsv'}", "--format=tsv", f"--model={path}",
                           f"--output={output}"])
-    assert sorted(p.name for p in output.iterdir()) == sorted(
-        [committed, "MANIFEST.json", "run-notes", "notes"]
-        + [p.name for p in output.iterdir() if p.name.startswith(".lock")])
+    assert sorted(p.name for p in output.iterdir() if not p.name.startswith(".")) == sorted(
+        [committed, "MANIFEST.json"] + not_ours)
     assert read_manifest(str(output))["run"] == committed
     ids, _ = read_embeddings(str(output))
     assert ids == ["ok.txt:1"]
+
+
+def test_a_commit_removes_only_the_runs_this_output_made(corpus_model, tmp_path):
+    """Committing a run removes the run it replaces and nothing of the user's:
+    `run-important/`, and a folder named as a run of ours that no run of this
+    output made, stay as they were. A truncated MANIFEST.json does not stop
+    the rerun that repairs it, and the run it named is still removed."""
+    path, _ = corpus_model
+    (tmp_path / "ok.txt").write_text("The dog is nice.\n")
+    output = tmp_path / "out"
+    args = [f"--input={tmp_path / 'ok.txt'}", f"--model={path}", f"--output={output}"]
+    first = embed_corpus.run(args)["run"]
+    users = {"run-important": "my notes\n", "run-20240101T000000123456Z": "mine too\n"}
+    for folder, text in users.items():
+        (output / folder).mkdir()
+        (output / folder / "keep.txt").write_text(text)
+    second = embed_corpus.run(args)["run"]
+    assert not (output / first).exists()
+    manifest = output / "MANIFEST.json"
+    manifest.write_bytes(manifest.read_bytes()[:20])  # truncated
+    third = embed_corpus.run(args)["run"]
+    assert sorted(p.name for p in output.iterdir() if not p.name.startswith(".")) == sorted(
+        [third, "MANIFEST.json", *users])
+    assert second != third
+    for folder, text in users.items():
+        assert (output / folder / "keep.txt").read_text() == text
+    assert read_embeddings(str(output))[0] == ["ok.txt:1"]
+
+
+# The first of two runs into one output: it holds the output while the second
+# starts (its pipeline waits for the file argv[1]), then runs to the end.
+PAUSED_RUN = """
+import pathlib, sys, time
+from lealla_tf.pipelines import embed_corpus, options
+go = pathlib.Path(sys.argv[1])
+run_pipeline = options.run_pipeline
+def paused(pipeline):
+    go.with_suffix(".started").touch()
+    while not go.exists():
+        time.sleep(0.05)
+    run_pipeline(pipeline)
+options.run_pipeline = paused
+sys.exit(embed_corpus.main(sys.argv[2:]))
+"""
+
+
+def test_a_second_run_into_a_live_runs_output_is_refused_naming_its_pid(corpus_model, tmp_path,
+                                                                         capsys):
+    """Two embed_corpus runs on one --output at once: the second is refused in
+    one line naming the first's pid and touches nothing; the first commits."""
+    import subprocess
+    import time
+
+    from conftest import REPO_ROOT, assert_one_line_stderr
+
+    (tmp_path / "ok.txt").write_text("The dog is nice.\n")
+    output = tmp_path / "out"
+    args = [f"--input={tmp_path / 'ok.txt'}", f"--model={corpus_model[0]}", f"--output={output}"]
+    go = tmp_path / "go"
+    first = subprocess.Popen([sys.executable, "-c", PAUSED_RUN, str(go), *args], cwd=REPO_ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    try:
+        deadline = time.monotonic() + 240
+        while not go.with_suffix(".started").exists():
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline, "the first run never started its pipeline"
+            time.sleep(0.1)
+        run_folders = sorted(p.name for p in output.iterdir())
+        assert_one_line_stderr(embed_corpus.main(args), capsys.readouterr().err,
+                               str(output), f"pid {first.pid}")
+        assert sorted(p.name for p in output.iterdir()) == run_folders  # untouched
+    finally:
+        go.touch()
+        out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err[-2000:]
+    manifest = read_manifest(str(output))
+    assert [p.name for p in output.iterdir() if p.name.startswith("run-")] == [manifest["run"]]
+    assert read_embeddings(str(output))[0] == ["ok.txt:1"]
 
 
 # === The same pipeline on a dask.distributed cluster (loopback only) ===
