@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: 100k for d <= 192, 200k for wider, 5k for dimension_reduction")
     add("--learning_rate", type=float, default=None,
         help="default: 1e-3 for d >= 384, else 5e-4")
-    add("--warmup_steps", type=int, default=None, help="default: 1%% of train_steps")
+    add("--warmup_steps", type=int, default=None,
+        help="0: none; default: 1%% of train_steps")
     add("--weight_decay", type=float, default=0.01)
     add("--clip_norm", type=float, default=1.0)
     add("--language_alpha", type=float, default=0.3)
@@ -104,6 +105,20 @@ def build_parser() -> argparse.ArgumentParser:
     add("--tpu", default="", help="local, grpc://host:port or a Cloud TPU name")
     add("--no_progress", action="store_true")
     return parser
+
+
+def check_flags(args) -> None:
+    """What `validate_train_config` cannot tell from a config: ValueError
+    naming the flag. A budget of nan minutes stopped nothing, and a negative
+    seed failed in Keras naming no flag."""
+    budget = args.time_budget_minutes
+    if not 0 <= budget < float("inf"):
+        raise ValueError(f"--time_budget_minutes must be a number of minutes (0: no limit), "
+                         f"got {budget:g}")
+    if not 0 <= args.seed < 2 ** 32:
+        raise ValueError(f"--seed must be a non-negative integer below 2**32, got {args.seed}")
+    if args.reduction_dim < 1:
+        raise ValueError(f"--reduction_dim must be a positive integer, got {args.reduction_dim}")
 
 
 def config_from_flags(args):
@@ -143,9 +158,11 @@ def config_from_flags(args):
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     # The TPU flag is checked before TensorFlow does anything with it.
+    from lealla_tf.folder_lock import FolderInUseError
     from lealla_tf.train.distribution import TPUUnavailableError, check_tpu_flag
 
     try:
+        check_flags(args)
         if args.tpu:
             check_tpu_flag(args.tpu)
         config = config_from_flags(args)
@@ -156,7 +173,7 @@ def main(argv=None) -> int:
         strategy = make_strategy(args.strategy, args.tpu or None)
         summary = train(config, args.model_dir, args.vocab_file, strategy,
                         progress=not args.no_progress)
-    except (FileNotFoundError, ValueError, TPUUnavailableError) as error:
+    except (FileNotFoundError, ValueError, TPUUnavailableError, FolderInUseError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(format_summary(summary))

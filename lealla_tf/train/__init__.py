@@ -11,5 +11,5 @@ batches), `teacher_sources` (where teacher vectors come from), `students`,
 May import: lealla_tf.json_files, lealla_tf.machine, lealla_tf.progress,
 lealla_tf.parallel_corpus, lealla_tf.configs, lealla_tf.losses, lealla_tf.tokenizers,
 lealla_tf.mining, lealla_tf.models, lealla_tf.inference, lealla_tf.teachers,
-lealla_tf.evaluation.
+lealla_tf.evaluation, lealla_tf.folder_lock.
 """

@@ -4,10 +4,11 @@ What `python -m lealla_tf.train` and the main job both call. It finds and checks
 the data (every file readable, at least one well-formed pair) BEFORE anything is
 written, builds the teacher, resolves the config's defaults from the tokenizer
 and the teacher (`lealla_tf.configs.resolve_train_config`), refuses to resume a
-model directory with other settings, writes `config.json`, and runs the
-`DistillationTask` with a `Trainer`.
+model directory with other settings, takes the model directory's one-writer
+lock, writes `config.json`, and runs the `DistillationTask` with a `Trainer`.
 """
 
+import contextlib
 import os
 from typing import Optional
 
@@ -39,18 +40,9 @@ def model_vocab_file(model_dir: str) -> Optional[str]:
 def check_model_dir(model_dir: str) -> None:
     """ValueError when `model_dir` cannot be a model directory: it is a file, or
     it cannot be created (a local path under a file or in a read-only place)."""
-    if os.path.exists(model_dir) and not os.path.isdir(model_dir):
-        raise ValueError(f"--model_dir={model_dir} is a file, not a directory; pass a new "
-                         "or existing model directory")
-    if "://" in model_dir or os.path.isdir(model_dir):
-        return
-    ancestor = os.path.dirname(os.path.abspath(model_dir))
-    while not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor) or not os.access(ancestor, os.W_OK | os.X_OK):
-        reason = "is a file" if not os.path.isdir(ancestor) else "is not writable"
-        raise ValueError(f"--model_dir={model_dir} cannot be created: {ancestor} {reason}; "
-                         "pass a directory in a writable place")
+    from lealla_tf.folder_lock import check_folder
+
+    check_folder(model_dir, f"--model_dir={model_dir}")
 
 
 def prepare(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = None,
@@ -93,16 +85,23 @@ def prepare(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = Non
 
 
 def build_trainer(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = None,
-                  strategy=None, progress: bool = True):
+                  strategy=None, progress: bool = True,
+                  writer: Optional[contextlib.ExitStack] = None):
     """A `Trainer` ready to run `config` in `model_dir` (see `train`).
 
     `config.json` is written here, after every check passed; a model directory
     with no checkpoint yet takes the new settings. Across worker processes only
     the chief writes it (the others read model_dir, see `Trainer`).
+
+    With `writer`, the chief takes model_dir's one-writer lock before it writes
+    anything (`lealla_tf.folder_lock`; FolderInUseError naming the pid of a run
+    writing it already) and `writer` releases it when it closes.
     """
     import keras
 
+    from lealla_tf.folder_lock import hold_folder, release_folder
     from lealla_tf.models.model_dir import write_model_config
+    from lealla_tf.train.distribution import worker_role
     from lealla_tf.train.task import DistillationTask
     from lealla_tf.train.trainer import Trainer
 
@@ -113,6 +112,8 @@ def build_trainer(config: TrainConfig, model_dir: str, vocab_file: Optional[str]
                                            else "float32")
     resolved, tokenizer, teacher, files, sizes, strategy, vocab_file = prepare(
         config, model_dir, vocab_file, strategy)
+    if writer is not None and worker_role(strategy).chief:
+        writer.callback(release_folder, hold_folder(model_dir, f"--model_dir={model_dir}"))
     task = DistillationTask(resolved, strategy, tokenizer, teacher, files, sizes)
     trainer = Trainer(task, model_dir, progress=progress)
     if trainer.role.chief and trainer.manager.latest_checkpoint is None:
@@ -142,6 +143,10 @@ def train(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = None,
             `lealla_tf.train.trainer.Trainer.train`); one process only.
 
     Raises:
-        FileNotFoundError / ValueError with a message naming the setting.
+        FileNotFoundError / ValueError with a message naming the setting;
+        `lealla_tf.folder_lock.FolderInUseError` while another run writes
+        model_dir (one writer a folder: the lock lasts until this returns).
     """
-    return build_trainer(config, model_dir, vocab_file, strategy, progress).train(planner)
+    with contextlib.ExitStack() as writer:
+        return build_trainer(config, model_dir, vocab_file, strategy, progress,
+                             writer).train(planner)

@@ -322,6 +322,47 @@ def test_model_and_export_paths_that_cannot_be_written(train_args, tmp_path, cap
         export_model_dir(str(tmp_path / "any"), str(a_file))
 
 
+@pytest.mark.parametrize("flag", ["--time_budget_minutes=nan", "--time_budget_minutes=inf",
+                                  "--seed=-1"])
+def test_train_flags_with_no_meaning_are_refused_naming_them(train_args, capsys, flag):
+    """A budget of nan or inf minutes trained on (nan stops nothing); a negative
+    seed failed in Keras with a message naming no flag."""
+    from lealla_tf.cli.train import main
+
+    args = [a for a in train_args() if not a.startswith(flag.split("=")[0] + "=")] + [flag]
+    assert_one_line_error(capsys, main(args), flag.split("=")[0])
+
+
+MODEL_DIR_HOLDER = """
+import sys, time
+from lealla_tf.folder_lock import hold_folder
+hold_folder(sys.argv[1])
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_model_dir_has_one_writer(train_args, tmp_path, capsys):
+    """Two trainings into one --model_dir logged every step twice and wrote the
+    same checkpoints: the second is refused in one line naming the first's pid,
+    and a killed run's lock blocks nobody."""
+    from lealla_tf.cli.train import main
+
+    model_dir = tmp_path / "m"
+    holder = subprocess.Popen([sys.executable, "-c", MODEL_DIR_HOLDER, str(model_dir)],
+                              cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert_one_line_error(capsys, main(train_args(model_dir=model_dir)),
+                              f"--model_dir={model_dir}", f"pid {holder.pid}")
+        assert not (model_dir / "config.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(train_args(model_dir=model_dir)) == 0
+    assert (model_dir / "config.json").exists()
+
+
 @pytest.mark.parametrize("stale", [False, True], ids=["free", "stale_lock"])
 def test_output_lock_has_one_winner_among_racing_threads(tmp_path, stale):
     """Threads (one pid) race for one output, free or holding a killed run's lock:

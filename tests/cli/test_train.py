@@ -248,6 +248,29 @@ def test_parse_overrides():
         parse_overrides("num_layers")
 
 
+def test_every_count_flag_is_positive_or_its_help_says_what_0_means():
+    """An integer flag either refuses 0 (before any training) or its --help
+    defines 0; --seed aside (0 is a seed like any other)."""
+    from lealla_tf.cli.train import build_parser, check_flags, config_from_flags
+    from lealla_tf.configs import validate_train_config
+
+    parser = build_parser()
+    for action in parser._actions:
+        if action.type is not int or action.dest == "seed":
+            continue
+        flag = action.option_strings[0]
+        args = parser.parse_args(["--model_dir=m", f"{flag}=0"])
+        try:
+            check_flags(args)
+            validate_train_config(config_from_flags(args))
+        except ValueError as error:
+            assert flag in str(error), error
+            continue
+        assert "0:" in (action.help or ""), f"{flag} takes 0; its help does not say what 0 means"
+
+
+
+
 def test_tpu_flag_accepts_a_real_tensorflow_grpc_server():
     server = tf.distribute.Server.create_local_server()
     address = server.target  # grpc://localhost:PORT
