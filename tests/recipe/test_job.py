@@ -10,7 +10,7 @@ from lealla_tf.evaluation.news import length_band_names
 from lealla_tf.parallel_corpus import read_pairs
 from lealla_tf.recipe.config import find_data_dir
 from lealla_tf.cli.recipe import main
-from conftest import write_pairs
+from conftest import REPO_ROOT, assert_one_line_stderr, write_pairs
 
 WORDS = {"deu": ("Der Hund Nummer {} ist nett.", "Die Katze {} schläft."),
          "fra": ("Le chien numéro {} est gentil.", "Le chat {} dort.")}
@@ -416,6 +416,7 @@ def test_stage_settings_grow_along_the_stages_and_mismatches_are_named(tmp_path)
 
 
 def test_fresh_deletes_only_a_work_dir_a_job_made(tmp_path, tiny_data, capsys):
+    from lealla_tf.folder_lock import LOCK_FILE, release_folder
     from lealla_tf.recipe.job import JOB_MARKER, claim_work_dir
 
     foreign = tmp_path / "foreign"
@@ -428,15 +429,224 @@ def test_fresh_deletes_only_a_work_dir_a_job_made(tmp_path, tiny_data, capsys):
     assert "no main job made" in capsys.readouterr().err
     assert (foreign / "thesis.tex").read_text() == "years of work"
     ours = tmp_path / "ours"
-    claim_work_dir(str(ours), False)  # new: made and marked
+    release_folder(claim_work_dir(str(ours), False))  # new: made and marked
     (ours / "stages").mkdir()
     (ours / "stages" / "teacher.json").write_text("{}")
-    claim_work_dir(str(ours), True)
-    assert os.listdir(ours) == [JOB_MARKER]
+    release_folder(claim_work_dir(str(ours), True))
+    assert set(os.listdir(ours)) == {JOB_MARKER, LOCK_FILE}
     empty = tmp_path / "empty"
     empty.mkdir()
-    claim_work_dir(str(empty), True)
-    assert os.listdir(empty) == [JOB_MARKER]
+    release_folder(claim_work_dir(str(empty), True))
+    assert set(os.listdir(empty)) == {JOB_MARKER, LOCK_FILE}
+
+
+@pytest.fixture()
+def stages_never_start(monkeypatch):
+    """The job stops where its first stage would start (raising `StagesStarted`):
+    a test of what is checked before the stages takes seconds, and a job that
+    gets past a check it should fail (before a fix) fails the test at once."""
+    import lealla_tf.recipe.job
+
+    class StagesStarted(Exception):
+        pass
+
+    def stages(work_dir, *args, **kwargs):
+        raise StagesStarted(work_dir)
+
+    monkeypatch.setattr(lealla_tf.recipe.job, "Stages", stages)
+    return StagesStarted
+
+
+def test_fresh_deletes_a_folder_only_when_its_marker_proves_it_and_only_what_it_wrote(
+        tmp_path, tiny_data, capsys, stages_never_start):
+    """An empty or copied marker, or an empty stages/, proves nothing: --fresh
+    refuses such a folder in one line naming it, and deletes nothing. In a
+    folder a job made (its marker records that very folder), --fresh deletes
+    what the job writes, and refuses if anything else is there."""
+    import shutil
+
+    from lealla_tf.folder_lock import release_folder
+    from lealla_tf.recipe.job import JOB_MARKER, claim_work_dir
+
+    def claim(path, fresh):
+        release_folder(claim_work_dir(str(path), fresh))
+
+    def foreign(name, *job_entries):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "thesis.tex").write_text("years of work")
+        for entry in job_entries:
+            (folder / entry).mkdir()
+        return folder
+
+    job = tmp_path / "job"
+    claim(job, False)
+    copied_marker = foreign("copied_marker")
+    shutil.copy(job / JOB_MARKER, copied_marker / JOB_MARKER)
+    empty_marker = foreign("empty_marker")
+    (empty_marker / JOB_MARKER).write_text("")
+    for folder in (empty_marker, copied_marker, foreign("empty_stages", "stages"),
+                   foreign("stages_and_teacher", "stages", "teacher")):
+        with pytest.raises(ValueError, match=f"--work_dir={folder}"):
+            claim(folder, True)
+        assert (folder / "thesis.tex").read_text() == "years of work", folder
+    code = main([f"--data_dir={tiny_data}", f"--work_dir={empty_marker}", "--fresh"])
+    assert_one_line_stderr(code, capsys.readouterr().err, f"--work_dir={empty_marker}")
+    assert (empty_marker / "thesis.tex").exists()
+    # A copy of a job's folder resumes (its marker is rewritten for the copy), but
+    # --fresh needs the marker the folder itself was given first.
+    for stage in ("stages", "teacher", "report", "student"):
+        (job / stage).mkdir()
+        (job / stage / "out.json").write_text("{}")
+    (job / "vocab.model").write_text("pieces")
+    copy = tmp_path / "copy"
+    shutil.copytree(job, copy)
+    with pytest.raises(ValueError, match=f"--work_dir={copy}.*another folder"):
+        claim(copy, True)
+    assert (copy / "teacher" / "out.json").exists()
+    claim(copy, False)
+    claim(copy, True)
+    assert set(os.listdir(copy)) <= {JOB_MARKER, ".lealla_tf.lock"}
+    # The job's own folder: anything it does not write stops --fresh, named.
+    (job / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="notes.txt"):
+        claim(job, True)
+    assert (job / "teacher" / "out.json").exists() and (job / "notes.txt").exists()
+    (job / "notes.txt").unlink()
+    claim(job, True)
+    assert set(os.listdir(job)) <= {JOB_MARKER, ".lealla_tf.lock"}
+    # A --work_dir that is a symlink to a job's folder: one line, nothing deleted.
+    (job / "stages").mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(job)
+    code = main([f"--data_dir={tiny_data}", f"--work_dir={link}", "--fresh"])
+    assert_one_line_stderr(code, capsys.readouterr().err, f"--work_dir={link}", "symlink")
+    assert (job / "stages").is_dir()
+
+
+def test_a_work_dir_below_a_file_or_with_a_symlinked_stage_is_one_line(
+        tmp_path, tiny_data, capsys, stages_never_start):
+    from lealla_tf.folder_lock import release_folder
+    from lealla_tf.recipe.job import claim_work_dir
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    for work in (a_file / "work", a_file / "deeper" / "work"):
+        code = main([f"--data_dir={tiny_data}", f"--work_dir={work}"])
+        assert_one_line_stderr(code, capsys.readouterr().err, f"--work_dir={work}", str(a_file))
+    # A stage folder replaced by a symlink is not followed, with --fresh or without.
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    release_folder(claim_work_dir(str(work), False))
+    elsewhere.mkdir()
+    (elsewhere / "precious.txt").write_text("keep")
+    (work / "teacher").symlink_to(elsewhere)
+    for fresh in ([], ["--fresh"]):
+        code = main([f"--data_dir={tiny_data}", f"--work_dir={work}", *fresh])
+        assert_one_line_stderr(code, capsys.readouterr().err, "teacher", "symlink")
+        assert os.listdir(elsewhere) == ["precious.txt"]
+
+
+LOCK_HOLDER = """
+import sys, time
+from lealla_tf.folder_lock import hold_folder
+hold_folder(sys.argv[1])
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_work_dir_has_one_writer(tmp_path, tiny_data, capsys, monkeypatch):
+    """A second job on a --work_dir another one is writing is refused in one line
+    naming the first one's pid; the lock lasts as long as the job, and a killed
+    job's lock blocks nobody."""
+    import signal
+    import subprocess
+    import sys
+
+    import lealla_tf.recipe.job
+    from lealla_tf.folder_lock import FolderInUseError, hold_folder, release_folder
+
+    work = tmp_path / "w"
+    arguments = [f"--data_dir={tiny_data}", f"--work_dir={work}"]
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(work)], cwd=REPO_ROOT,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert_one_line_stderr(main(arguments), capsys.readouterr().err, f"--work_dir={work}",
+                               f"pid {holder.pid}")
+        assert_one_line_stderr(main(arguments + ["--fresh"]), capsys.readouterr().err,
+                               f"pid {holder.pid}")
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def stages(work_dir, *args, **kwargs):  # the job, past its checks
+        with pytest.raises(FolderInUseError, match=f"pid {os.getpid()}"):
+            hold_folder(str(work))
+        seen.append(work_dir)
+        raise Stop
+
+    monkeypatch.setattr(lealla_tf.recipe.job, "Stages", stages)
+    with pytest.raises(Stop):
+        main(arguments)  # the killed holder's lock file (its pid in it) blocks nothing
+    assert seen == [str(work)]
+    release_folder(hold_folder(str(work)))  # released when the job ended, even by an error
+
+
+RECIPE_FLAG_MISTAKES = [
+    ("--sample_pairs=0", "a positive integer"), ("--sample_pairs=-5", "a positive integer"),
+    ("--global_batch_size=0", "a positive integer"),
+    ("--keep_checkpoints=0", "a positive integer"), ("--bucc_gold=0", "a positive integer"),
+    ("--beam_workers=0", "a positive integer"), ("--max_seq_length=1", "at least 2"),
+    ("--vocab_size=-1", "--vocab_size"), ("--length_buckets=-1", "--length_buckets"),
+    ("--teacher_eval_pairs=-1", "--teacher_eval_pairs"), ("--eval_every=-1", "--eval_every"),
+    ("--eval_max_pairs=-1", "--eval_max_pairs"), ("--warmup_steps=-1", "--warmup_steps"),
+    ("--bucc_distractors=-1", "--bucc_distractors"), ("--train_steps=-1", "--train_steps"),
+    ("--time_budget_minutes=nan", "minutes"), ("--time_budget_minutes=inf", "minutes"),
+    ("--time_budget_minutes=1e9", "10080"), ("--time_budget_minutes=-1", "minutes"),
+    ("--time_budget_minutes=0", "--train_steps")]
+
+
+@pytest.mark.parametrize("flag,needle", RECIPE_FLAG_MISTAKES,
+                         ids=[flag for flag, _ in RECIPE_FLAG_MISTAKES])
+def test_count_flags_and_the_budget_are_checked_before_any_stage(tiny_data, tmp_path, capsys,
+                                                                 stages_never_start, flag,
+                                                                 needle):
+    """--sample_pairs=0 trained on 2 pairs, and a budget of nan minutes failed
+    after the stages with no flag named; each is refused up front, naming it."""
+    work = tmp_path / "w"
+    code = main([f"--data_dir={tiny_data}", f"--work_dir={work}", flag])
+    error = capsys.readouterr().err
+    assert_one_line_stderr(code, error, flag.split("=")[0], needle)
+    assert "0 or positive" not in error and not work.exists()
+
+
+def test_every_count_flag_is_positive_or_its_help_says_what_0_means():
+    """An integer flag either refuses 0 (and says "a positive integer") or its
+    --help defines 0."""
+    import dataclasses
+
+    from lealla_tf.cli.recipe import build_parser
+    from lealla_tf.recipe.config import RecipeConfig
+    from lealla_tf.recipe.job import check_flags
+
+    parser = build_parser()
+    for action in parser._actions:
+        if action.type is not int or action.dest == "seed":
+            continue
+        config = dataclasses.replace(RecipeConfig(), **{action.dest: 0})
+        try:
+            check_flags(config)
+        except ValueError as error:
+            assert action.option_strings[0] in str(error), error
+            assert "0 or positive" not in str(error), error
+            continue
+        assert "0:" in (action.help or "") or "0 (" in (action.help or ""), (
+            f"{action.option_strings[0]} takes 0 but its help does not say what it means")
 
 
 def test_inputs_and_flags_are_checked_before_anything_is_written(tiny_data, tmp_path, capsys):
