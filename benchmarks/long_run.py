@@ -92,7 +92,7 @@ def main(argv=None):
 
     every = max(1, -(-args.train_steps // args.checkpoints))
     command = [sys.executable, "-m", "lealla_tf.recipe", f"--work_dir={args.work_dir}",
-               f"--train_steps={args.train_steps}", "--skip_comparison",
+               f"--train_steps={args.train_steps}",
                f"--eval_every={every}", f"--keep_checkpoints={args.checkpoints + 1}",
                *args.recipe_flags]
     print(" ".join(command), flush=True)

@@ -12,11 +12,15 @@ sample, seed and start (weight selection), from the finished job in --work_dir,
 so a row differs from the main job's student in FLAGS alone (an empty FLAGS is
 the main job's student itself, retrained). Only flags that shape training may
 vary (steps, learning rate, warmup, objective, loss weights, batch, length,
-pooling...); a flag that would need another vocabulary or sample is refused.
+pooling...), or the sample's (`--language_alpha`, `--sample_pairs`: the row
+draws its own sample); a flag that would need another teacher or vocabulary is
+refused.
 
-Every row is scored on ALL of tatoeba_dev (the main job's figure), on the first
-300 pairs a language (its per-language plot's pairs) and along the way on the
-first 50 (the training curve), with the training seconds of each point. Each
+Every row is scored as the main job scores its student: on ALL of tatoeba_dev,
+and on the held-out news set (mining F1 and P@1, when the main job had one);
+also on the first 300 pairs a language (its per-language plot's pairs) and along
+the way on the first 50 (the training curve), with the training seconds of each
+point. Each
 variant trains in its own process, under --work_dir/sweep/NAME; a finished one is
 reused when the script is rerun.
 """
@@ -31,8 +35,11 @@ import sys
 
 from benchmarks.common import machine, stop_signals_passed_to, write_result
 
-# The recipe flags a row may change: they shape only the training stage.
-TRAINING_FLAGS = ("train_steps", "learning_rate", "warmup_steps", "objective", "loss_weights",
+# The recipe flags a row may change: they shape only the training stage, or
+# (SAMPLE_FLAGS) the sample, which a row then draws for itself (it is cheap;
+# the teacher and vocabulary are not, and stay the main job's).
+SAMPLE_FLAGS = ("language_alpha", "sample_pairs")
+TRAINING_FLAGS = SAMPLE_FLAGS + ("train_steps", "learning_rate", "warmup_steps", "objective", "loss_weights",
                   "global_batch_size", "max_seq_length", "length_buckets", "pooling",
                   "encoder_overrides", "embedding_init", "teacher_center", "eval_every",
                   "eval_max_pairs", "mixed_precision", "seed")
@@ -55,7 +62,7 @@ def parse_variant(text: str):
     refused = [k for k in changed if k not in TRAINING_FLAGS]
     if refused:
         raise ValueError(f"--variant={text!r}: {', '.join('--' + k for k in refused)} would "
-                         "need another teacher, vocabulary or sample than the main job's; "
+                         "need another teacher or vocabulary than the main job's; "
                          f"a row may change only --{', --'.join(TRAINING_FLAGS)}")
     from lealla_tf.losses.objectives import OBJECTIVES, parse_objective
     from lealla_tf.recipe.stages import (check_learning_rates, student_loss_weights,
@@ -130,8 +137,9 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
                                                 tatoeba_metrics_with_margin)
     from lealla_tf.models.model_dir import read_model_config
     from lealla_tf.cli.recipe import build_parser, config_from_args
-    from lealla_tf.recipe.stages import (mixed_precision, student_loss_weights, teacher_in_step,
-                                         train_config)
+    from lealla_tf.recipe.stages import (Models, mixed_precision, news_stage, sample_stage,
+                                         student_loss_weights, teacher_in_step, train_config)
+    from lealla_tf.evaluation.news import NEWS_PRIMARY_METRIC
     from lealla_tf.train.run import train
 
     from benchmarks.common import machine as this_machine
@@ -144,9 +152,15 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
     in_step = teacher_in_step(config)
     model_dir = os.path.join(work_dir, "sweep", name)
     config = dataclasses.replace(config, mixed_precision=mixed_precision(config, model_dir))
+    sample = os.path.join(work_dir, "sample")
+    defaults = build_parser().parse_args([])
+    if any(getattr(config, flag) != getattr(defaults, flag) for flag in SAMPLE_FLAGS):
+        sample = os.path.join(work_dir, "sweep", name + "_sample")
+        if not os.path.exists(os.path.join(sample, "DONE")):
+            sample_stage(config, data_dir, sample)
+            open(os.path.join(sample, "DONE"), "w").close()
     train_settings = train_config(config, data_dir, teacher, os.path.join(work_dir, "teacher"),
-                                  os.path.join(work_dir, "sample"), config.objective, weights,
-                                  in_step)
+                                  sample, config.objective, weights, in_step)
     try:
         summary = train(train_settings, model_dir, vocabulary["output"], progress=False)
     except (ValueError, FileNotFoundError) as error:  # the trainer's own refusals
@@ -158,6 +172,9 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
     embedded = embed_tatoeba(load_embedder(model_dir), str(data_dir / "tatoeba_dev"))
     all_pairs = tatoeba_metrics_with_margin(embedded, time.time() - start)
     first_300 = tatoeba_metrics_with_margin(first_pairs(embedded, 300), 1.0)
+    news_set = finished_stage(work_dir, "news_set")
+    news = news_stage({name: model_dir}, os.path.join(work_dir, "news"), news_set["languages"],
+                      vocabulary["output"], Models()).get(name, {})
     optimizer = read_model_config(model_dir)["optimizer"]  # as resolved for the run
     result = {"flags": argv, "recipe": resolved_recipe(argv),
               "objective": config.objective, "loss_weights": weights,
@@ -173,6 +190,9 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
               * train_settings.global_batch_size / max(summary["train_seconds"], 1e-9),
               "p_at_1_all_pairs": all_pairs[TATOEBA_PRIMARY_METRIC],
               "p_at_1_first_300": first_300[TATOEBA_PRIMARY_METRIC],
+              "news_mining_f1": news.get(NEWS_PRIMARY_METRIC),
+              "news_p_at_1": news.get("news_length/average_p_at_1"),
+              "news_gold_pairs": news.get("news/gold_pairs"),
               "sentences_per_second": all_pairs["tatoeba/sentences_per_second"],
               "curve_first_50": summary["evaluations"], "machine": this_machine()}
     with open(result_file + ".tmp", "w") as f:
@@ -246,8 +266,10 @@ def main(argv=None) -> int:
                 continue
         results[name] = read_json(result_file)
         row = results[name]
+        news = row.get("news_mining_f1")
         print(f"{name}: P@1 {100 * row['p_at_1_all_pairs']:.2f} all pairs, "
-              f"{100 * row['p_at_1_first_300']:.2f} first 300, {row['steps']} steps in "
+              + (f"news F1 {100 * news:.1f}, " if news is not None else "")
+              + f"{100 * row['p_at_1_first_300']:.2f} first 300, {row['steps']} steps in "
               f"{row['train_seconds']:.0f} s ({row['pairs_per_second']:.1f} pairs/s)", flush=True)
     previous = {}
     if os.path.exists(args.output_json):

@@ -38,16 +38,21 @@ def build_parser():
         help="the pruned teacher vocabulary's cap on pieces (default or 0: every piece the "
         f"corpus uses), or the WordPiece size (default or 0: {DEFAULT_WORDPIECE_SIZE})")
     add("--sample_pairs", type=int, default=defaults.sample_pairs)
+    add("--language_alpha", type=float, default=defaults.language_alpha,
+        help="the temperature over languages, applied once: the sample gives a language "
+             "with n pairs a share proportional to n^alpha, and training draws from the "
+             "sample in its own proportions")
     add("--preset", default=defaults.preset)
     add("--pooling", default=defaults.pooling, choices=("mean", "cls"))
     add("--encoder_overrides", default="", help="e.g. num_layers=2 (see lealla_tf.cli.train)")
     add("--embedding_init", default=defaults.embedding_init, choices=EMBEDDING_INITS)
     add("--objective", default=defaults.objective)
     add("--loss_weights", default="", help="e.g. fd=1,ld=1e4 (default: the recipe's)")
-    add("--comparison_objective", default=None,
-        help="the ablation's objective on the same data and steps ('' for none; default "
-             f"{defaults.comparison_objective})")
-    add("--skip_comparison", action="store_true", help="no comparison run")
+    add("--comparison_objective", default=defaults.comparison_objective,
+        help="opt-in distillation ablation: a second student trained with this objective "
+             "(e.g. ams) on the same data and steps, and the budget split between the two "
+             "(default: none, the whole budget to the student; benchmarks/recipe_sweep.py "
+             "measures the gain at equal steps)")
     add("--comparison_learning_rate", type=float, default=defaults.comparison_learning_rate,
         help="the comparison student's peak rate (default %(default)g, measured best for AMS "
              "alone from weight selection: benchmarks/recipe_sweep.py)")
@@ -111,20 +116,15 @@ def config_from_args(args) -> RecipeConfig:
     malformed --encoder_overrides or --loss_weights, or flags that disagree)."""
     from lealla_tf.flags import parse_overrides, parse_weights
 
-    if args.skip_comparison and args.comparison_objective:
-        raise ValueError(f"--skip_comparison and --comparison_objective="
-                         f"{args.comparison_objective} disagree: pass one of them")
-    comparison = (RecipeConfig.comparison_objective if args.comparison_objective is None
-                  else args.comparison_objective)
-
     return RecipeConfig(
         data_dir=args.data_dir, work_dir=args.work_dir, teacher=args.teacher,
         teacher_backend=args.teacher_backend, vocabulary=args.vocabulary,
-        vocab_size=args.vocab_size, sample_pairs=args.sample_pairs, preset=args.preset,
+        vocab_size=args.vocab_size, sample_pairs=args.sample_pairs,
+        language_alpha=args.language_alpha, preset=args.preset,
         encoder_overrides=parse_overrides(args.encoder_overrides), pooling=args.pooling,
         embedding_init=args.embedding_init, objective=args.objective,
         loss_weights=parse_weights(args.loss_weights) if args.loss_weights else None,
-        comparison_objective="" if args.skip_comparison else comparison,
+        comparison_objective=args.comparison_objective,
         comparison_learning_rate=args.comparison_learning_rate,
         teacher_center=args.teacher_center,
         time_budget_minutes=args.time_budget_minutes,

@@ -61,6 +61,13 @@ RECIPE_LEARNING_RATE = 2e-3
 # at 5e-4), so it keeps its own best rate (benchmarks/results/recipe_sweep.json).
 COMPARISON_LEARNING_RATE = 5e-4
 
+# The temperature over languages, applied once, when the sample is drawn: a
+# language with n pairs in the corpus gets a share of the sample proportional
+# to n^alpha, and training then draws languages in proportion to what the
+# sample holds of each (`train_config`), so no pair repeats. Chosen between 0.3
+# and 0.7 by benchmarks/recipe_sweep.py (docs/benchmarks.md, the ablation table).
+SAMPLE_LANGUAGE_ALPHA = 0.3
+
 DEFAULT_WORDPIECE_SIZE = 32000  # the recipe's own WordPiece vocabulary (--vocabulary=wordpiece)
 
 
@@ -86,9 +93,15 @@ class RecipeConfig:
         sample_pairs: language-balanced training pairs (Tatoeba dev and the
             held-out NTREX news slice excluded); more than a planned run draws,
             so no pair repeats and no teacher pass is spent twice on one.
+        language_alpha: the temperature over languages, applied once, in the
+            sample: a language with n pairs gets a share ∝ n^alpha (0: every
+            language alike, 1: as the corpus has them). Training draws from the
+            sample in its own proportions.
         embedding_init: see `TrainConfig.embedding_init`.
-        comparison_objective: the same student trained with this objective on
-            the same data and steps (the distillation ablation); "" for none.
+        comparison_objective: opt-in: the same student trained with this
+            objective (e.g. "ams") on the same data and steps, the distillation
+            ablation, sharing the budget; "" (the default) for none, so the
+            student trains every planned step.
         loss_weights: per-term weights; None: `RECIPE_LOSS_WEIGHTS` for the
             terms the objective has.
         teacher_center: distil from centred teacher vectors (`TeacherConfig.center`).
@@ -138,13 +151,14 @@ class RecipeConfig:
     vocabulary: str = "teacher_pruned"
     vocab_size: Optional[int] = None
     sample_pairs: int = 150000
+    language_alpha: float = SAMPLE_LANGUAGE_ALPHA
     preset: str = "lealla_small"
     encoder_overrides: Dict[str, Any] = dataclasses.field(default_factory=dict)
     pooling: str = "mean"
     embedding_init: str = "teacher_select"
     objective: str = "lealla+hd"
     loss_weights: Optional[Dict[str, float]] = None
-    comparison_objective: str = "ams"
+    comparison_objective: str = ""
     comparison_learning_rate: Optional[float] = COMPARISON_LEARNING_RATE
     time_budget_minutes: float = 38.0
     train_steps: int = 0

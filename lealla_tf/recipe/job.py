@@ -148,7 +148,7 @@ def stage_settings(config: RecipeConfig, data_dir, precision: bool) -> Dict[str,
     own = {
         "teacher": ("data_dir", "teacher"),
         "vocabulary": ("vocabulary", "vocab_size"),
-        "sample": ("sample_pairs", "seed"),
+        "sample": ("sample_pairs", "language_alpha", "seed"),
         "news_set": ("news_languages",),
         "teacher_evaluation": ("teacher_backend", "teacher_eval_pairs", "truncate_teacher"),
         "teacher_vectors": ("teacher_in_step", "max_seq_length", "beam_workers"),
@@ -212,6 +212,8 @@ def check_inputs(config: RecipeConfig, data_dir) -> None:
                                 "(tatoeba.<xxx>-eng.<xxx> and tatoeba.<xxx>-eng.eng)")
     find_parallel_files([str(data_dir / "parallel")])  # names a directory with no pairs
     check_flags(config)
+    if not 0.0 <= config.language_alpha <= 1.0:  # NaN fails too
+        raise ValueError(f"--language_alpha must be in [0, 1], got {config.language_alpha}")
 
 
 def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:

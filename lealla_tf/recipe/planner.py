@@ -14,10 +14,13 @@ from lealla_tf.recipe.config import RecipeConfig
 # PLAN_AT_STEP steps, timing all but the first PLAN_SKIP_STEPS (tracing, and
 # oneDNN's first pass over new batch shapes); both warm up over
 # PLANNED_WARMUP_STEPS, so the rate before the plan does not depend on it.
-# On the main job's student (Xeon, 2 cores) steps 9-30 took 1.53 s, 16-50 1.31 s
-# and the whole run 1.19 s: the first steps pay for new batch shapes, so the plan
-# waits for step 50.
+# The first steps pay for new batch shapes (tracing, oneDNN's first pass), so
+# the plan waits for step 50 (benchmarks/results/main_job.json, the step times).
 PLAN_AT_STEP, PLAN_SKIP_STEPS, PLANNED_WARMUP_STEPS = 50, 15, 60
+# Steps 16-50 time only the length buckets that came first; at this share of
+# the plan the student times its steps again, over every bucket, and moves the
+# end to what the budget then allows.
+REPLAN_AT_FRACTION = 0.5
 # Dev evaluations along each student's training when --eval_every is 0.
 PLANNED_EVALUATIONS = 5
 # The plan keeps this share of the budget in hand (the machine's speed drifts).
@@ -44,7 +47,9 @@ class BudgetPlanner:
     (`stages.elapsed()`), less the stages after training (`after_training`
     seconds). It pays for the student's remaining steps and evaluations and
     the comparison's start, steps (`COMPARISON_STEP_RATIO` of the student's)
-    and evaluations: (n - k) p + n r p + fixed = left, for n.
+    and evaluations: (n - k) p + n r p + fixed = left, for n. At
+    `REPLAN_AT_FRACTION` of n it solves the same for the steps left, with p
+    timed over every step so far (`replan`).
     """
 
     def __init__(self, config: RecipeConfig, stages, after_training: float,
@@ -56,22 +61,22 @@ class BudgetPlanner:
 
     def __call__(self, measured: dict) -> Optional[dict]:
         step = measured["step"]
+        if self.plan is not None:
+            return self.replan(measured)
         if step < PLAN_AT_STEP:
             return None
-        per_step = float(sum(measured["step_seconds"][PLAN_SKIP_STEPS:])
-                         / max(1, len(measured["step_seconds"][PLAN_SKIP_STEPS:])))
+        per_step = self.seconds_per_step(measured)
         evaluation = measured["evaluation_seconds"] or 0.0
         budget = self.config.time_budget_minutes * 60
         spent = self.stages.elapsed()
         left = budget * (1 - PLAN_MARGIN) - spent - self.after_training
         ratio = COMPARISON_STEP_RATIO if self.comparison else 0.0
-        fixed = PLANNED_EVALUATIONS * evaluation
         # The comparison's start: the student's, less its evaluation at step 0
         # (counted with the others), plus its first step's tracing.
         comparison_start = (max(0.0, measured["start_seconds"] - evaluation)
                             + max(0.0, measured["step_seconds"][0] - per_step))
-        if self.comparison:
-            fixed += comparison_start + (PLANNED_EVALUATIONS + 1) * evaluation
+        fixed = PLANNED_EVALUATIONS * evaluation + self.comparison_seconds(
+            comparison_start, evaluation)
         steps = int((left - fixed + step * per_step) // (per_step * (1 + ratio)))
         steps = max(steps, PLANNED_WARMUP_STEPS + 1)
         own = (steps - step) * per_step + fixed
@@ -89,14 +94,59 @@ class BudgetPlanner:
               f"{self.after_training / 60:.1f} kept for after training -> {steps} steps a "
               "student" + (" (short: this machine is slow for the budget)"
                            if self.plan["short"] else ""))
-        with open(os.path.join(self.model_dir, BUDGET_PLAN_FILE), "w") as f:
-            json.dump(self.plan, f, indent=2)
+        self.write()
         every = self.config.eval_every or planned_every(steps)
         return {"train_steps": steps, "eval_every": every,
                 "checkpoint_every": planned_every(steps),
                 # a run that overshoots its plan by a third stops
                 "time_budget_minutes": (measured["start_seconds"] + step * per_step
                                         + 4 / 3 * own) / 60}
+
+
+    @staticmethod
+    def seconds_per_step(measured: dict) -> float:
+        """The mean step time past the first `PLAN_SKIP_STEPS` (tracing, new shapes)."""
+        timed = measured["step_seconds"][PLAN_SKIP_STEPS:]
+        return float(sum(timed) / max(1, len(timed)))
+
+    def comparison_seconds(self, start: float, evaluation: float) -> float:
+        """The comparison's time besides its steps: its start and evaluations."""
+        return start + (PLANNED_EVALUATIONS + 1) * evaluation if self.comparison else 0.0
+
+    def replan(self, measured: dict) -> Optional[dict]:
+        """At `REPLAN_AT_FRACTION` of the plan (once): the steps that fit what is
+        left, timed over every step so far, so the job ends at its budget
+        whichever length buckets came first. Only the end moves (the
+        evaluations and checkpoints keep their spacing; the last step is
+        evaluated and saved anyway)."""
+        step, plan = measured["step"], self.plan
+        if plan.get("replanned_at_step") or step < max(
+                plan["planned_at_step"] + 1, int(REPLAN_AT_FRACTION * plan["train_steps"])):
+            return None
+        per_step = self.seconds_per_step(measured)
+        evaluation = plan["evaluation_seconds"]
+        left = (plan["budget_seconds"] * (1 - PLAN_MARGIN) - self.stages.elapsed()
+                - self.after_training)
+        every = self.config.eval_every or planned_every(plan["train_steps"])
+        evaluations_left = len(range(every * (step // every + 1), plan["train_steps"], every)) + 1
+        fixed = evaluations_left * evaluation + self.comparison_seconds(
+            plan["comparison_start_seconds"], evaluation)
+        ratio = plan["comparison_step_ratio"]
+        steps = max(step + 1, int((left - fixed + step * per_step) // (per_step * (1 + ratio))))
+        own = (steps - step) * per_step + evaluations_left * evaluation
+        self.plan.update(replanned_at_step=step, planned_train_steps=plan["train_steps"],
+                         train_steps=steps, seconds_per_step=per_step,
+                         pairs_per_second=self.config.global_batch_size / per_step,
+                         short=steps < SHORT_RUN_STEPS)
+        print(f"\nre-plan at step {step}: {per_step:.2f} s a step over every step so far -> "
+              f"{steps} steps (planned {self.plan['planned_train_steps']})")
+        self.write()
+        return {"train_steps": steps,
+                "time_budget_minutes": (measured["elapsed_seconds"] + 4 / 3 * own) / 60}
+
+    def write(self) -> None:
+        with open(os.path.join(self.model_dir, BUDGET_PLAN_FILE), "w") as f:
+            json.dump(self.plan, f, indent=2)
 
 
 def planned_every(steps: int) -> int:

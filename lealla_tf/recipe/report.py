@@ -27,6 +27,13 @@ def format_summary(report: dict) -> str:
                      f"step {plan['seconds_per_step']:.2f} s, {plan['pairs_per_second']:.0f}"
                      " pairs/s)" + (": SHORT, this machine is slow for the budget"
                                     if plan["short"] else ""))
+    trained = (report.get("training") or {}).get(STUDENT)
+    if trained:
+        replanned = (f", re-planned at step {plan['replanned_at_step']} from "
+                     f"{plan['planned_train_steps']}" if plan.get("replanned_at_step") else "")
+        lines.append(f"student trained: {trained['final_step']} steps of "
+                     f"{report['config']['global_batch_size']} pairs in "
+                     f"{trained['seconds'] / 60:.1f} min{replanned}")
     corpus = (report.get("sample") or {}).get("lines")
     if corpus:  # what the reader skipped in the corpus, per kind and file
         lines.append(describe_corpus_counts(corpus))
@@ -58,6 +65,10 @@ def format_summary(report: dict) -> str:
                      f"{comparison['comparison_objective']} alone "
                      f"{100 * comparison['comparison']:.2f}% vs {comparison['objective']} "
                      f"{100 * comparison['full']:.2f}% ({comparison['gain_points']:+.2f} points)")
+    else:
+        lines.append("distillation against AMS alone: not run here (--comparison_objective=ams "
+                     "runs it in the job; benchmarks/recipe_sweep.py measures it at equal "
+                     "steps, docs/benchmarks.md)")
     pairs = report["config"].get("eval_max_pairs")
     for name, run in report["training"].items():
         curve = " ".join(f"{e['step']}:{100 * e['p_at_1']:.1f}" for e in run["evaluations"])

@@ -180,17 +180,21 @@ def vocabulary_stage(config: RecipeConfig, data_dir, teacher_dir: str, work: str
 
 def sample_stage(config: RecipeConfig, data_dir, path: str) -> dict:
     from lealla_tf.train.data import evaluation_sentences
-    from lealla_tf.parallel_corpus import find_parallel_files, sample_pairs
+    from lealla_tf.parallel_corpus import CorpusCounts, find_parallel_files, sample_pairs
 
     excluded = set(evaluation_sentences([str(data_dir / "tatoeba_dev")]))
     if (data_dir / "parallel" / "ntrex").is_dir():  # the held-out news set
         from lealla_tf.evaluation.news import held_out_sentences
 
         excluded |= held_out_sentences(str(data_dir / "parallel" / "ntrex"))
+    lines = CorpusCounts()
     counts = sample_pairs(find_parallel_files([str(data_dir / "parallel")]), config.sample_pairs,
-                          path, alpha=0.3, seed=config.seed, exclude=excluded)
-    summary = {"pairs": sum(counts.values()), "languages": len(counts), "per_language": counts}
+                          path, alpha=config.language_alpha, seed=config.seed,
+                          exclude=excluded, line_counts=lines)
+    summary = {"pairs": sum(counts.values()), "languages": len(counts), "per_language": counts,
+               "lines": lines.as_dict()}
     print(f"{summary['pairs']:,} pairs in {summary['languages']} languages")
+    print(lines.describe())
     return summary
 
 
@@ -303,7 +307,11 @@ def train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_dir: str
     train = TrainConfig(
         preset=config.preset, encoder=encoder,
         tokenizer=TokenizerConfig(max_seq_length=config.max_seq_length),
-        data=DataConfig(train_data=[data], decontaminate=[str(data_dir / "tatoeba_dev")],
+        # The sample already holds languages at n^language_alpha: the stream
+        # draws them as the sample has them (alpha 1), so the temperature
+        # applies once and no language's pairs repeat before the others'.
+        data=DataConfig(train_data=[data], language_alpha=1.0,
+                        decontaminate=[str(data_dir / "tatoeba_dev")],
                         length_buckets=config.length_buckets, seed=config.seed),
         teacher=TeacherConfig(english_only=not teacher["multilingual"],
                               center=config.teacher_center, in_step=in_step),

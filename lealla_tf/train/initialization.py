@@ -16,8 +16,8 @@ from the teacher's token embeddings instead of random ones:
   heads and evenly spaced dimensions of each, and the feed-forward units with
   the largest weight norms. A deeper student puts teacher layer i at student
   layer floor(i * L_student / L_teacher); the layers in between keep their
-  random initialisation except for zero output projections, so they pass their
-  input on (re-normalised by their layer norms) and learn from there. A
+  random initialisation except for zero output projections and layer norms
+  set to hand their input on (`pass_through_norm`), and learn from there. A
   shallower student takes evenly spaced teacher layers. Every segment starts as
   the teacher's first; a [CLS] pooler or output projection stays random. Needs a
   student no wider than the teacher in each of these, without bottleneck or
@@ -228,6 +228,24 @@ def layer_sources(student_layers: int, teacher_layers: int) -> List[Optional[int
     return [int(np.floor(j * teacher_layers / student_layers)) for j in range(student_layers)]
 
 
+def pass_through_norm(gamma: np.ndarray, beta: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """The layer norm weights under which a layer with zero output projections
+    hands its input on, as nearly as a layer norm can.
+
+    Its input is the output of a layer norm (`gamma`, `beta`): y = gamma z + beta,
+    z standardised over the hidden axis. A post-LN layer with zero output
+    projections computes LN(y): with the default weights (1, 0) that is y
+    re-standardised, which drops the teacher's per-coordinate scales and
+    offsets (BERT's outlier dimensions among them). Over coordinates, y has mean
+    about mean(beta) and variance about mean(gamma^2) + var(beta) for a
+    standardised z, so weights of those constants (std, mean) make LN(y) = y
+    wherever a token's own mean and spread are the typical ones.
+    """
+    mean = float(np.mean(beta))
+    std = float(np.sqrt(np.mean(np.square(gamma)) + np.var(beta)))
+    return (np.full(gamma.shape, std, np.float32), np.full(beta.shape, mean, np.float32))
+
+
 def _axis_roles(key: str) -> str:
     """What each axis of a `TransformerEncoder` weight indexes (see `select`)."""
     if key.startswith("self_attention_layer/attention_output/"):
@@ -298,12 +316,19 @@ def select_teacher_weights(encoder, rows: np.ndarray, teacher_dir: str,
                              "h"))
     sources = layer_sources(len(encoder.transformer_layers),
                             _teacher_layer_count(variables))
+    # The layer norm whose output a pass-through layer receives: the embeddings'
+    # or the last placed layer's (a pass-through layer hands its input on).
+    previous_norm = [w.numpy() for w in encoder.embeddings_layer_norm.weights]
     for layer, source in zip(encoder.transformer_layers, sources):
         if source is None:
+            gamma, beta = pass_through_norm(*previous_norm)
             for weight in layer.weights:
-                if weight.path.split("/", 1)[1].startswith((
-                        "self_attention_layer/attention_output/", "feedforward_output_dense/")):
+                key = weight.path.split("/", 1)[1]
+                if key.startswith(("self_attention_layer/attention_output/",
+                                   "feedforward_output_dense/")):
                     weight.assign(np.zeros(weight.shape, np.float32))
+                elif "layer_norm/" in key:
+                    weight.assign(gamma if key.endswith("gamma") else beta)
             continue
         prefix = f"transformer_layer_{source}/"
         into = variables[prefix + "feedforward_intermediate_dense/kernel"][hidden]
@@ -316,6 +341,9 @@ def select_teacher_weights(encoder, rows: np.ndarray, teacher_dir: str,
             if key.startswith("self_attention_layer/query/"):
                 value = value * query_scale
             weight.assign(value.astype(np.float32))
+        previous_norm = [w.numpy() for w in sorted(
+            (w for w in layer.weights if "/feedforward_layer_norm/" in w.path),
+            key=lambda w: not w.path.endswith("gamma"))]
     return {"mode": "teacher_select", "source": teacher_dir, "rows": int(len(rows)),
             "rows_matched": int(matched.sum()), "matched_fraction": float(matched.mean()),
             "hidden_coordinates": [int(i) for i in hidden],

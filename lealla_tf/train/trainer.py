@@ -157,7 +157,10 @@ class Trainer:
         schedule decays to n, and `plan.json` in model_dir records them (a
         resumed run passes them as its config, without a planner). It is
         called only before the warmup ends, so the rate so far does not depend
-        on n.
+        on n. Once planned, the planner is still called each step and may move
+        the end once more (a re-plan: {"train_steps": n'[,
+        "time_budget_minutes": m]}, n' past the current step): the rate decays
+        to n' from there and `plan.json` records it.
         """
         from lealla_tf.progress import progress_bar as tqdm
 
@@ -226,13 +229,16 @@ class Trainer:
                     window_start, window_steps = time.time(), 0
                 bar.set_postfix(loss=f"{reduced['total']:.4f}", pairs_s=f"{pairs_per_second:.1f}")
                 bar.update(1)
-                if planner is not None and plan is None:
-                    plan = planner({"step": steps_done, "train_seconds": train_seconds,
-                                    "step_seconds": list(step_seconds),
-                                    "evaluation_seconds": evaluation_seconds,
-                                    "start_seconds": first_step_start - started})
-                    if plan is not None:
-                        config = self._take_plan(plan, steps_done)
+                if planner is not None:
+                    answer = planner({"step": steps_done, "train_seconds": train_seconds,
+                                      "step_seconds": list(step_seconds),
+                                      "evaluation_seconds": evaluation_seconds,
+                                      "start_seconds": first_step_start - started,
+                                      "elapsed_seconds": time.time() - started})
+                    if answer is not None:
+                        config = (self._take_plan(answer, steps_done) if plan is None
+                                  else self._take_replan(answer, steps_done))
+                        plan = answer
                         bar.total = config.train_steps
                         bar.refresh()
                 if steps_done % config.checkpoint_every == 0:
@@ -293,6 +299,29 @@ class Trainer:
         if self.role.chief:
             with open(os.path.join(self.model_dir, "plan.json"), "w") as f:
                 json.dump({**plan, "planned_at_step": steps_done}, f, indent=2)
+        return self.config
+
+    def _take_replan(self, replan: dict, steps_done: int) -> TrainConfig:
+        """The run's settings when its planner, having planned, re-measures and
+        moves the end: only `train_steps` (and the time guard) may change, to a
+        step after this one; the rate from here decays to the new end, and
+        `plan.json` records it, so a run resumed after this step keeps it."""
+        import dataclasses
+
+        changed = set(replan) - {"train_steps", "time_budget_minutes"}
+        if changed or replan["train_steps"] <= steps_done:
+            raise ValueError(f"a re-plan at step {steps_done} may set only a later "
+                             f"train_steps (and time_budget_minutes); got {replan}")
+        self.config = dataclasses.replace(self.config, **replan)
+        self.total_steps.assign(self.config.train_steps)
+        path = os.path.join(self.model_dir, "plan.json")
+        if self.role.chief:
+            with open(path) as f:
+                recorded = json.load(f)
+            recorded.update(replan, replanned_at_step=steps_done)
+            with open(path + ".tmp", "w") as f:
+                json.dump(recorded, f, indent=2)
+            os.replace(path + ".tmp", path)
         return self.config
 
     def _stop_reason(self, signal_name: Optional[str], over_budget: bool) -> Optional[str]:

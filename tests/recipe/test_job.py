@@ -71,7 +71,8 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
                  "--encoder_overrides=num_layers=2,hidden_dim=16,num_heads=2,intermediate_dim=32",
                  "--beam_workers=1", "--bucc_languages=deu,fra,xho", "--bucc_gold=5",
                  "--news_languages=deu,fra,xho",
-                 "--bucc_distractors=5", "--global_batch_size=8", "--teacher_eval_pairs=3"]
+                 "--bucc_distractors=5", "--global_batch_size=8", "--teacher_eval_pairs=3",
+                 "--comparison_objective=ams"]  # the opt-in distillation ablation
     assert main(arguments) == 0
     out = capsys.readouterr().out
     assert "lealla_tf main job — summary" in out and "Tatoeba dev P@1 student" in out
@@ -662,8 +663,7 @@ def test_inputs_and_flags_are_checked_before_anything_is_written(tiny_data, tmp_
     assert "no Tatoeba files" in error and "tatoeba_dev" in error and len(error.splitlines()) == 1
     assert not work.exists()
     for flags, needle in ((["--mixed_precision", "--no_mixed_precision"], "--mixed_precision"),
-                          (["--skip_comparison", "--comparison_objective=ams"],
-                           "--skip_comparison"),
+                          (["--language_alpha=1.5"], "--language_alpha"),
                           (["--time_budget_minutes=0"], "--time_budget_minutes"),
                           (["--train_steps=-3"], "--train_steps")):
         with pytest.raises(SystemExit) if flags[0] == "--mixed_precision" else _no_raise():
@@ -757,7 +757,7 @@ def test_the_main_job_killed_in_training_resumes_exactly(tiny_data, tmp_path):
                  "--train_steps=6", "--eval_every=3", "--eval_max_pairs=4",
                  "--encoder_overrides=num_layers=2,hidden_dim=16,num_heads=2,intermediate_dim=32",
                  "--bucc_languages=deu", "--bucc_gold=5", "--bucc_distractors=5",
-                 "--news_languages=deu", "--global_batch_size=8", "--skip_comparison",
+                 "--news_languages=deu", "--global_batch_size=8",
                  "--mixed_precision", "--length_buckets=4"]
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="-1",
                        TF_DETERMINISTIC_OPS="1")
@@ -835,12 +835,16 @@ def test_the_main_job_on_your_own_pairs_learns(shared_data, tmp_path, capsys):
     work = tmp_path / "work"
     assert main([f"--data_dir={mine}", f"--work_dir={work}", "--train_steps=60",
                  "--eval_every=60", "--eval_max_pairs=0", "--global_batch_size=32",
-                 "--skip_comparison", "--encoder_overrides=num_layers=4,hidden_dim=64,"
+                 "--encoder_overrides=num_layers=4,hidden_dim=64,"
                  "num_heads=4,intermediate_dim=128", "--bucc_languages="]) == 0
     out = capsys.readouterr().out
     assert "the news evaluation is skipped" in out  # no NTREX folder of one's own
-    curve = json.loads((work / "report" / "report.json").read_text())["training"]["student"][
-        "evaluations"]
+    report = json.loads((work / "report" / "report.json").read_text())
+    # No comparison unless asked for: one student, the whole budget its own.
+    assert set(report["training"]) == {"student"} and report["distillation"] is None
+    assert "distillation against AMS alone: not run here" in out
+    assert "student trained: 60 steps of 32 pairs" in out
+    curve = report["training"]["student"]["evaluations"]
     assert [e["step"] for e in curve] == [0, 60]
     assert curve[-1]["p_at_1"] > curve[0]["p_at_1"] + 0.05, curve
     assert (work / "export" / "lealla_small" / "saved_model.pb").exists()

@@ -194,3 +194,29 @@ def test_rows_match_by_piece_and_pca_keeps_the_leading_variance():
     assert set(np.argmax(np.abs(components), axis=0)) == {0, 1}
     with pytest.raises(ValueError, match="cannot project 6-d"):
         pca(table, 8)
+
+
+def test_pass_through_layers_hand_their_input_on(teacher_dir):
+    """A student twice the teacher's depth, as wide: its step-0 output is 0.21
+    (relative L2) from the teacher's, where layer norms left at (1, 0), which
+    re-standardise every placed layer's output and drop the teacher's loud
+    coordinate, put it 0.65 away. A layer norm cannot do better than the
+    first: a token's own spread over coordinates moves with its value on the
+    loud one, and one constant scale serves every token."""
+    directory, teacher = teacher_dir
+    encoder = student(num_layers=4)
+    select_teacher_weights(encoder, np.arange(TEACHER["vocabulary_size"]), directory)
+    theirs = sequence_output(teacher, IDS)
+    mask = IDS > 0
+
+    def distance(ours):
+        return (np.linalg.norm((ours - theirs)[mask]) / np.linalg.norm(theirs[mask]))
+
+    kept = distance(sequence_output(encoder, IDS))
+    for layer in (encoder.transformer_layers[1], encoder.transformer_layers[3]):
+        for weight in layer.weights:
+            if "layer_norm/" in weight.path:
+                weight.assign(np.full(weight.shape, weight.path.endswith("gamma"), np.float32))
+    standardised = distance(sequence_output(encoder, IDS))
+    assert kept < 0.25, kept
+    assert standardised > 2.5 * kept, (kept, standardised)

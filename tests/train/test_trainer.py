@@ -1,5 +1,6 @@
 """The trainer: cross-replica negatives, every objective, resume, configs."""
 
+import dataclasses
 import json
 import os
 
@@ -149,13 +150,15 @@ def test_a_planner_sets_the_length_during_warmup(sentence_vocab_file, tiny_paral
 
     def planner(measured):
         seen.append(measured)
-        if measured["step"] < 3:
+        if measured["step"] != 3:
             return None
         return {"train_steps": 9, "checkpoint_every": 3}
 
     summary = Trainer(config, str(tmp_path), None, sentence_vocab_file,
                       progress=False).train(planner)
-    assert summary["final_step"] == 9 and [m["step"] for m in seen] == [1, 2, 3]
+    # Called after every step: it plans at 3, and could re-plan after.
+    assert summary["final_step"] == 9 and [m["step"] for m in seen] == list(range(1, 10))
+    seen = seen[:3]
     assert len(seen[-1]["step_seconds"]) == 3 and seen[-1]["train_seconds"] > 0
     assert seen[-1]["start_seconds"] >= 0 and seen[-1]["evaluation_seconds"] is None
     # The start is the time to the first step, the same at every call.
@@ -170,6 +173,37 @@ def test_a_planner_sets_the_length_during_warmup(sentence_vocab_file, tiny_paral
     saved = {int(name.split("-")[1].split(".")[0])
              for name in os.listdir(tmp_path / "checkpoints") if name.startswith("ckpt-")}
     assert saved == {3, 6, 9}  # every 3 steps, as planned (none at the provisional 1000)
+
+
+def test_a_replan_moves_the_end_and_the_decay(sentence_vocab_file, tiny_parallel_dir,
+                                              tmp_path):
+    """Planned at step 3 for 9 steps, re-planned at step 5 for 12: the run ends at
+    12, the rate follows the first schedule to step 5 and decays to 12 after, and
+    plan.json records the new end, so a resumed run keeps it."""
+    config = tiny_config(vocab_size(sentence_vocab_file), tiny_parallel_dir, "ams",
+                         train_steps=1000, checkpoint_every=1000)
+    config.optimizer.warmup_steps = 4
+
+    def planner(measured):
+        assert measured["elapsed_seconds"] >= measured["train_seconds"]
+        return {3: {"train_steps": 9, "checkpoint_every": 3},
+                5: {"train_steps": 12}}.get(measured["step"])
+
+    summary = Trainer(config, str(tmp_path), None, sentence_vocab_file,
+                      progress=False).train(planner)
+    assert summary["final_step"] == 12
+    plan = json.load(open(tmp_path / "plan.json"))
+    assert plan["train_steps"] == 12 and plan["replanned_at_step"] == 5
+    rates = [json.loads(line)["learning_rate"]
+             for line in open(tmp_path / "train_log.jsonl")]
+    expected = ([float(WarmupLinearDecay(1e-3, 4, 9)(step)) for step in range(1, 6)]
+                + [float(WarmupLinearDecay(1e-3, 4, 12)(step)) for step in range(6, 13)])
+    np.testing.assert_allclose(rates, expected, rtol=1e-6)
+    with pytest.raises(ValueError, match="re-plan"):
+        Trainer(dataclasses.replace(config, train_steps=20), str(tmp_path / "again"), None,
+                sentence_vocab_file, progress=False).train(
+            lambda measured: {1: {"train_steps": 9}, 2: {"eval_every": 3}}.get(
+                measured["step"]))
 
 
 def test_a_plan_after_the_warmup_is_refused(sentence_vocab_file, tiny_parallel_dir, tmp_path):

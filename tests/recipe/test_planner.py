@@ -1,0 +1,47 @@
+"""Planning the students' training to the budget (`lealla_tf.recipe.planner`)."""
+
+import json
+
+import pytest
+
+from lealla_tf.recipe.config import RecipeConfig
+from lealla_tf.recipe.planner import (BUDGET_PLAN_FILE, PLAN_AT_STEP, PLAN_SKIP_STEPS,
+                                      REPLAN_AT_FRACTION, BudgetPlanner, planned_every)
+from lealla_tf.recipe.stages import Stages
+
+
+def test_the_plan_is_timed_again_halfway_and_the_end_moves_to_the_budget(tmp_path):
+    """Steps 16-50 ran at 2 s (the short buckets came first); the rest of the run
+    takes 3 s a step. Halfway the planner times every step so far and moves the
+    end so that what is left of the budget pays for the steps and evaluations
+    left; once only."""
+    stages = Stages(str(tmp_path), log=lambda _: None)
+    stages.seconds = {"teacher": 300.0}
+    planner = BudgetPlanner(RecipeConfig(time_budget_minutes=40), stages, 185.0, False,
+                            str(tmp_path))
+    at = PLAN_AT_STEP
+    steps = [5.0] * PLAN_SKIP_STEPS + [2.0] * (at - PLAN_SKIP_STEPS)
+    measured = {"evaluation_seconds": 10.0, "start_seconds": 40.0, "train_seconds": 84.0}
+    plan = planner({**measured, "step": at, "step_seconds": steps, "elapsed_seconds": 150.0})
+    planned = plan["train_steps"]
+    half = int(REPLAN_AT_FRACTION * planned)
+    assert planner({**measured, "step": half - 1, "elapsed_seconds": 1000.0,
+                    "step_seconds": steps + [3.0] * (half - 1 - at)}) is None
+    # The job has spent 300 s before training and 1,000 s in it.
+    stages._stage_started -= 1000.0
+    timed = steps + [3.0] * (half - at)
+    replan = planner({**measured, "step": half, "step_seconds": timed,
+                      "elapsed_seconds": 1000.0})
+    per_step = sum(timed[PLAN_SKIP_STEPS:]) / len(timed[PLAN_SKIP_STEPS:])
+    every = planned_every(planned)
+    evaluations_left = len(range(every * (half // every + 1), planned, every)) + 1
+    left = 40 * 60 * 0.95 - stages.elapsed() - 185.0
+    expected = int((left - 10.0 * evaluations_left + half * per_step) // per_step)
+    assert replan["train_steps"] == pytest.approx(expected, abs=1)
+    assert replan["train_steps"] < planned  # slower steps than the plan's: fewer of them
+    assert set(replan) == {"train_steps", "time_budget_minutes"}
+    recorded = json.loads((tmp_path / BUDGET_PLAN_FILE).read_text())
+    assert recorded["replanned_at_step"] == half and recorded["planned_train_steps"] == planned
+    assert recorded["train_steps"] == replan["train_steps"]
+    assert planner({**measured, "step": half + 1, "step_seconds": timed + [3.0],
+                    "elapsed_seconds": 1003.0}) is None
