@@ -3,11 +3,12 @@ eval_log.jsonl, TensorBoard scalars, and the one-screen summary at the end."""
 
 import json
 import os
-from typing import Optional
+from typing import Callable, Optional
 
+import numpy as np
 import tensorflow as tf
 
-from lealla_tf.evaluation.retrieval import TATOEBA_PRIMARY_METRIC
+from lealla_tf.evaluation.retrieval import TATOEBA_MEAN_COSINE, TATOEBA_PRIMARY_METRIC
 
 
 class RunLogs:
@@ -68,6 +69,29 @@ def truncate_log(path: str, last_step: int) -> None:
             continue  # a line cut short by the kill
     with open(path, "w") as f:
         f.writelines(kept)
+
+
+def collapse_check(evaluations: list, embed_function: Callable, model_dir: str) -> dict:
+    """What the summary says about a model that maps every sentence to one point:
+    `collapse_warning` (None when it does not), measured from the spread of the
+    last Tatoeba evaluation's English side; a run without one (no --tatoeba_dir)
+    embeds the export's check sentences (`lealla_tf.inference.export.
+    SPREAD_SENTENCES`) with `embed_function()`'s function, strings -> vectors, and
+    adds their `mean_cosine`, so the summary and the export agree. Empty when
+    there is nothing to measure with (`embed_function()` gives None)."""
+    from lealla_tf.mining.margins import collapse_warning, mean_cosine
+
+    what = f"the model in {model_dir}"
+    if evaluations:
+        return {"collapse_warning": collapse_warning(
+            evaluations[-1].get(TATOEBA_MEAN_COSINE, float("nan")), what)}
+    embed = embed_function()
+    if not embed:
+        return {}
+    from lealla_tf.inference.export import SPREAD_SENTENCES
+
+    cosine = mean_cosine(np.asarray(embed(tf.constant(SPREAD_SENTENCES))))
+    return {"mean_cosine": cosine, "collapse_warning": collapse_warning(cosine, what)}
 
 
 def format_summary(summary: dict) -> str:

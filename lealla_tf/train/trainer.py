@@ -276,11 +276,11 @@ class Trainer:
                                     "train_seconds": e["train_seconds"]} for e in evaluations],
                    "weights": self.task.weights, "replicas": self.strategy.num_replicas_in_sync,
                    "data": self.task.data_info, "initialization": self.initialization}
-        if evaluations:
-            summary["collapse_warning"] = collapse_warning(
-                evaluations[-1].get(TATOEBA_MEAN_COSINE, float("nan")),
-                f"the model in {self.model_dir}")
-        if self.role.chief:
+        if self.role.chief:  # a collapsed model is named, with or without Tatoeba
+            from lealla_tf.train.logs import collapse_check
+
+            summary.update(collapse_check(evaluations, self.task.embed_function,
+                                          self.model_dir))
             with open(os.path.join(self.model_dir, "train_summary.json"), "w") as f:
                 json.dump(summary, f, indent=2, default=str)
         return summary
