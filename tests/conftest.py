@@ -402,3 +402,29 @@ def write_embedding_output(directory, vectors, shards=3, prefix="s"):
                                                          text=f"text {prefix} {row}"))
         files.append(path)
     commit_run(str(directory), run_dir, files)
+
+
+def spread_encoder(tokenizer):
+    """A one-layer mean-pooled encoder whose random (unit-scale) token table keeps
+    different sentences apart, as a trained one does: a freshly initialised one's
+    0.02-scale table leaves every sentence at one point."""
+    import numpy as np
+
+    from lealla_tf.configs import EncoderConfig
+    from lealla_tf.models.encoder import build_encoder
+
+    encoder = build_encoder(EncoderConfig(
+        vocabulary_size=tokenizer.vocab_size, num_layers=1, num_heads=2, hidden_dim=16,
+        intermediate_dim=32, dropout=0.0, pooling="mean"))
+    table = encoder.token_embedding.embeddings
+    table.assign(np.random.default_rng(0).normal(size=table.shape).astype("float32"))
+    return encoder
+
+
+def collapse(weights) -> None:
+    """Every layer norm's scale at 0: every sentence gets the same vector."""
+    import tensorflow as tf
+
+    for weight in weights:
+        if "gamma" in weight.path:
+            weight.assign(tf.zeros_like(weight))

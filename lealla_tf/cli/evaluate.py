@@ -65,10 +65,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from lealla_tf.inference.embedder import load_embedder
-    from lealla_tf.evaluation.retrieval import (TATOEBA_PRIMARY_METRIC, evaluate_bucc,
-                                                format_tatoeba_table, gold_pairs_note,
-                                                per_language, read_bucc_split,
-                                                tatoeba_with_margin)
+    from lealla_tf.mining.margins import collapse_warning
+    from lealla_tf.evaluation.retrieval import (TATOEBA_MEAN_COSINE, TATOEBA_PRIMARY_METRIC,
+                                                evaluate_bucc, format_tatoeba_table,
+                                                gold_pairs_note, per_language,
+                                                read_bucc_split, tatoeba_with_margin)
     from lealla_tf.parallel_corpus import find_tatoeba_languages
     from lealla_tf.evaluation.plots import plot_per_language
 
@@ -102,6 +103,11 @@ def main(argv=None) -> int:
     metrics["seconds"] = time.time() - start
     result = {"model": args.model, "primary_metric": TATOEBA_PRIMARY_METRIC,
               "embedding_dim": embedder.dimension, "metrics": metrics}
+    # A model that maps every sentence to one point is named, not just scored.
+    collapsed = collapse_warning(metrics.get(TATOEBA_MEAN_COSINE, float("nan")),
+                                 f"the model {args.model}")
+    if collapsed:
+        result["collapse_warning"] = collapsed
     with open(args.output_json, "w") as f:
         json.dump(result, f, indent=2, sort_keys=True)
     average = 100 * metrics[TATOEBA_PRIMARY_METRIC]
@@ -115,6 +121,8 @@ def main(argv=None) -> int:
               f"({gold_pairs_note(metrics[f'bucc/{language}/gold_pairs'])})")
     print(f"{TATOEBA_PRIMARY_METRIC} = {metrics[TATOEBA_PRIMARY_METRIC]:.4f}  -> "
           f"{args.output_json}, {plot}")
+    if collapsed:
+        print(collapsed, file=sys.stderr)
     return 0
 
 

@@ -14,7 +14,8 @@ from lealla_tf.models.encoder import build_encoder
 from lealla_tf.models.model_dir import TokenizerConfig, save_encoder_checkpoint, write_model_config
 from lealla_tf.inference.reload_check import reload_in_fresh_process
 from lealla_tf.tokenizers.tokenizer import Tokenizer
-from conftest import BAD_INPUTS, REPO_ROOT, multilingual_sentences
+from conftest import (BAD_INPUTS, REPO_ROOT, collapse, multilingual_sentences,
+                      spread_encoder)
 
 TOLERANCE = 1e-5
 
@@ -260,16 +261,10 @@ def test_a_collapsed_model_is_named_at_export(sentence_vocab_file, tmp_path, cap
     monkeypatch.setattr(export_lib, "SPREAD_SENTENCES", multilingual_sentences()[:12])
 
     tokenizer = Tokenizer(sentence_vocab_file, max_seq_length=32)
-    encoder = build_encoder(EncoderConfig(
-        vocabulary_size=tokenizer.vocab_size, num_layers=1, num_heads=2, hidden_dim=16,
-        intermediate_dim=32, dropout=0.0, pooling="mean"))
-    table = encoder.token_embedding.embeddings
-    table.assign(np.random.default_rng(0).normal(size=table.shape).astype("float32"))
-    for directory, collapse in (("spread", False), ("collapsed", True)):
-        if collapse:
-            for weight in encoder.weights:
-                if "gamma" in weight.path:
-                    weight.assign(tf.zeros_like(weight))
+    encoder = spread_encoder(tokenizer)
+    for directory, collapsed in (("spread", False), ("collapsed", True)):
+        if collapsed:
+            collapse(encoder.weights)
         model_dir = str(tmp_path / directory)
         write_model_config(model_dir, encoder.encoder_config, TokenizerConfig(max_seq_length=32),
                            source_vocab_file=sentence_vocab_file)
@@ -277,7 +272,7 @@ def test_a_collapsed_model_is_named_at_export(sentence_vocab_file, tmp_path, cap
         assert export_tfhub.main([f"--model_dir={model_dir}",
                                   f"--export_path={tmp_path / (directory + '_export')}"]) == 0
         error = capsys.readouterr().err
-        assert ("WARNING" in error and "has collapsed" in error) == collapse, error
+        assert ("WARNING" in error and "has collapsed" in error) == collapsed, error
 
 
 def test_an_export_carries_no_path_of_the_machine_that_built_it(tmp_path, monkeypatch):

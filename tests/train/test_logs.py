@@ -5,7 +5,7 @@ import json
 import numpy as np
 import tensorflow as tf
 
-from conftest import Trainer, tiny_config, vocab_size
+from conftest import Trainer, collapse, tiny_config, vocab_size
 from lealla_tf.inference.export import SPREAD_SENTENCES
 from lealla_tf.train import logs
 from lealla_tf.train.logs import format_summary
@@ -21,9 +21,7 @@ def test_a_collapsed_student_is_named_in_the_summary_without_a_tatoeba_dir(
     config.optimizer.learning_rate = 0.0
     trainer = Trainer(config, str(tmp_path), None, sentence_vocab_file, progress=False)
     trainer.restore_or_initialize()
-    for weight in trainer.task.trainable:
-        if "gamma" in weight.path:
-            weight.assign(tf.zeros_like(weight))
+    collapse(trainer.task.trainable)
     trainer.restore_or_initialize = lambda: 0  # keep the collapsed weights
     summary = trainer.train()
     assert summary["final_step"] == 2 and not summary["evaluations"]
