@@ -276,6 +276,12 @@ class TrainConfig:
         train_steps: None for the paper's default by width (100k for d <= 192,
             200k wider, 5k for dimension reduction).
         teacher_dimension: set by resolution from the teacher.
+        jit_compile: run the replicated training step XLA-compiled, as a TPU runs
+            it (`lealla_tf.train.task.DistillationTask`): no fused CPU kernels,
+            batches padded to a few fixed lengths, lookup-table gradients dense.
+            None: on under TPUStrategy, off elsewhere
+            (`lealla_tf.train.distribution.default_jit_compile`). How the step
+            runs, not what it trains: a run may resume with another value.
     """
 
     preset: str = "lealla_small"
@@ -301,11 +307,12 @@ class TrainConfig:
     time_budget_minutes: float = 0.0
     vocab_sha256: str = ""
     teacher_dimension: Optional[int] = None
+    jit_compile: Optional[bool] = None
 
 
 # Settings that may change between a run and its resumption.
 RESUMABLE_CHANGES = ("train_steps", "checkpoint_every", "eval_every", "log_every",
-                     "time_budget_minutes", "keep_checkpoints", "eval_max_pairs")
+                     "time_budget_minutes", "keep_checkpoints", "eval_max_pairs", "jit_compile")
 
 
 def default_learning_rate(hidden_dim: int) -> float:

@@ -103,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
              "over the processes in TF_CONFIG (every worker runs this same command; worker 0 "
              "writes --model_dir, which all must be able to read)")
     add("--tpu", default="", help="local, grpc://host:port or a Cloud TPU name")
+    add("--jit_compile", nargs="?", const="true", default="auto",
+        choices=("auto", "true", "false"),
+        help="run the training step XLA-compiled, as a TPU runs it (no fused CPU kernels, "
+             "batches padded to a few fixed lengths); auto: on under --tpu, off elsewhere "
+             "(default: auto)")
     add("--no_progress", action="store_true")
     return parser
 
@@ -152,7 +157,8 @@ def config_from_flags(args):
         checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
         log_every=args.log_every, eval_every=args.eval_every, tatoeba_dir=args.tatoeba_dir,
         eval_max_pairs=args.eval_max_pairs, mixed_precision=args.mixed_precision,
-        init_from=args.init_from, time_budget_minutes=args.time_budget_minutes)
+        init_from=args.init_from, time_budget_minutes=args.time_budget_minutes,
+        jit_compile={"auto": None, "true": True, "false": False}[args.jit_compile])
 
 
 def main(argv=None) -> int:

@@ -344,9 +344,11 @@ def batch_by_length(pairs, batch_size: int, buckets: int):
 
 
 def tokenize_batches(pairs, batch_size: int, tokenizer, teacher=None, length_buckets: int = 0,
-                     steps_done: int = 0):
+                     steps_done: int = 0, fixed_lengths: Sequence[int] = ()):
     """Batches pairs (in stream order, or by length with `length_buckets`; see
-    `batch_by_length`) and tokenizes both sides (each padded to its own longest).
+    `batch_by_length`) and tokenizes both sides (each padded to its own longest,
+    or, with `fixed_lengths`, both to the shortest of them that holds the
+    longer: `pad_to_fixed_lengths`).
     With `length_buckets`, the first `steps_done` batches are skipped before
     tokenization (resume: `pair_dataset` skips raw pairs only without buckets).
 
@@ -360,6 +362,8 @@ def tokenize_batches(pairs, batch_size: int, tokenizer, teacher=None, length_buc
                     LANGUAGE: batch[LANGUAGE]}
         if teacher is not None:
             features.update(teacher.batch_features(batch))
+        if fixed_lengths:
+            features = pad_to_fixed_lengths(features, fixed_lengths, tokenizer.pad_id)
         return features
 
     if length_buckets:
@@ -370,6 +374,47 @@ def tokenize_batches(pairs, batch_size: int, tokenizer, teacher=None, length_buc
         tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(
         tf.data.AUTOTUNE)
     return batches.with_options(input_pipeline_options())
+
+
+# === Fixed shapes for an XLA-compiled step (--jit_compile) ===
+
+def fixed_lengths(max_seq_length: int, shortest: int = 8) -> List[int]:
+    """The lengths a compiled step's batches are padded to: powers of two from
+    `shortest` below `max_seq_length`, then `max_seq_length`. XLA compiles the
+    step once per shape, so a run compiles it at most this many times, and a
+    batch carries less than twice its longest sentence."""
+    lengths, length = [], shortest
+    while length < max_seq_length:
+        lengths.append(length)
+        length *= 2
+    return lengths + [int(max_seq_length)]
+
+
+def pad_to_fixed_lengths(features: dict, lengths: Sequence[int], pad_id: int) -> dict:
+    """The batch's `source` and `target` token dicts padded (word ids with
+    `pad_id`, mask and type ids with 0) to the shortest of `lengths` that holds
+    both sides' longest row; a teacher's own token dicts (`*_inputs`) likewise to
+    theirs, with 0 (a row longer than every length keeps its own)."""
+    ladder = tf.constant(sorted(int(n) for n in lengths), tf.int32)
+
+    def rung(longest):
+        fits = tf.boolean_mask(ladder, ladder >= longest)
+        return tf.cond(tf.size(fits) > 0, lambda: fits[0], lambda: longest)
+
+    def pad(inputs, width, word_pad):
+        return {name: tf.pad(value, [[0, 0], [0, width - tf.shape(value)[1]]],
+                             constant_values=word_pad if name == "input_word_ids" else 0)
+                for name, value in inputs.items()}
+
+    features = dict(features)
+    for group, word_pad in ((("source", "target"), pad_id),
+                            (tuple(k for k in features if k.endswith("_inputs")), 0)):
+        if not group:
+            continue
+        width = rung(tf.reduce_max([tf.shape(features[k]["input_word_ids"])[1] for k in group]))
+        for key in group:
+            features[key] = pad(features[key], width, word_pad)
+    return features
 
 
 # Up to this many cores, the input pipeline gets one thread and no autotuning.

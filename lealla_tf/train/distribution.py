@@ -9,7 +9,7 @@ hang. Nothing here opens a connection unless the user passed `--tpu`.
 import os
 import socket
 import urllib.parse
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import tensorflow as tf
 
@@ -221,3 +221,21 @@ def any_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
     votes = strategy.experimental_distribute_values_from_function(
         lambda _: tf.constant(1.0 if flag else 0.0))
     return float(strategy.reduce(tf.distribute.ReduceOp.SUM, votes, axis=None)) > 0
+
+
+def is_tpu_strategy(strategy: tf.distribute.Strategy) -> bool:
+    """True for a TPUStrategy (its `run` compiles the whole replica function)."""
+    return isinstance(strategy, (tf.distribute.TPUStrategy,
+                                 tf.distribute.experimental.TPUStrategy))
+
+
+def default_jit_compile(strategy: tf.distribute.Strategy) -> bool:
+    """`--jit_compile`'s default: on under TPUStrategy, which runs only compiled
+    steps; off elsewhere, where the fused CPU kernels' step is the one measured
+    fastest (docs/benchmarks.md, "The compiled step")."""
+    return is_tpu_strategy(strategy)
+
+
+def resolve_jit_compile(requested: Optional[bool], strategy: tf.distribute.Strategy) -> bool:
+    """The `jit_compile` setting (None: `default_jit_compile`) as a bool."""
+    return default_jit_compile(strategy) if requested is None else bool(requested)

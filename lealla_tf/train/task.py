@@ -16,6 +16,23 @@ One step, on each replica:
      replica_id * b, so negatives are the global batch as in LaBSE;
   4. each term is summed over the replica's rows and divided by the global
      batch size; gradients are all-reduced across replicas.
+
+The accelerator step (`jit_compile`, `--jit_compile`; on by default under
+TPUStrategy) is what a TPU runs, XLA-compiled: no fused CPU kernels (the
+student's and the in-step teacher's layers op by op), no string ops (every
+tokenizer runs in tf.data), batches padded to a few fixed lengths
+(`lealla_tf.train.data.fixed_lengths`) with every replica's share whole, and a
+lookup table's gradient dense (no `tf.unique`, whose shape depends on the
+data). With one replica the trainer compiles the whole step, optimizer
+included; under TPUStrategy its `run` compiles the whole replica function. With
+several replicas on CPUs or GPUs, XLA cannot compile the collectives
+(TensorFlow has none for XLA on CPU, and MirroredStrategy's `all_gather` needs a
+merge_call), so each replica's step runs as two compiled parts with the
+candidates' gather between them: the forward pass with every term that needs
+only this replica's rows (the teacher's pass included), then the terms over
+the global batch (AMS, logit distillation, MCL); their gradients are compiled
+too, and the gradients' all-reduce and the optimizer run between compiled
+steps.
 """
 
 from typing import Dict, List, Optional
@@ -23,7 +40,8 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from lealla_tf.configs import TrainConfig
-from lealla_tf.train.data import pair_dataset, tokenize_batches
+from lealla_tf.train.data import fixed_lengths, pair_dataset, tokenize_batches
+from lealla_tf.train.distribution import is_tpu_strategy, resolve_jit_compile
 from lealla_tf.train.heads import DistillationHeads
 from lealla_tf.losses.objectives import (OBJECTIVES, TEACHER_LAYERS, TermInputs, compute_terms,
                                          parse_objective, terms_needing)
@@ -41,6 +59,12 @@ class DistillationTask:
         teacher: a `lealla_tf.train.teacher_sources.Teacher`, or None.
         files: the training files (`lealla_tf.train.data.find_training_files`).
         sizes: pairs per language (counted once by the caller), or None.
+
+    Attributes:
+        jit_compile: the accelerator step (see the module docstring), from
+            `config.jit_compile` and the strategy.
+        compiled: XLA compiles that step (default: `jit_compile`); False runs
+            the same step op by op, which the tests compare it with.
     """
 
     def __init__(self, config: TrainConfig, strategy, tokenizer, teacher=None,
@@ -67,6 +91,19 @@ class DistillationTask:
                 special_ids=(tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id),
                 teacher_layers=self._teacher_layers())
         self.trainable = self.student.trainable_weights + self.heads.trainable_weights
+        self.jit_compile = resolve_jit_compile(config.jit_compile, strategy)
+        self.compiled = self.jit_compile
+        self._segments = {}
+        if self.jit_compile:
+            self._without_fused_kernels()
+
+    def _without_fused_kernels(self):
+        """The student and the in-step teacher run their layers op by op: XLA
+        cannot compile `lealla_tf.models.kernels`' custom CPU ops."""
+        base = self.teacher.base if self.teacher is not None else None
+        for part in (self.student, self.heads.teacher_layers, getattr(base, "layers", None)):
+            if part is not None and getattr(part, "fused_kernels", False):
+                part.fused_kernels = False
 
     def _teacher_layers(self):
         """The hd term's `TeacherLayers`: the in-step teacher's, so that one pass
@@ -119,7 +156,9 @@ class DistillationTask:
             sizes=self.sizes, teacher_source=bool(precomputed and precomputed.has_source))
         return tokenize_batches(pairs, per_replica, self.tokenizer,
                                 self.teacher if self.uses_teacher else None,
-                                self.config.data.length_buckets, steps_done)
+                                self.config.data.length_buckets, steps_done,
+                                fixed_lengths(self.config.tokenizer.max_seq_length)
+                                if self.jit_compile else ())
 
     def distributed_dataset(self, steps_done: int = 0):
         return self.strategy.distribute_datasets_from_function(
@@ -129,28 +168,72 @@ class DistillationTask:
 
     def loss_terms(self, batch, training: bool = True) -> Dict[str, tf.Tensor]:
         """Per-term losses of one replica's batch, each already divided by the
-        global batch size (so summing over replicas gives the batch mean)."""
+        global batch size (so summing over replicas gives the batch mean).
+
+        Two parts: the forward pass with the terms of this replica's rows, then
+        the terms over the global batch, whose candidates (`GATHERED`) are
+        gathered between them (see the module docstring)."""
         replica = tf.distribute.get_replica_context()
         replicas = self.strategy.num_replicas_in_sync
         local = tf.shape(batch["source"]["input_word_ids"])[0]
         offset = tf.cast(replica.replica_id_in_sync_group, tf.int32) * local if replicas > 1 else 0
+        vectors, terms = self._segment("local", self._local_terms)(batch, training)
+        if any(OBJECTIVES[t].gathers for t in self.terms):
+            candidates = {name: replica.all_gather(value, axis=0) if replicas > 1 else value
+                          for name, value in vectors.items()
+                          if name in GATHERED and value is not None}
+            terms.update(self._segment("global", self._global_terms)(
+                batch, vectors, candidates, offset))
+        return {t: terms[t] for t in self.terms}
 
-        def gather(x):
-            return replica.all_gather(x, axis=0) if replicas > 1 else x
+    def _segment(self, name: str, function):
+        """`function` XLA-compiled when the step is compiled in parts (several
+        replicas outside a TPU: see the module docstring), else itself."""
+        if not (self.compiled and self.strategy.num_replicas_in_sync > 1
+                and not is_tpu_strategy(self.strategy)):
+            return function
+        if name not in self._segments:
+            self._segments[name] = tf.function(function, jit_compile=True)
+        return self._segments[name]
 
+    def _term_inputs(self, batch, vectors, hidden=(None, None), gather=None, offset=0):
+        loss = self.config.loss
+        return TermInputs(
+            student_source=vectors["student_source"], student_target=vectors["student_target"],
+            pooled_source=vectors["pooled_source"], pooled_target=vectors["pooled_target"],
+            teacher_source=vectors["teacher_source"], teacher_target=vectors["teacher_target"],
+            gather=gather or _not_gathered, offset=offset, heads=self.heads, scale=loss.scale,
+            margin=loss.margin, temperature=loss.temperature, batch=batch,
+            hidden_source=hidden[0], hidden_target=hidden[1])
+
+    def _local_terms(self, batch, training):
+        """The forward pass (student, teacher) and the terms that need only this
+        replica's rows: (the vectors of `TermInputs`, {term: loss})."""
         teacher_vectors = (None, None)
         if self.uses_teacher:
             teacher_vectors = self.teacher.vectors(batch)
         outputs = self.student(batch, teacher_vectors, training=training)
-        loss = self.config.loss
-        inputs = TermInputs(
-            student_source=outputs.source, student_target=outputs.target,
-            pooled_source=outputs.pooled_source, pooled_target=outputs.pooled_target,
-            teacher_source=teacher_vectors[0], teacher_target=teacher_vectors[1],
-            gather=gather, offset=offset, heads=self.heads, scale=loss.scale,
-            margin=loss.margin, temperature=loss.temperature, batch=batch,
-            hidden_source=outputs.hidden_source, hidden_target=outputs.hidden_target)
-        return compute_terms(self.terms, inputs, self.config.global_batch_size)
+        vectors = {"student_source": outputs.source, "student_target": outputs.target,
+                   "pooled_source": outputs.pooled_source,
+                   "pooled_target": outputs.pooled_target,
+                   "teacher_source": teacher_vectors[0], "teacher_target": teacher_vectors[1]}
+        local = [t for t in self.terms if not OBJECTIVES[t].gathers]
+        inputs = self._term_inputs(batch, vectors, (outputs.hidden_source, outputs.hidden_target))
+        return vectors, compute_terms(local, inputs, self.config.global_batch_size)
+
+    def _global_terms(self, batch, vectors, candidates, offset):
+        """The terms over the global batch, given this replica's `vectors`, the
+        global batch's `candidates` of them and this replica's `offset` there."""
+        known = {vectors[name].ref(): value for name, value in candidates.items()}
+
+        def gather(x):
+            if x.ref() not in known:
+                raise ValueError(f"a term gathers a tensor other than {GATHERED}: add it there")
+            return known[x.ref()]
+
+        inputs = self._term_inputs(batch, vectors, gather=gather, offset=offset)
+        return compute_terms([t for t in self.terms if OBJECTIVES[t].gathers], inputs,
+                             self.config.global_batch_size)
 
     def replica_gradients(self, batch):
         """(terms, weighted total, gradients) on one replica; the gradients are
@@ -161,14 +244,16 @@ class DistillationTask:
         replica, one row per distinct id (so its norm is the dense gradient's):
         densified, lealla_small's 501k-row table alone is 256 MB a step to
         write, measure and scale. Across replicas every gradient is dense for
-        the all-reduce."""
+        the all-reduce, and in the accelerator step (`jit_compile`) on one
+        replica too."""
         with tf.GradientTape() as tape:
             terms = self.loss_terms(batch, training=True)
             total = tf.add_n([self.weights[t] * terms[t] for t in self.terms])
         gradients = tape.gradient(total, self.trainable)
-        if self.strategy.num_replicas_in_sync > 1:
+        if self.strategy.num_replicas_in_sync > 1 or self.jit_compile:
             gradients = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
                          for g in gradients]
+        if self.strategy.num_replicas_in_sync > 1:
             gradients = tf.distribute.get_replica_context().all_reduce(
                 tf.distribute.ReduceOp.SUM, gradients)
         else:
@@ -179,6 +264,15 @@ class DistillationTask:
     def embed_function(self):
         """strings -> student embeddings for dev evaluation (None when it cannot)."""
         return self.student.embed_function(self.tokenizer, self.teacher)
+
+
+# The `TermInputs` vectors a term over the global batch may gather across replicas.
+GATHERED = ("student_source", "student_target", "teacher_source", "teacher_target")
+
+
+def _not_gathered(_):
+    raise ValueError("a term that gathers across replicas must say so in its objectives "
+                     "row (`gathers=True`)")
 
 
 def unique_rows(slices: tf.IndexedSlices) -> tf.IndexedSlices:

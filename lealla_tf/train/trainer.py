@@ -11,6 +11,14 @@ the seed and skips the batches already consumed. Kill the process at any moment
 and rerun the same command: it continues from the last checkpoint, no step
 repeated or skipped.
 
+With `--jit_compile` (the task's `jit_compile`) the step is XLA-compiled as a
+TPU runs it: on one replica the whole step, optimizer included, is one compiled
+function; under TPUStrategy `strategy.run` compiles the replica function whole;
+with several CPU or GPU replicas the task compiles each replica's step in parts
+around the collectives (`lealla_tf.train.task`). An op XLA cannot compile stops
+the run with one line naming it and the flag that avoids it
+(`CompileError`).
+
 Across worker processes (MultiWorkerMirroredStrategy) every worker runs this
 same loop: the chief writes model_dir; the others restore from the chief's
 checkpoints in model_dir, write their own checkpoints and logs to a temporary
@@ -20,6 +28,7 @@ directory (removed at the end), and all stop at the same step.
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -29,7 +38,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from lealla_tf.configs import TrainConfig
-from lealla_tf.train.distribution import any_worker, worker_role
+from lealla_tf.train.distribution import any_worker, is_tpu_strategy, worker_role
 from lealla_tf.evaluation.retrieval import TATOEBA_MEAN_COSINE, TATOEBA_PRIMARY_METRIC
 from lealla_tf.mining.margins import collapse_warning
 from lealla_tf.models.model_dir import CHECKPOINT_DIR
@@ -37,6 +46,44 @@ from lealla_tf.train.optimizers import FusedAdamW
 from lealla_tf.train.logs import RunLogs, truncate_log
 from lealla_tf.train.schedules import WarmupLinearDecay
 from lealla_tf.train.task import scale_gradient
+
+
+class CompileError(ValueError):
+    """XLA could not compile the training step (`--jit_compile`); the message
+    names the op and the flag that avoids it."""
+
+
+# Ops that cannot be in a compiled step, by family: the flag or change that keeps them out.
+_STRING_OP = re.compile(r"String|Regex|Unicode|Wordpiece|WordPiece|Sentencepiece|SentencePiece|"
+                        r"CaseFold|Normalize|Tokenize|AsString|Substr|DecodeJSON")
+_XLA_ERROR = re.compile(r"tf2xla conversion failed|Detected unsupported operations|"
+                        r"XLA compilation|must be a compile-time constant|XLA_\w+_JIT")
+
+
+def compile_error(error: Exception) -> Optional[CompileError]:
+    """A one-line `CompileError` for XLA's error compiling the step (None when
+    `error` is something else): the op, what it is, and the flag that avoids it."""
+    message = getattr(error, "message", None) or str(error)
+    if not _XLA_ERROR.search(message):
+        return None
+    unsupported = re.search(r"on (XLA_\w+_JIT): (\w+)", message)
+    node = re.search(r"Detected at node '?([\w/.-]+)", message)
+    op = unsupported.group(2) if unsupported else (node.group(1) if node else "an op")
+    reason = next((line.strip() for line in message.splitlines()
+                   if line.strip() and not line.startswith(("Graph execution error",
+                                                             "Detected at node", "<stack"))),
+                  "")[:160]
+    if op.startswith("Lealla"):
+        cause = ("a fused CPU kernel of lealla_tf.models.kernels; LEALLA_TF_FUSED_KERNELS=0 "
+                 "keeps them out")
+    elif _STRING_OP.search(op):
+        cause = ("a string op: tokenization belongs in tf.data (a teacher module that "
+                 "tokenizes inside its encoder cannot compile: precompute its vectors, or "
+                 "--teacher_in_step)")
+    else:
+        cause = f"XLA says: {reason}" if reason else "XLA cannot compile it"
+    return CompileError(f"--jit_compile: the training step has {op}, which XLA cannot "
+                        f"compile ({cause}); run without it: --jit_compile=false")
 
 
 class Trainer:
@@ -103,8 +150,22 @@ class Trainer:
         result = dict(terms)
         result["total"] = total
         result["gradient_norm"] = norm / replicas
-        result["fingerprint"] = tf.cast(fingerprint, tf.float64)
+        # A TPU has no float64: the compiled step keeps the (exact) integer.
+        result["fingerprint"] = (fingerprint if self.task.jit_compile
+                                 else tf.cast(fingerprint, tf.float64))
         return result
+
+    def step_function(self, element_spec):
+        """The step on a distributed batch: `strategy.run` of `replica_step`,
+        traced once; the replica's step XLA-compiled whole when the task's step
+        is `compiled` on one replica (several: the task compiles its parts;
+        TPUStrategy compiles it whole itself)."""
+        replica_step = self.replica_step
+        if (self.task.compiled and self.strategy.num_replicas_in_sync == 1
+                and not is_tpu_strategy(self.strategy)):
+            replica_step = tf.function(self.replica_step, jit_compile=True)
+        return tf.function(lambda batch: self.strategy.run(replica_step, args=(batch,)),
+                           input_signature=[element_spec])
 
     # === State ===
 
@@ -173,8 +234,7 @@ class Trainer:
         for name in ("train_log.jsonl", "eval_log.jsonl"):
             truncate_log(os.path.join(self.write_dir, name), steps_done)
         iterator = iter(self.task.distributed_dataset(steps_done))
-        step_fn = tf.function(lambda batch: self.strategy.run(self.replica_step, args=(batch,)),
-                              input_signature=[iterator.element_spec])
+        step_fn = self.step_function(iterator.element_spec)
         writer = tf.summary.create_file_writer(os.path.join(self.write_dir, "logs"))
         logs = RunLogs(self.write_dir, writer)
         stop = {"signal": None}
@@ -207,7 +267,13 @@ class Trainer:
                 step_start = time.time()
                 if first_step_start is None:
                     first_step_start = step_start
-                results = step_fn(next(iterator))
+                try:
+                    results = step_fn(next(iterator))
+                except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
+                    compiled = compile_error(error) if self.task.compiled else None
+                    if compiled is None:
+                        raise
+                    raise compiled from None
                 reduced = {k: float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None))
                            for k, v in results.items()}
                 step_seconds.append(time.time() - step_start)
@@ -275,6 +341,7 @@ class Trainer:
                                     "mean_cosine": e.get(TATOEBA_MEAN_COSINE),
                                     "train_seconds": e["train_seconds"]} for e in evaluations],
                    "weights": self.task.weights, "replicas": self.strategy.num_replicas_in_sync,
+                   "jit_compile": self.task.jit_compile,
                    "data": self.task.data_info, "initialization": self.initialization}
         if self.role.chief:  # a collapsed model is named, with or without Tatoeba
             from lealla_tf.train.logs import collapse_check
