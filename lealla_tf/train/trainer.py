@@ -40,7 +40,6 @@ import tensorflow as tf
 from lealla_tf.configs import TrainConfig
 from lealla_tf.train.distribution import any_worker, is_tpu_strategy, worker_role
 from lealla_tf.evaluation.retrieval import TATOEBA_MEAN_COSINE, TATOEBA_PRIMARY_METRIC
-from lealla_tf.mining.margins import collapse_warning
 from lealla_tf.models.model_dir import CHECKPOINT_DIR
 from lealla_tf.train.optimizers import FusedAdamW
 from lealla_tf.train.logs import RunLogs, truncate_log
