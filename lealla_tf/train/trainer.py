@@ -76,9 +76,9 @@ def compile_error(error: Exception) -> Optional[CompileError]:
         cause = ("a fused CPU kernel of lealla_tf.models.kernels; LEALLA_TF_FUSED_KERNELS=0 "
                  "keeps them out")
     elif _STRING_OP.search(op):
-        cause = ("a string op: tokenization belongs in tf.data (a teacher module that "
-                 "tokenizes inside its encoder cannot compile: precompute its vectors, or "
-                 "--teacher_in_step)")
+        cause = ("a string op: tokenization belongs in tf.data; a teacher module that "
+                 "tokenizes inside its encoder cannot compile, so precompute its vectors or "
+                 "use --teacher_in_step")
     else:
         cause = f"XLA says: {reason}" if reason else "XLA cannot compile it"
     return CompileError(f"--jit_compile: the training step has {op}, which XLA cannot "

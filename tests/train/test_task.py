@@ -151,3 +151,19 @@ def test_batches_are_padded_to_a_few_fixed_lengths():
     assert (ids[:, :5] == 7).all() and (ids[:, 5:] == 1).all()
     assert padded["source"]["input_mask"].numpy()[:, 5:].sum() == 0
     assert padded["teacher_target_inputs"]["input_word_ids"].numpy()[:, 3:].sum() == 0
+
+
+def test_a_hub_teachers_encoder_runs_in_the_compiled_step(teacher, tiny_parallel_dir,
+                                                          tiny_vocab_file, tmp_path):
+    """A LaBSE/2-format teacher: its preprocessor runs in tf.data (its token dicts
+    padded to fixed lengths too), its encoder inside the compiled step."""
+    directory, _, _ = teacher
+    config = tiny_config(vocab_size(tiny_vocab_file), tiny_parallel_dir, "ams+fd+ld",
+                         teacher=TeacherConfig(path=directory), jit_compile=True)
+    trainer = Trainer(config, str(tmp_path), make_strategy("default"), tiny_vocab_file,
+                      progress=False)
+    batch = next(iter(trainer.task.dataset()))
+    assert batch["teacher_source_inputs"]["input_word_ids"].shape[1] in fixed_lengths(16)
+    summary = trainer.train()
+    assert summary["jit_compile"] and summary["final_step"] == config.train_steps
+    assert all(np.isfinite(summary["last"][t]) for t in ("ams", "fd", "ld"))
