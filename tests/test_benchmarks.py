@@ -144,7 +144,8 @@ def test_the_long_run_can_train_the_main_jobs_objective_with_the_teacher_in_the_
 
 def test_a_recipe_sweep_row_changes_only_training_flags(tmp_path, capsys):
     """benchmarks/recipe_sweep.py: a row is the main job with training flags
-    changed; a flag that needs another vocabulary or sample, a non-hd objective
+    or sample flags changed (a row then draws its own sample); a flag that needs
+    another teacher or vocabulary, a non-hd objective
     that needs Beam teacher vectors, a setting the main job would refuse, an
     unknown flag or a malformed row is refused, naming it, before anything trains."""
     import json
@@ -160,8 +161,9 @@ def test_a_recipe_sweep_row_changes_only_training_flags(tmp_path, capsys):
     assert (config.learning_rate, config.train_steps) == (1e-3, 300)
     assert parse_variant("main_job=") == ("main_job", [])
     assert parse_variant("ams=--objective=ams")[1] == ["--objective=ams"]
+    assert parse_variant("hot=--language_alpha=0.7")[1] == ["--language_alpha=0.7"]
     for bad, named in (("big=--vocab_size=5000", "--vocab_size"),
-                       ("more=--sample_pairs=9", "--sample_pairs"),
+                       ("more=--preset=lealla_base", "--preset"),
                        ("beam=--objective=lealla", "teacher vectors"),
                        ("slow=--learning_rate=-1", "--learning_rate"),
                        ("none=--global_batch_size=0", "--global_batch_size"),

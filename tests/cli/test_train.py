@@ -270,8 +270,6 @@ def test_every_count_flag_is_positive_or_its_help_says_what_0_means():
         assert "0:" in (action.help or ""), f"{flag} takes 0; its help does not say what 0 means"
 
 
-
-
 def test_tpu_flag_accepts_a_real_tensorflow_grpc_server():
     server = tf.distribute.Server.create_local_server()
     address = server.target  # grpc://localhost:PORT
