@@ -39,10 +39,11 @@ from benchmarks.common import machine, stop_signals_passed_to, write_result
 # (SAMPLE_FLAGS) the sample, which a row then draws for itself (it is cheap;
 # the teacher and vocabulary are not, and stay the main job's).
 SAMPLE_FLAGS = ("language_alpha", "sample_pairs")
-TRAINING_FLAGS = SAMPLE_FLAGS + ("train_steps", "learning_rate", "warmup_steps", "objective", "loss_weights",
-                  "global_batch_size", "max_seq_length", "length_buckets", "pooling",
-                  "encoder_overrides", "embedding_init", "teacher_center", "eval_every",
-                  "eval_max_pairs", "mixed_precision", "seed")
+TRAINING_FLAGS = SAMPLE_FLAGS + (
+    "train_steps", "learning_rate", "warmup_steps", "objective", "loss_weights",
+    "global_batch_size", "max_seq_length", "length_buckets", "pooling", "encoder_overrides",
+    "dropout", "embedding_init", "teacher_center", "eval_every", "eval_max_pairs",
+    "mixed_precision", "seed")
 
 
 def parse_variant(text: str):

@@ -45,6 +45,9 @@ def build_parser():
     add("--preset", default=defaults.preset)
     add("--pooling", default=defaults.pooling, choices=("mean", "cls"))
     add("--encoder_overrides", default="", help="e.g. num_layers=2 (see lealla_tf.cli.train)")
+    add("--dropout", type=float, default=defaults.dropout,
+        help="the students' dropout rate (default %(default)g: a run sees each pair about "
+             "once; --encoder_overrides=dropout=... sets it too)")
     add("--embedding_init", default=defaults.embedding_init, choices=EMBEDDING_INITS)
     add("--objective", default=defaults.objective)
     add("--loss_weights", default="", help="e.g. fd=1,ld=1e4 (default: the recipe's)")
@@ -121,7 +124,8 @@ def config_from_args(args) -> RecipeConfig:
         teacher_backend=args.teacher_backend, vocabulary=args.vocabulary,
         vocab_size=args.vocab_size, sample_pairs=args.sample_pairs,
         language_alpha=args.language_alpha, preset=args.preset,
-        encoder_overrides=parse_overrides(args.encoder_overrides), pooling=args.pooling,
+        encoder_overrides=parse_overrides(args.encoder_overrides), dropout=args.dropout,
+        pooling=args.pooling,
         embedding_init=args.embedding_init, objective=args.objective,
         loss_weights=parse_weights(args.loss_weights) if args.loss_weights else None,
         comparison_objective=args.comparison_objective,

@@ -61,6 +61,13 @@ RECIPE_LEARNING_RATE = 2e-3
 # at 5e-4), so it keeps its own best rate (benchmarks/results/recipe_sweep.json).
 COMPARISON_LEARNING_RATE = 5e-4
 
+# The students' dropout: a run sees each pair about once and distils from a
+# teacher that runs without dropout, so dropout only slows learning; off, the
+# student gained over a point on all Tatoeba dev pairs at 250 steps, with the
+# news F1 flat, and its steps ran faster (benchmarks/recipe_sweep.py, the
+# `screen250_dropout0` row; docs/benchmarks.md, the ablation table).
+RECIPE_DROPOUT = 0.0
+
 # The temperature over languages, applied once, when the sample is drawn: a
 # language with n pairs in the corpus gets a share of the sample proportional
 # to n^alpha, and training then draws languages in proportion to what the
@@ -97,6 +104,9 @@ class RecipeConfig:
             sample: a language with n pairs gets a share ∝ n^alpha (0: every
             language alike, 1: as the corpus has them). Training draws from the
             sample in its own proportions.
+        dropout: the students' dropout rate (`RECIPE_DROPOUT`; the presets' 0.1
+            is the paper's, for runs that see each pair many times);
+            `encoder_overrides` may still set it.
         embedding_init: see `TrainConfig.embedding_init`.
         comparison_objective: opt-in: the same student trained with this
             objective (e.g. "ams") on the same data and steps, the distillation
@@ -154,6 +164,7 @@ class RecipeConfig:
     language_alpha: float = SAMPLE_LANGUAGE_ALPHA
     preset: str = "lealla_small"
     encoder_overrides: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    dropout: float = RECIPE_DROPOUT
     pooling: str = "mean"
     embedding_init: str = "teacher_select"
     objective: str = "lealla+hd"

@@ -290,7 +290,8 @@ def train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_dir: str
     from lealla_tf.models.presets import get_preset
 
     encoder = get_preset(config.preset).encoder.replace(pooling=config.pooling,
-                                                        **config.encoder_overrides)
+                                                        **{"dropout": config.dropout,
+                                                           **config.encoder_overrides})
     embedding_init = config.embedding_init
     sentencepiece = "sentencepiece" in str(teacher.get("tokenizer"))
     if embedding_init != "random" and not sentencepiece:

@@ -60,3 +60,18 @@ def test_the_sample_counts_every_line_it_skips(tmp_path, tiny_tatoeba_dir, capsy
     assert summary["lines"]["skipped_by_kind"] == {"no_tab": 1, "extra_columns": 1,
                                                    "not_utf8": 1}
     assert "3 lines skipped in 1 file" in capsys.readouterr().out
+
+
+def test_the_students_train_without_dropout_unless_asked():
+    """The recipe's students run at `RecipeConfig.dropout` (0), not the preset's 0.1;
+    --encoder_overrides still wins."""
+    teacher = {"tokenizer": "sentencepiece", "multilingual": True}
+
+    def dropout(**changes):
+        config = RecipeConfig(train_steps=10, **changes)
+        return train_config(config, pathlib.Path("data"), teacher, "teacher", "sample",
+                            config.objective, student_loss_weights(config), True).encoder.dropout
+
+    assert dropout() == 0.0
+    assert dropout(dropout=0.2) == 0.2
+    assert dropout(encoder_overrides={"dropout": 0.05}) == 0.05
