@@ -62,10 +62,9 @@ RECIPE_LEARNING_RATE = 2e-3
 COMPARISON_LEARNING_RATE = 5e-4
 
 # The students' dropout: a run sees each pair about once and distils from a
-# teacher that runs without dropout, so dropout only slows learning; off, the
-# student gained over a point on all Tatoeba dev pairs at 250 steps, with the
-# news F1 flat, and its steps ran faster (benchmarks/recipe_sweep.py, the
-# `screen250_dropout0` row; docs/benchmarks.md, the ablation table).
+# teacher that runs without dropout, so dropout only slows learning. Chosen by
+# benchmarks/recipe_sweep.py (the `screen250_dropout0` row against
+# `screen250_alpha03_once`; docs/benchmarks.md, the levers' table).
 RECIPE_DROPOUT = 0.0
 
 # The temperature over languages, applied once, when the sample is drawn: a
