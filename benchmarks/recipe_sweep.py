@@ -38,12 +38,12 @@ from benchmarks.common import machine, stop_signals_passed_to, write_result
 # The recipe flags a row may change: they shape only the training stage, or
 # (SAMPLE_FLAGS) the sample, which a row then draws for itself (it is cheap;
 # the teacher and vocabulary are not, and stay the main job's).
-SAMPLE_FLAGS = ("language_alpha", "sample_pairs")
+SAMPLE_FLAGS = ("language_alpha", "sample_pairs", "seed")
 TRAINING_FLAGS = SAMPLE_FLAGS + (
     "train_steps", "learning_rate", "warmup_steps", "objective", "loss_weights",
     "global_batch_size", "max_seq_length", "length_buckets", "pooling", "encoder_overrides",
     "dropout", "embedding_init", "teacher_center", "eval_every", "eval_max_pairs",
-    "mixed_precision", "seed")
+    "mixed_precision")
 
 
 def parse_variant(text: str):
@@ -154,8 +154,10 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
     model_dir = os.path.join(work_dir, "sweep", name)
     config = dataclasses.replace(config, mixed_precision=mixed_precision(config, model_dir))
     sample = os.path.join(work_dir, "sample")
-    defaults = build_parser().parse_args([])
-    if any(getattr(config, flag) != getattr(defaults, flag) for flag in SAMPLE_FLAGS):
+    with open(os.path.join(work_dir, "stages", "sample.json")) as f:
+        drawn = json.load(f).get("settings") or {}  # what the job's sample was drawn with
+    if any(getattr(config, flag) != drawn.get(flag, getattr(build_parser().parse_args([]), flag))
+           for flag in SAMPLE_FLAGS):
         sample = os.path.join(work_dir, "sweep", name + "_sample")
         if not os.path.exists(os.path.join(sample, "DONE")):
             sample_stage(config, data_dir, sample)

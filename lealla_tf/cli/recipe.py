@@ -62,10 +62,12 @@ def build_parser():
     add("--teacher_center", action="store_true",
         help="distil from centred teacher vectors (see python -m lealla_tf.train --help)")
     add("--time_budget_minutes", type=float, default=defaults.time_budget_minutes,
-        help="the job's wall time, install excluded: both students train the steps that "
-             "fit on this machine (the student times its first steps and plans)")
+        help="the job's wall time, install excluded: the student (and a comparison, if "
+             "asked for) trains the steps that fit on this machine (the student times its "
+             "first steps and plans, then times them again halfway)")
     add("--train_steps", type=int, default=defaults.train_steps,
-        help="fixed steps for both students instead of the plan (0: plan to the budget)")
+        help="fixed steps for the student (and a comparison) instead of the plan (0: plan "
+             "to the budget)")
     add("--global_batch_size", type=int, default=defaults.global_batch_size)
     add("--max_seq_length", type=int, default=defaults.max_seq_length)
     add("--length_buckets", type=int, default=defaults.length_buckets,

@@ -13,13 +13,14 @@ the same --work_dir and flags reuses it, other flags are refused naming them):
   6. teacher_vectors  both sides of every pair embedded by the teacher, with Beam;
                       skipped with an hd objective (the default): the teacher pass hd runs
                       in each training step gives the FD/LD vectors too (--teacher_in_step)
-  7. train            a LEALLA-small-architecture student with AMS + FD + LD + HD, and the
-                      same student with AMS alone on the same data and steps (the ablation);
-                      the student times its first steps and plans both runs' steps to fit
-                      --time_budget_minutes on this machine (or --train_steps)
+  7. train            a LEALLA-small-architecture student with AMS + FD + LD + HD (and, with
+                      --comparison_objective=ams, the same student with AMS alone on the
+                      same data and steps: the ablation); the student times its first
+                      steps and plans the steps that fit --time_budget_minutes on this
+                      machine, then times them again halfway (or --train_steps)
   8. export           the LEALLA-compatible SavedModel; reloaded with hub.KerasLayer in a
                       fresh process and checked against the in-memory model
-  9. evaluate         Tatoeba P@1 on all of the dev directory for both students
+  9. evaluate         Tatoeba P@1 on all of the dev directory for each student
  10. news             the student on the news set: mining F1, P@1 by length band
  11. mine             BUCC-style sets (held-out pairs hidden among distractors): margin mining
  12. report           <work_dir>/report: report.json, training_curve.png,
@@ -29,7 +30,7 @@ Every stage is a library call returning a dict; `Stages` handles reuse, timing a
 the summary, and each model is loaded once and shared between stages.
 
 Modules: `config` (RecipeConfig and the tuned settings `make main` trains with),
-`stages` (the stage runner and each stage), `planner` (both students' steps
+`stages` (the stage runner and each stage), `planner` (the students' steps
 planned to the time budget), `report` (the summary and headline figures),
 `job` (`run_recipe`); the command line is `lealla_tf.cli.recipe`.
 

@@ -117,7 +117,7 @@ class RecipeConfig:
         time_budget_minutes: the whole job's wall time (the install excluded):
             the plan stage measures the students' steps on this machine and
             gives training what the other stages leave (`train_steps` 0).
-        train_steps: fixed steps for both students instead of the plan (0: plan).
+        train_steps: fixed steps for the students instead of the plan (0: plan).
         max_seq_length: the students' tokens a sentence in training (the
             exports take 128; positions past this keep the teacher's, from the
             weight selection). News and web sentences run 25-90 tokens: 64 keeps

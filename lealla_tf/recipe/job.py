@@ -214,6 +214,8 @@ def check_inputs(config: RecipeConfig, data_dir) -> None:
     check_flags(config)
     if not 0.0 <= config.language_alpha <= 1.0:  # NaN fails too
         raise ValueError(f"--language_alpha must be in [0, 1], got {config.language_alpha}")
+    if not 0.0 <= config.dropout < 1.0:
+        raise ValueError(f"--dropout must be in [0, 1), got {config.dropout}")
 
 
 def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
@@ -328,13 +330,14 @@ def _run_job(config: RecipeConfig, fresh: bool, job: contextlib.ExitStack) -> di
                                  * COMPARISON_STEP_RATIO + (PLANNED_EVALUATIONS + 1)
                                  * plan["evaluation_seconds"]) / 60
         else:
-            recorded = read_plan(paths[STUDENT])
+            recorded = None if config.train_steps else read_plan(paths[STUDENT])
             steps = config.train_steps or (recorded or {}).get("train_steps")
             guard = (recorded or {}).get("time_budget_minutes", 0.0)
             if not steps:
                 planner = BudgetPlanner(config, stages, after_training, COMPARISON in trains,
                                         paths[STUDENT])
-        train = student_run_config(trains[name], config, steps, guard)
+        train = student_run_config(trains[name], config, steps, guard,
+                                   recorded if name == STUDENT else None)
         training[name] = stages.run(f"train_{name}", lambda t=train, n=name, p=planner:
                                     train_stage(t, paths[n], vocabulary["output"], strategy, p),
                                     settings[f"train_{name}"])
@@ -380,8 +383,8 @@ def _run_job(config: RecipeConfig, fresh: bool, job: contextlib.ExitStack) -> di
                             config.learning_rate == RecipeConfig.learning_rate
                             and config.comparison_learning_rate
                             == RecipeConfig.comparison_learning_rate
-                            and config.comparison_objective
-                            == RecipeConfig.comparison_objective),
+                            # the objective COMPARISON_LEARNING_RATE was measured for
+                            and config.comparison_objective == "ams"),
                         "steps": training[STUDENT]["final_step"],
                         "comparison_steps": training[COMPARISON]["final_step"],
                         "full": full, "comparison": alone, "gain_points": 100 * (full - alone),

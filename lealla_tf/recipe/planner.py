@@ -1,4 +1,4 @@
-"""Planning both students' training to the job's time budget."""
+"""Planning the students' training to the job's time budget."""
 
 import dataclasses
 import json
@@ -10,9 +10,9 @@ from lealla_tf.recipe.config import RecipeConfig
 
 # === Planning the training to the time budget ===
 
-# The student decides how many steps both students train after its first
-# PLAN_AT_STEP steps, timing all but the first PLAN_SKIP_STEPS (tracing, and
-# oneDNN's first pass over new batch shapes); both warm up over
+# The student decides how many steps it (and a comparison) trains after its
+# first PLAN_AT_STEP steps, timing all but the first PLAN_SKIP_STEPS (tracing,
+# and oneDNN's first pass over new batch shapes); both warm up over
 # PLANNED_WARMUP_STEPS, so the rate before the plan does not depend on it.
 # The first steps pay for new batch shapes (tracing, oneDNN's first pass), so
 # the plan waits for step 50 (benchmarks/results/main_job.json, the step times).
@@ -40,8 +40,8 @@ BUDGET_PLAN_FILE = "budget_plan.json"  # the planner's measurements, beside the 
 
 class BudgetPlanner:
     """The student's `planner` (`lealla_tf.train.trainer.Trainer.train`): at step
-    `PLAN_AT_STEP` it gives both students the steps that fit what is left of
-    `--time_budget_minutes`.
+    `PLAN_AT_STEP` it gives the student (and a comparison, when asked for) the
+    steps that fit what is left of `--time_budget_minutes`.
 
     What is left: the budget less `PLAN_MARGIN`, less what the job has spent
     (`stages.elapsed()`), less the stages after training (`after_training`
@@ -156,9 +156,12 @@ def planned_every(steps: int) -> int:
 
 
 def student_run_config(train: "TrainConfig", config: RecipeConfig, steps: Optional[int],
-                       guard_minutes: float = 0.0) -> "TrainConfig":
+                       guard_minutes: float = 0.0,
+                       recorded: Optional[dict] = None) -> "TrainConfig":
     """A student's config: `steps` (with warmup, evaluations and checkpoints that
-    follow from them), or a provisional one whose `BudgetPlanner` decides."""
+    follow from them), or a provisional one whose `BudgetPlanner` decides.
+    `recorded`: the plan a resumed run made (`plan.json`); its evaluations and
+    checkpoints keep the plan's spacing, which a re-plan does not move."""
     from lealla_tf.configs import validate_train_config
 
     if steps:
@@ -167,6 +170,8 @@ def student_run_config(train: "TrainConfig", config: RecipeConfig, steps: Option
                         else max(1, steps // 10)))
         every = config.eval_every or planned_every(steps)
         changes = dict(train_steps=steps, eval_every=every, checkpoint_every=planned_every(steps))
+        changes.update({key: recorded[key] for key in ("eval_every", "checkpoint_every")
+                        if key in (recorded or {})})
     else:  # planned at PLAN_AT_STEP: nothing saved or evaluated before
         warmup = PLANNED_WARMUP_STEPS
         changes = dict(train_steps=100 * PLANNED_WARMUP_STEPS, eval_every=PLANNED_WARMUP_STEPS,

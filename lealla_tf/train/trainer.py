@@ -294,6 +294,7 @@ class Trainer:
                     window_start, window_steps = time.time(), 0
                 bar.set_postfix(loss=f"{reduced['total']:.4f}", pairs_s=f"{pairs_per_second:.1f}")
                 bar.update(1)
+                saved = None  # the step a re-plan saved a checkpoint at
                 if planner is not None:
                     answer = planner({"step": steps_done, "train_seconds": train_seconds,
                                       "step_seconds": list(step_seconds),
@@ -301,12 +302,19 @@ class Trainer:
                                       "start_seconds": first_step_start - started,
                                       "elapsed_seconds": time.time() - started})
                     if answer is not None:
+                        if plan is not None:
+                            # A re-plan moves the decay from this step on: a checkpoint
+                            # here first, so that no resume replays steps before it
+                            # under the new end.
+                            logs.flush()
+                            self.manager.save(checkpoint_number=steps_done)
+                            saved = steps_done
                         config = (self._take_plan(answer, steps_done) if plan is None
                                   else self._take_replan(answer, steps_done))
                         plan = answer
                         bar.total = config.train_steps
                         bar.refresh()
-                if steps_done % config.checkpoint_every == 0:
+                if steps_done % config.checkpoint_every == 0 and saved != steps_done:
                     logs.flush()  # the log never runs behind a checkpoint
                     self.manager.save(checkpoint_number=steps_done)
                 if config.eval_every and steps_done % config.eval_every == 0:

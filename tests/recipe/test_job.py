@@ -664,6 +664,7 @@ def test_inputs_and_flags_are_checked_before_anything_is_written(tiny_data, tmp_
     assert not work.exists()
     for flags, needle in ((["--mixed_precision", "--no_mixed_precision"], "--mixed_precision"),
                           (["--language_alpha=1.5"], "--language_alpha"),
+                          (["--dropout=1"], "--dropout"),
                           (["--time_budget_minutes=0"], "--time_budget_minutes"),
                           (["--train_steps=-3"], "--train_steps")):
         with pytest.raises(SystemExit) if flags[0] == "--mixed_precision" else _no_raise():

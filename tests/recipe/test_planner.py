@@ -45,3 +45,17 @@ def test_the_plan_is_timed_again_halfway_and_the_end_moves_to_the_budget(tmp_pat
     assert recorded["train_steps"] == replan["train_steps"]
     assert planner({**measured, "step": half + 1, "step_seconds": timed + [3.0],
                     "elapsed_seconds": 1003.0}) is None
+
+
+def test_a_resumed_run_keeps_the_plans_spacing_after_a_replan():
+    """Resumed after a re-plan to 1,923 steps, the student evaluates and saves at
+    the plan's spacing (every 383), not at that of 1,923 (385)."""
+    from lealla_tf.configs import TrainConfig
+    from lealla_tf.recipe.planner import student_run_config
+
+    recorded = {"train_steps": 1923, "eval_every": 383, "checkpoint_every": 383,
+                "replanned_at_step": 956}
+    run = student_run_config(TrainConfig(train_steps=1), RecipeConfig(), 1923, 30.0, recorded)
+    assert (run.train_steps, run.eval_every, run.checkpoint_every) == (1923, 383, 383)
+    fresh = student_run_config(TrainConfig(train_steps=1), RecipeConfig(), 1923)
+    assert fresh.eval_every == planned_every(1923) == 385

@@ -179,9 +179,10 @@ def test_a_replan_moves_the_end_and_the_decay(sentence_vocab_file, tiny_parallel
                                               tmp_path):
     """Planned at step 3 for 9 steps, re-planned at step 5 for 12: the run ends at
     12, the rate follows the first schedule to step 5 and decays to 12 after, and
-    plan.json records the new end, so a resumed run keeps it."""
+    plan.json records the new end, with a checkpoint at step 5, so a resumed run
+    never replays a step before the re-plan under the new end."""
     config = tiny_config(vocab_size(sentence_vocab_file), tiny_parallel_dir, "ams",
-                         train_steps=1000, checkpoint_every=1000)
+                         train_steps=1000, checkpoint_every=1000, keep_checkpoints=10)
     config.optimizer.warmup_steps = 4
 
     def planner(measured):
@@ -194,6 +195,9 @@ def test_a_replan_moves_the_end_and_the_decay(sentence_vocab_file, tiny_parallel
     assert summary["final_step"] == 12
     plan = json.load(open(tmp_path / "plan.json"))
     assert plan["train_steps"] == 12 and plan["replanned_at_step"] == 5
+    saved = {int(name.split("-")[1].split(".")[0])
+             for name in os.listdir(tmp_path / "checkpoints") if name.startswith("ckpt-")}
+    assert saved == {3, 5, 6, 9, 12}
     rates = [json.loads(line)["learning_rate"]
              for line in open(tmp_path / "train_log.jsonl")]
     expected = ([float(WarmupLinearDecay(1e-3, 4, 9)(step)) for step in range(1, 6)]
