@@ -156,8 +156,8 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
     sample = os.path.join(work_dir, "sample")
     with open(os.path.join(work_dir, "stages", "sample.json")) as f:
         drawn = json.load(f).get("settings") or {}  # what the job's sample was drawn with
-    if any(getattr(config, flag) != drawn.get(flag, getattr(build_parser().parse_args([]), flag))
-           for flag in SAMPLE_FLAGS):
+    defaults = vars(build_parser().parse_args([]))  # an older job's settings lack a flag
+    if any(getattr(config, flag) != drawn.get(flag, defaults[flag]) for flag in SAMPLE_FLAGS):
         sample = os.path.join(work_dir, "sweep", name + "_sample")
         if not os.path.exists(os.path.join(sample, "DONE")):
             sample_stage(config, data_dir, sample)

@@ -1,5 +1,6 @@
-"""One writer a folder: `one_writer(folder, subject)` while a run writes there;
-`check_folder(path, subject)` before, for a path that cannot be a folder.
+"""One writer a folder: `hold_folder(folder, subject)` when a run starts writing
+there, `release_folder` when it ends; `check_folder(path, subject)` before, for
+a path that cannot be a folder.
 
 Two runs writing one folder at once (the main job's --work_dir, a training
 --model_dir) would log every step twice and overwrite each other's checkpoints
@@ -13,7 +14,7 @@ tested for liveness. The holder writes its pid into the file for the message
 of the run it refuses, and empties it when it lets go; the file itself stays
 (removing it would let two runs lock two different files of one name).
 
-Every descriptor locks on its own: a second `one_writer` of one folder in the
+Every descriptor locks on its own: a second `hold_folder` of one folder in the
 same process, another thread's included, is refused too (naming this pid).
 Local folders only: a remote one (gs://, any `scheme://`) is not locked; nor is
 one on a file system that cannot `flock` (then the run goes on unguarded).
@@ -21,7 +22,6 @@ one on a file system that cannot `flock` (then the run goes on unguarded).
 May import: nothing else of lealla_tf.
 """
 
-import contextlib
 import errno
 import os
 import time
@@ -42,9 +42,10 @@ class FolderInUseError(RuntimeError):
     """Another live run (or this process) is writing the folder."""
 
 
-@contextlib.contextmanager
-def one_writer(folder: str, subject: Optional[str] = None):
-    """Holds the lock of `folder` (created if missing) while the block runs.
+def hold_folder(folder: str, subject: Optional[str] = None) -> Optional[int]:
+    """Takes the lock of `folder` (created if missing) and returns its
+    descriptor: the lock lasts until `release_folder(descriptor)` or this
+    process's end. None: not locked (a remote folder, or no flock here).
 
     Raises FolderInUseError when another run holds it: "<subject> is being
     written by another run (pid N): ..."; `subject` is what the message calls
@@ -52,18 +53,6 @@ def one_writer(folder: str, subject: Optional[str] = None):
     ValueError (naming the lock file) when the folder cannot hold a lock: it
     is below a file, not writable, or the lock's name is a symlink.
     """
-    descriptor = hold_folder(folder, subject)
-    try:
-        yield
-    finally:
-        release_folder(descriptor)
-
-
-def hold_folder(folder: str, subject: Optional[str] = None) -> Optional[int]:
-    """Takes the lock of `folder` and returns its descriptor, for a holder that
-    keeps it past one block (see `one_writer`): the lock lasts until
-    `release_folder(descriptor)` or this process's end. None: not locked
-    (a remote folder, or no flock here)."""
     if "://" in folder or fcntl is None:
         return None
     path = os.path.join(folder, LOCK_FILE)

@@ -200,6 +200,10 @@ def check_flags(config: RecipeConfig) -> None:
     if config.max_seq_length < 2:
         raise ValueError(f"--max_seq_length must be at least 2 ([CLS] and [SEP]), got "
                          f"{config.max_seq_length}")
+    if not 0.0 <= config.language_alpha <= 1.0:  # NaN fails too
+        raise ValueError(f"--language_alpha must be in [0, 1], got {config.language_alpha}")
+    if not 0.0 <= config.dropout < 1.0:
+        raise ValueError(f"--dropout must be in [0, 1), got {config.dropout}")
 
 
 def check_inputs(config: RecipeConfig, data_dir) -> None:
@@ -212,10 +216,6 @@ def check_inputs(config: RecipeConfig, data_dir) -> None:
                                 "(tatoeba.<xxx>-eng.<xxx> and tatoeba.<xxx>-eng.eng)")
     find_parallel_files([str(data_dir / "parallel")])  # names a directory with no pairs
     check_flags(config)
-    if not 0.0 <= config.language_alpha <= 1.0:  # NaN fails too
-        raise ValueError(f"--language_alpha must be in [0, 1], got {config.language_alpha}")
-    if not 0.0 <= config.dropout < 1.0:
-        raise ValueError(f"--dropout must be in [0, 1), got {config.dropout}")
 
 
 def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:

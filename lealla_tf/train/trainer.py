@@ -370,9 +370,7 @@ class Trainer:
                              "steps already run")
         self.config = dataclasses.replace(self.config, **plan)
         self.total_steps.assign(self.config.train_steps)
-        if self.role.chief:
-            with open(os.path.join(self.model_dir, "plan.json"), "w") as f:
-                json.dump({**plan, "planned_at_step": steps_done}, f, indent=2)
+        self._record_plan({**plan, "planned_at_step": steps_done})
         return self.config
 
     def _take_replan(self, replan: dict, steps_done: int) -> TrainConfig:
@@ -388,15 +386,21 @@ class Trainer:
                              f"train_steps (and time_budget_minutes); got {replan}")
         self.config = dataclasses.replace(self.config, **replan)
         self.total_steps.assign(self.config.train_steps)
-        path = os.path.join(self.model_dir, "plan.json")
         if self.role.chief:
-            with open(path) as f:
+            with open(os.path.join(self.model_dir, "plan.json")) as f:
                 recorded = json.load(f)
-            recorded.update(replan, replanned_at_step=steps_done)
-            with open(path + ".tmp", "w") as f:
-                json.dump(recorded, f, indent=2)
-            os.replace(path + ".tmp", path)
+            self._record_plan({**recorded, **replan, "replanned_at_step": steps_done})
         return self.config
+
+    def _record_plan(self, record: dict) -> None:
+        """Writes `plan.json` (the chief's; atomically, so a kill leaves the old
+        plan or the new one, never half of one)."""
+        if not self.role.chief:
+            return
+        path = os.path.join(self.model_dir, "plan.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(record, f, indent=2)
+        os.replace(path + ".tmp", path)
 
     def _stop_reason(self, signal_name: Optional[str], over_budget: bool) -> Optional[str]:
         """Why the loop stops before the next step (None: it goes on). Workers
