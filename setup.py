@@ -46,6 +46,7 @@ EXTRAS_REQUIRE = {
     ],
     "dev": [
         "pytest==9.2.0",
+        "ruff==0.17.6",
         "nbclient==0.11.0",
         "nbformat==5.11.1",
         "ipykernel==7.4.0",

@@ -51,12 +51,12 @@ def main():
     parser.add_argument("--data_dir", default=None)
     args = parser.parse_args()
 
-    from lealla_tf.inference.embedder import load_embedder
     from lealla_tf.evaluation.retrieval import embed_sentences
+    from lealla_tf.inference.embedder import load_embedder
     from lealla_tf.inference.export import export_lealla_model
     from lealla_tf.models.encoder import build_encoder
-    from lealla_tf.pipelines import embed_corpus
     from lealla_tf.models.presets import get_preset
+    from lealla_tf.pipelines import embed_corpus
     from lealla_tf.tokenizers.tokenizer import Tokenizer
 
     sentences = benchmark_sentences(find_data_dir(args.data_dir), args.num_sentences)

@@ -14,8 +14,8 @@ their embeddings.
 import argparse
 import time
 
-from benchmarks.common import machine, write_result
 import lealla_tf  # noqa: F401  (oneDNN default before TensorFlow loads)
+from benchmarks.common import machine, write_result
 
 
 def main():
@@ -33,10 +33,10 @@ def main():
     import tensorflow as tf
 
     from benchmarks.common import tatoeba_sentences
-    from lealla_tf.train.data import trim_to_longest
     from lealla_tf.inference.export import JIT_LENGTH_MULTIPLE, pad_to_multiple
     from lealla_tf.models.model_dir import load_encoder, load_tokenizer
     from lealla_tf.recipe.config import find_data_dir
+    from lealla_tf.train.data import trim_to_longest
 
     sentences = tatoeba_sentences(find_data_dir(args.data_dir), args.num_sentences)
     encoder, tokenizer = load_encoder(args.model_dir), load_tokenizer(args.model_dir)

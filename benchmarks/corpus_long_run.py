@@ -30,9 +30,13 @@ import sys
 import time
 
 from benchmarks.common import machine, run_passing_stop_signals, write_result
-from lealla_tf.evaluation.retrieval import (TATOEBA_MARGIN_METRIC, TATOEBA_PRIMARY_METRIC,
-                                            best_and_worst, per_language)
 from lealla_tf.evaluation.plots import read_jsonl
+from lealla_tf.evaluation.retrieval import (
+    TATOEBA_MARGIN_METRIC,
+    TATOEBA_PRIMARY_METRIC,
+    best_and_worst,
+    per_language,
+)
 from lealla_tf.recipe.config import find_data_dir
 
 

@@ -23,8 +23,8 @@ One process, nothing else running:
 import argparse
 import time
 
-from benchmarks.common import machine, parse_shapes, write_result
 import lealla_tf  # noqa: F401  (oneDNN default before TensorFlow loads)
+from benchmarks.common import machine, parse_shapes, write_result
 
 LAYER_SHAPES = {128: [(128, 384), (128, 128), (128, 512), (512, 128)],
                 384: [(384, 1152), (384, 384), (384, 1536), (1536, 384)]}

@@ -17,8 +17,12 @@ import shutil
 import tempfile
 import time
 
-from benchmarks.common import (LABSE_VOCABULARY_SIZE, labse_sized_vocabulary, machine,
-                               tatoeba_sentences)
+from benchmarks.common import (
+    LABSE_VOCABULARY_SIZE,
+    labse_sized_vocabulary,
+    machine,
+    tatoeba_sentences,
+)
 from lealla_tf.recipe.config import find_data_dir
 
 

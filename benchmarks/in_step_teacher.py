@@ -41,9 +41,9 @@ def in_step_embedder(teacher_dir: str, vocab_file: str, max_seq_length: int,
     import tensorflow as tf
 
     from lealla_tf.configs import TokenizerConfig
-    from lealla_tf.train.initialization import student_pieces
-    from lealla_tf.train.heads import TeacherLayers
     from lealla_tf.models.model_dir import build_tokenizer
+    from lealla_tf.train.heads import TeacherLayers
+    from lealla_tf.train.initialization import student_pieces
     from lealla_tf.train.teacher_sources import InStepTeacher
 
     tokenizer = build_tokenizer(TokenizerConfig(max_seq_length=max_seq_length), vocab_file)
@@ -61,11 +61,11 @@ def in_step_embedder(teacher_dir: str, vocab_file: str, max_seq_length: int,
 def main():
     import numpy as np
 
-    from lealla_tf.inference.embedder import load_embedder
     from lealla_tf.evaluation.retrieval import embed_sentences, evaluate_tatoeba
-    from lealla_tf.train.heads import teacher_prefix
+    from lealla_tf.inference.embedder import load_embedder
     from lealla_tf.parallel_corpus import read_pairs
     from lealla_tf.teachers.conversion import SENTENCEPIECE_FILE
+    from lealla_tf.train.heads import teacher_prefix
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data_dir", default=None)

@@ -15,8 +15,8 @@ import os
 import tempfile
 import time
 
-from benchmarks.common import machine, write_result
 import lealla_tf  # noqa: F401  (oneDNN default before TensorFlow loads)
+from benchmarks.common import machine, write_result
 
 
 def main():
@@ -28,8 +28,8 @@ def main():
                         help="first pairs of each language (0: all)")
     args = parser.parse_args()
 
-    from lealla_tf.inference.embedder import load_embedder
     from lealla_tf.evaluation.retrieval import TATOEBA_PRIMARY_METRIC, evaluate_tatoeba
+    from lealla_tf.inference.embedder import load_embedder
     from lealla_tf.inference.export import export_model_dir
     from lealla_tf.recipe.config import find_data_dir
 

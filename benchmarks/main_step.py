@@ -71,8 +71,8 @@ def time_steps(train, vocab_file: str, work: str, steps: int, warmup: int) -> di
 def step_rows(work_dir: str, data_dir, rows, steps: int, warmup: int,
               mixed_precision=None) -> dict:
     from lealla_tf.recipe.config import COMPARISON_LEARNING_RATE, RecipeConfig
-    from lealla_tf.recipe.stages import (mixed_precision as default_precision,
-                                         student_loss_weights, train_config)
+    from lealla_tf.recipe.stages import mixed_precision as default_precision
+    from lealla_tf.recipe.stages import student_loss_weights, train_config
 
     with open(os.path.join(work_dir, "stages", "teacher.json")) as f:
         teacher = json.load(f)["result"]

@@ -65,10 +65,14 @@ def parse_variant(text: str):
         raise ValueError(f"--variant={text!r}: {', '.join('--' + k for k in refused)} would "
                          "need another teacher or vocabulary than the main job's; "
                          f"a row may change only --{', --'.join(TRAINING_FLAGS)}")
-    from lealla_tf.losses.objectives import OBJECTIVES, parse_objective
-    from lealla_tf.recipe.stages import (check_learning_rates, student_loss_weights,
-                                         teacher_in_step, train_config)
     from lealla_tf.cli.recipe import config_from_args
+    from lealla_tf.losses.objectives import OBJECTIVES, parse_objective
+    from lealla_tf.recipe.stages import (
+        check_learning_rates,
+        student_loss_weights,
+        teacher_in_step,
+        train_config,
+    )
 
     try:
         config = config_from_args(argparse.Namespace(**parsed))
@@ -133,17 +137,27 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
     import dataclasses
     import time
 
-    from lealla_tf.inference.embedder import load_embedder
-    from lealla_tf.evaluation.retrieval import (TATOEBA_PRIMARY_METRIC, embed_tatoeba, first_pairs,
-                                                tatoeba_metrics_with_margin)
-    from lealla_tf.models.model_dir import read_model_config
-    from lealla_tf.cli.recipe import build_parser, config_from_args
-    from lealla_tf.recipe.stages import (Models, mixed_precision, news_stage, sample_stage,
-                                         student_loss_weights, teacher_in_step, train_config)
-    from lealla_tf.evaluation.news import NEWS_PRIMARY_METRIC
-    from lealla_tf.train.run import train
-
     from benchmarks.common import machine as this_machine
+    from lealla_tf.cli.recipe import build_parser, config_from_args
+    from lealla_tf.evaluation.news import NEWS_PRIMARY_METRIC
+    from lealla_tf.evaluation.retrieval import (
+        TATOEBA_PRIMARY_METRIC,
+        embed_tatoeba,
+        first_pairs,
+        tatoeba_metrics_with_margin,
+    )
+    from lealla_tf.inference.embedder import load_embedder
+    from lealla_tf.models.model_dir import read_model_config
+    from lealla_tf.recipe.stages import (
+        Models,
+        mixed_precision,
+        news_stage,
+        sample_stage,
+        student_loss_weights,
+        teacher_in_step,
+        train_config,
+    )
+    from lealla_tf.train.run import train
 
     config = config_from_args(build_parser().parse_args(argv))
     teacher = finished_stage(work_dir, "teacher")

@@ -31,9 +31,9 @@ import shutil
 import tempfile
 import time
 
+import lealla_tf  # noqa: F401  (oneDNN default before TensorFlow loads)
 from benchmarks.common import machine, parse_shapes, write_result
 from benchmarks.train_throughput import build_step, synthetic_vocabulary
-import lealla_tf  # noqa: F401  (oneDNN default before TensorFlow loads)
 
 GROUPS = [
     ("fused_kernels", r"^Lealla"),

@@ -120,8 +120,15 @@ def prepare(work_dir, data_dir, sample_pairs, max_pieces, kinds=()):
     """Teacher, both vocabularies (and the uncapped pruned one when `kinds` holds
     "pruned_all"), the sample and its teacher vectors (reused)."""
     from lealla_tf.recipe.config import DEFAULT_WORDPIECE_SIZE, RecipeConfig
-    from lealla_tf.recipe.stages import (Models, Stages, choose_teacher_backend, sample_stage,
-                                         teacher_stage, teacher_vectors_stage, vocabulary_stage)
+    from lealla_tf.recipe.stages import (
+        Models,
+        Stages,
+        choose_teacher_backend,
+        sample_stage,
+        teacher_stage,
+        teacher_vectors_stage,
+        vocabulary_stage,
+    )
 
     recipe = RecipeConfig(work_dir=work_dir, sample_pairs=sample_pairs)
     stages, models = Stages(work_dir), Models()
@@ -155,12 +162,18 @@ def prepare(work_dir, data_dir, sample_pairs, max_pieces, kinds=()):
 def train_configuration(name, spec, work_dir, data_dir, steps, eval_pairs, result_file):
     """Runs in a fresh process: trains one configuration and evaluates it."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    from lealla_tf.configs import (DataConfig, LossConfig, OptimizerConfig, TeacherConfig,
-                                   TokenizerConfig, TrainConfig)
-    from lealla_tf.recipe.config import RecipeConfig
-    from lealla_tf.inference.embedder import load_embedder
+    from lealla_tf.configs import (
+        DataConfig,
+        LossConfig,
+        OptimizerConfig,
+        TeacherConfig,
+        TokenizerConfig,
+        TrainConfig,
+    )
     from lealla_tf.evaluation.retrieval import TATOEBA_PRIMARY_METRIC, evaluate_tatoeba
+    from lealla_tf.inference.embedder import load_embedder
     from lealla_tf.models.presets import get_preset
+    from lealla_tf.recipe.config import RecipeConfig
     from lealla_tf.train.run import train
 
     tatoeba = str(pathlib.Path(data_dir) / "tatoeba_dev")

@@ -36,8 +36,12 @@ def main():
     parser.add_argument("--output_json", required=True)
     parser.add_argument("--retrieval_pairs", type=int, default=2000)
     args = parser.parse_args()
-    from lealla_tf.train.data import (TFRECORD_SUFFIXES, _record_pairs, find_training_files,
-                                      precomputed_teacher_layout)
+    from lealla_tf.train.data import (
+        TFRECORD_SUFFIXES,
+        _record_pairs,
+        find_training_files,
+        precomputed_teacher_layout,
+    )
     from lealla_tf.train.teacher_sources import CenteredTeacher, PrecomputedTeacher
 
     files = find_training_files([args.train_data])

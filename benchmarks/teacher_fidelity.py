@@ -39,8 +39,8 @@ def main():
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the preprocessor's ops)
 
-    from lealla_tf.inference.embedder import load_embedder
     from lealla_tf.evaluation.retrieval import per_language, tatoeba_metrics
+    from lealla_tf.inference.embedder import load_embedder
     from lealla_tf.parallel_corpus import find_tatoeba_languages, read_tatoeba
     from lealla_tf.teachers.conversion import convert_teacher, fidelity_report
 

@@ -32,8 +32,13 @@ def read_pair_vectors(output_dir: str) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from lealla_tf.mining.shards import (PAIR_SOURCE, PAIR_TARGET, PAIR_TEACHER_SOURCE,
-                                         PAIR_TEACHER_TARGET, manifest_files)
+    from lealla_tf.mining.shards import (
+        PAIR_SOURCE,
+        PAIR_TARGET,
+        PAIR_TEACHER_SOURCE,
+        PAIR_TEACHER_TARGET,
+        manifest_files,
+    )
 
     vectors = {}
     for path in manifest_files(output_dir):
@@ -60,11 +65,11 @@ def main():
 
     import numpy as np
 
-    from lealla_tf.train.data import evaluation_sentences
     from lealla_tf.inference.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS, load_embedder
     from lealla_tf.parallel_corpus import find_parallel_files, sample_pairs
     from lealla_tf.pipelines.embed_corpus import embed_corpus
     from lealla_tf.recipe.config import find_data_dir
+    from lealla_tf.train.data import evaluation_sentences
 
     data_dir = find_data_dir(args.data_dir)
     work = tempfile.mkdtemp(prefix="teacher_vectors_")

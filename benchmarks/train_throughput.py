@@ -75,13 +75,18 @@ def build_step(preset, vocab, batch_size, length, mixed_precision, model_dir,
     import numpy as np
     import tensorflow as tf
 
-    from lealla_tf.configs import (LossConfig, OptimizerConfig, TokenizerConfig, TrainConfig,
-                                   resolve_train_config)
-    from lealla_tf.train.distribution import make_strategy
+    from lealla_tf.configs import (
+        LossConfig,
+        OptimizerConfig,
+        TokenizerConfig,
+        TrainConfig,
+        resolve_train_config,
+    )
     from lealla_tf.models.presets import get_preset
+    from lealla_tf.tokenizers.tokenizer import Tokenizer
+    from lealla_tf.train.distribution import make_strategy
     from lealla_tf.train.task import DistillationTask
     from lealla_tf.train.teacher_sources import PrecomputedTeacher
-    from lealla_tf.tokenizers.tokenizer import Tokenizer
     from lealla_tf.train.trainer import Trainer
 
     keras.mixed_precision.set_dtype_policy("mixed_bfloat16" if mixed_precision else "float32")

@@ -407,7 +407,12 @@ def resolve_train_config(config: TrainConfig, vocabulary_size: int,
     Raises ValueError when an objective term needs a teacher and there is
     none, or a weight names a term that is not in the objective.
     """
-    from lealla_tf.losses.objectives import OBJECTIVES, TEACHER_LAYERS, parse_objective, terms_needing
+    from lealla_tf.losses.objectives import (
+        OBJECTIVES,
+        TEACHER_LAYERS,
+        parse_objective,
+        terms_needing,
+    )
 
     validate_train_config(config)
     config = copy.deepcopy(config)

@@ -273,8 +273,14 @@ def teacher_records(tmp_path_factory):
 
 
 def tiny_config(tokenizer_size, data, objective="ams+fd+ld", **changes):
-    from lealla_tf.configs import (DataConfig, EncoderConfig, LossConfig, OptimizerConfig,
-                                   TokenizerConfig, TrainConfig)
+    from lealla_tf.configs import (
+        DataConfig,
+        EncoderConfig,
+        LossConfig,
+        OptimizerConfig,
+        TokenizerConfig,
+        TrainConfig,
+    )
 
     config = TrainConfig(
         preset="lealla_small",
@@ -387,8 +393,12 @@ def dask_cluster():
 def write_embedding_output(directory, vectors, shards=3, prefix="s"):
     """An embed_corpus-style output (manifest, gzip'd TFRecord shards) of `vectors`,
     with ids `<prefix>:<row>` and texts `text <prefix> <row>`, rows dealt to shards."""
-    from lealla_tf.mining.shards import (commit_run, embedding_example, new_run_directory,
-                                        write_tfrecord)
+    from lealla_tf.mining.shards import (
+        commit_run,
+        embedding_example,
+        new_run_directory,
+        write_tfrecord,
+    )
 
     os.makedirs(directory, exist_ok=True)
     run_dir = new_run_directory(str(directory))

@@ -12,7 +12,6 @@ import textwrap
 
 import pytest
 
-
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BENCHMARKS = sorted(path.stem for path in (REPO / "benchmarks").glob("*.py")
                     if path.stem not in ("__init__", "common"))
@@ -123,9 +122,9 @@ def test_the_long_run_can_train_the_main_jobs_objective_with_the_teacher_in_the_
     fd/ld targets from the teacher run in the step (so lealla+hd needs no
     precomputed vectors); without the flag it is not."""
     from benchmarks.corpus_long_run import build_parser, training_flags
-    from lealla_tf.configs import validate_train_config
     from lealla_tf.cli.train import build_parser as train_parser
     from lealla_tf.cli.train import config_from_flags
+    from lealla_tf.configs import validate_train_config
 
     def config(*flags):
         args = build_parser().parse_args([f"--output_json={tmp_path / 'x.json'}",
@@ -481,8 +480,9 @@ def test_the_speed_report_sets_each_figure_against_its_target():
 def test_embed_speed_reports_the_padding_its_batches_wasted(sentence_vocab_file, tmp_path):
     import json
 
-    from benchmarks import embed_speed
     from conftest import multilingual_sentences
+
+    from benchmarks import embed_speed
     from lealla_tf.configs import EncoderConfig
     from lealla_tf.inference.export import export_lealla_model
     from lealla_tf.models.encoder import build_encoder

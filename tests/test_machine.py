@@ -1,7 +1,13 @@
 """Tests for lealla_tf.machine: what a benchmark or the main job records of the machine."""
 
-from lealla_tf.machine import (cpu_generation, cpu_model, describe, machine, usable_cpus,
-                               vector_extensions)
+from lealla_tf.machine import (
+    cpu_generation,
+    cpu_model,
+    describe,
+    machine,
+    usable_cpus,
+    vector_extensions,
+)
 
 CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD

@@ -1,6 +1,5 @@
 """The notebooks execute top to bottom and produce their plots."""
 
-import os
 import pathlib
 
 import pytest

@@ -1,10 +1,15 @@
 """Finding, naming and reading parallel and Tatoeba files."""
 
 import pytest
-
-from lealla_tf.parallel_corpus import (find_parallel_files, find_tatoeba_languages,
-                                       language_of, read_pairs, read_tatoeba)
 from conftest import write_pairs
+
+from lealla_tf.parallel_corpus import (
+    find_parallel_files,
+    find_tatoeba_languages,
+    language_of,
+    read_pairs,
+    read_tatoeba,
+)
 
 
 @pytest.mark.parametrize("path,language", [
@@ -164,4 +169,4 @@ def test_sample_pairs_counts_what_it_skipped_in_each_file(tmp_path):
                                                          "not_utf8": 1}}}
     assert corpus.describe() == (
         "corpus: 40 pairs from 2 files; 3 lines skipped in 1 file: 1 with no tab, 1 with more "
-        f"than two columns, 1 not UTF-8 (fra-eng.tsv: 3)")
+        "than two columns, 1 not UTF-8 (fra-eng.tsv: 3)")

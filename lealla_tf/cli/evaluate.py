@@ -64,14 +64,20 @@ def main(argv=None) -> int:
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
 
+    from lealla_tf.evaluation.plots import plot_per_language
+    from lealla_tf.evaluation.retrieval import (
+        TATOEBA_MEAN_COSINE,
+        TATOEBA_PRIMARY_METRIC,
+        evaluate_bucc,
+        format_tatoeba_table,
+        gold_pairs_note,
+        per_language,
+        read_bucc_split,
+        tatoeba_with_margin,
+    )
     from lealla_tf.inference.embedder import load_embedder
     from lealla_tf.mining.margins import collapse_warning
-    from lealla_tf.evaluation.retrieval import (TATOEBA_MEAN_COSINE, TATOEBA_PRIMARY_METRIC,
-                                                evaluate_bucc, format_tatoeba_table,
-                                                gold_pairs_note, per_language,
-                                                read_bucc_split, tatoeba_with_margin)
     from lealla_tf.parallel_corpus import find_tatoeba_languages
-    from lealla_tf.evaluation.plots import plot_per_language
 
     plot = args.plot or os.path.splitext(args.output_json)[0] + ".png"
     languages = [l for l in args.bucc_languages.split(",") if l]

@@ -128,8 +128,14 @@ def check_flags(args) -> None:
 
 def config_from_flags(args):
     """The (unresolved) `TrainConfig` the flags describe."""
-    from lealla_tf.configs import (DataConfig, LossConfig, OptimizerConfig, TeacherConfig,
-                                   TokenizerConfig, TrainConfig)
+    from lealla_tf.configs import (
+        DataConfig,
+        LossConfig,
+        OptimizerConfig,
+        TeacherConfig,
+        TokenizerConfig,
+        TrainConfig,
+    )
     from lealla_tf.models.presets import student_preset
 
     student, encoder, objective = student_preset(

@@ -18,8 +18,13 @@ import time
 
 from lealla_tf.cli.evaluate import check_writable
 from lealla_tf.flags import ArgumentParser, HelpFormatter
-from lealla_tf.tokenizers.vocabulary import (RESERVED_TOKENS, build_vocabulary, check_output,
-                                             format_report, vocabulary_report)
+from lealla_tf.tokenizers.vocabulary import (
+    RESERVED_TOKENS,
+    build_vocabulary,
+    check_output,
+    format_report,
+    vocabulary_report,
+)
 
 
 def main(argv=None) -> int:

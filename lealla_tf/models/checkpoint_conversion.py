@@ -358,7 +358,11 @@ def import_saved_model(saved_model: str, model_dir: str, vocab_file: Optional[st
     or re-exported (`export/export_tfhub.py`). Returns a summary.
     """
     from lealla_tf.models.encoder import build_encoder
-    from lealla_tf.models.model_dir import TokenizerConfig, save_encoder_checkpoint, write_model_config
+    from lealla_tf.models.model_dir import (
+        TokenizerConfig,
+        save_encoder_checkpoint,
+        write_model_config,
+    )
 
     tensors = read_saved_model_variables(saved_model)
     layout, prefix = detect_layout(tensors)

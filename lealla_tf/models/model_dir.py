@@ -15,8 +15,14 @@ from typing import Optional
 
 import tensorflow as tf
 
-from lealla_tf.configs import (EncoderConfig, TokenizerConfig, config_from_dict, config_to_dict,
-                               read_json, write_json)
+from lealla_tf.configs import (
+    EncoderConfig,
+    TokenizerConfig,
+    config_from_dict,
+    config_to_dict,
+    read_json,
+    write_json,
+)
 
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"

@@ -585,9 +585,9 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
     "file:line" of each) or when another run holds a local `output` (the
     previous output is then untouched; remote outputs are not locked).
     """
-    from lealla_tf.pipelines.options import pipeline_options, run_pipeline
     from lealla_tf.inference.embedder import model_kind
     from lealla_tf.mining.shards import commit_run, output_lock, run_directory
+    from lealla_tf.pipelines.options import pipeline_options, run_pipeline
 
     if num_shards < 1 or model_batch_size < 1:
         raise ValueError(f"--num_shards and --model_batch_size must be at least 1, got "

@@ -83,8 +83,8 @@ def mine_to_files(source_dir: str, target_dir: str, output: str, margin: str = "
     """Mines two embed_corpus outputs into `output` (and its dead-letter and
     summary files); returns the summary. Rows that cannot be mined are
     dead-lettered with their reason, not mined and not fatal."""
-    from lealla_tf.mining.shards import mmap_embeddings, write_atomically
     from lealla_tf.mining.margins import Rows, mine
+    from lealla_tf.mining.shards import mmap_embeddings, write_atomically
 
     sides = {"source": mmap_embeddings(source_dir, cache_dir),
              "target": mmap_embeddings(target_dir, cache_dir)}
@@ -135,8 +135,8 @@ def check_inputs(source: str, target: str, k: int, index: str, memory_budget_gb,
     """Every mistake a user can make, found before the pipeline starts: a
     one-line ValueError / FileNotFoundError naming the flag. Converts the
     shards to their memory-mapped copies (reused by the mining step)."""
-    from lealla_tf.mining.shards import mmap_embeddings
     from lealla_tf.mining.margins import plan_mining
+    from lealla_tf.mining.shards import mmap_embeddings
 
     if k < 1:
         raise ValueError(f"--k must be at least 1, got {k}")

@@ -8,19 +8,48 @@ import shutil
 import uuid
 from typing import Dict, Optional
 
-from lealla_tf.recipe.config import (COMPARISON, RecipeConfig, STUDENT, STUDENT_ON_TEACHER_PAIRS,
-                                     TEACHER, find_data_dir)
-from lealla_tf.recipe.planner import (AFTER_TRAINING_PER_TEACHER_EVALUATION, BudgetPlanner,
-                                      COMPARISON_STEP_RATIO, PLANNED_EVALUATIONS, read_plan,
-                                      student_run_config)
+from lealla_tf.recipe.config import (
+    COMPARISON,
+    STUDENT,
+    STUDENT_ON_TEACHER_PAIRS,
+    TEACHER,
+    RecipeConfig,
+    find_data_dir,
+)
+from lealla_tf.recipe.planner import (
+    AFTER_TRAINING_PER_TEACHER_EVALUATION,
+    COMPARISON_STEP_RATIO,
+    PLANNED_EVALUATIONS,
+    BudgetPlanner,
+    read_plan,
+    student_run_config,
+)
 from lealla_tf.recipe.report import format_summary, headline
-from lealla_tf.recipe.stages import (Models, Stages, check_learning_rates, check_sentences,
-                                     check_started_precision, check_started_rate,
-                                     choose_teacher_backend, evaluate_stage, export_stage,
-                                     mine_stage, mixed_precision, news_set_stage, news_stage,
-                                     sample_stage, started_precision, student_loss_weights,
-                                     teacher_in_step, teacher_stage, teacher_vectors_stage,
-                                     train_config, train_stage, trained_rate, vocabulary_stage)
+from lealla_tf.recipe.stages import (
+    Models,
+    Stages,
+    check_learning_rates,
+    check_sentences,
+    check_started_precision,
+    check_started_rate,
+    choose_teacher_backend,
+    evaluate_stage,
+    export_stage,
+    mine_stage,
+    mixed_precision,
+    news_set_stage,
+    news_stage,
+    sample_stage,
+    started_precision,
+    student_loss_weights,
+    teacher_in_step,
+    teacher_stage,
+    teacher_vectors_stage,
+    train_config,
+    train_stage,
+    trained_rate,
+    vocabulary_stage,
+)
 
 # === The job ===
 
@@ -226,12 +255,12 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
 
 
 def _run_job(config: RecipeConfig, fresh: bool, job: contextlib.ExitStack) -> dict:
-    from lealla_tf.folder_lock import release_folder
-    from lealla_tf.train.distribution import make_strategy
-    from lealla_tf.evaluation.retrieval import TATOEBA_PRIMARY_METRIC, per_language
-    from lealla_tf.machine import machine
     from lealla_tf.evaluation.plots import plot_per_language, plot_training
+    from lealla_tf.evaluation.retrieval import TATOEBA_PRIMARY_METRIC, per_language
+    from lealla_tf.folder_lock import release_folder
+    from lealla_tf.machine import machine
     from lealla_tf.teachers.conversion import get_teacher_spec
+    from lealla_tf.train.distribution import make_strategy
 
     data_dir = find_data_dir(config.data_dir)
     get_teacher_spec(config.teacher)

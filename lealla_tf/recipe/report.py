@@ -2,13 +2,18 @@
 
 from lealla_tf.recipe.config import COMPARISON, STUDENT, STUDENT_ON_TEACHER_PAIRS, TEACHER
 
-
 # === Report ===
 
 def format_summary(report: dict) -> str:
-    from lealla_tf.evaluation.retrieval import (BUCC_AVERAGE_F1, BUCC_GOLD_PAIRS,
-                                                TATOEBA_MARGIN_METRIC, TATOEBA_PRIMARY_METRIC,
-                                                best_and_worst, gold_pairs_note, per_language)
+    from lealla_tf.evaluation.retrieval import (
+        BUCC_AVERAGE_F1,
+        BUCC_GOLD_PAIRS,
+        TATOEBA_MARGIN_METRIC,
+        TATOEBA_PRIMARY_METRIC,
+        best_and_worst,
+        gold_pairs_note,
+        per_language,
+    )
     from lealla_tf.parallel_corpus import describe_corpus_counts
 
     lines = ["", "=" * 78, "lealla_tf main job — summary", "=" * 78]
@@ -118,8 +123,8 @@ def format_summary(report: dict) -> str:
 def headline(report: dict) -> dict:
     """The report's figures a person quotes, in percent, each on its basis."""
 
-    from lealla_tf.evaluation.retrieval import FEW_GOLD_PAIRS, TATOEBA_PRIMARY_METRIC
     from lealla_tf.evaluation.news import NEWS_PRIMARY_METRIC
+    from lealla_tf.evaluation.retrieval import FEW_GOLD_PAIRS, TATOEBA_PRIMARY_METRIC
 
     tatoeba = report["tatoeba"]
     figures = {"tatoeba_dev_all_pairs_p_at_1": {

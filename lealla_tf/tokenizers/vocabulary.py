@@ -28,8 +28,13 @@ import tempfile
 import time
 from typing import Dict, List, Sequence
 
-from lealla_tf.parallel_corpus import (find_parallel_files, find_tatoeba_languages,
-                                       language_sampling_probabilities, read_pairs, read_tatoeba)
+from lealla_tf.parallel_corpus import (
+    find_parallel_files,
+    find_tatoeba_languages,
+    language_sampling_probabilities,
+    read_pairs,
+    read_tatoeba,
+)
 
 RESERVED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _SENTENCEPIECE_WORD_START = "\u2581"
@@ -50,6 +55,7 @@ def count_words(files, batch_size: int = 16384, progress: bool = True):
     """
     import tensorflow as tf
     from tensorflow_text.python.ops.bert_tokenizer import BasicTokenizer
+
     from lealla_tf.progress import progress_bar
 
     splitter = BasicTokenizer(lower_case=False)

@@ -22,11 +22,23 @@ import tensorflow as tf
 from google.protobuf.message import DecodeError
 
 from lealla_tf.configs import DataConfig
-from lealla_tf.mining.shards import (PAIR_SOURCE, PAIR_TARGET, PAIR_TEACHER_SOURCE,
-                                     PAIR_TEACHER_TARGET, pair_example, pair_features)
 from lealla_tf.machine import usable_cpus
-from lealla_tf.parallel_corpus import (ParallelFile, find_parallel_files, find_tatoeba_languages,
-                                       language_of, language_sampling_probabilities, read_tatoeba)
+from lealla_tf.mining.shards import (
+    PAIR_SOURCE,
+    PAIR_TARGET,
+    PAIR_TEACHER_SOURCE,
+    PAIR_TEACHER_TARGET,
+    pair_example,
+    pair_features,
+)
+from lealla_tf.parallel_corpus import (
+    ParallelFile,
+    find_parallel_files,
+    find_tatoeba_languages,
+    language_of,
+    language_sampling_probabilities,
+    read_tatoeba,
+)
 
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecord.gz", ".tfrecords")
 SOURCE, TARGET = PAIR_SOURCE, PAIR_TARGET

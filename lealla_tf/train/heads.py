@@ -5,9 +5,14 @@ from typing import List, Optional
 import keras
 import tensorflow as tf
 
+from lealla_tf.losses.objectives import (
+    OBJECTIVES,
+    PROJECTION,
+    RECONSTRUCTION,
+    REDUCTION,
+    TEACHER_LAYERS,
+)
 from lealla_tf.models import kernels
-from lealla_tf.losses.objectives import (OBJECTIVES, PROJECTION, RECONSTRUCTION, REDUCTION,
-                                         TEACHER_LAYERS)
 
 
 class ReconstructionHead(tf.Module):
@@ -126,8 +131,12 @@ class TeacherLayers:
 
         import numpy as np
 
-        from lealla_tf.train.initialization import (distilled_layer_pairs, match_rows,
-                                                    selected_coordinates, teacher_pieces)
+        from lealla_tf.train.initialization import (
+            distilled_layer_pairs,
+            match_rows,
+            selected_coordinates,
+            teacher_pieces,
+        )
 
         pieces = teacher_pieces(teacher_dir)
         rows = match_rows(list(student_pieces), pieces)

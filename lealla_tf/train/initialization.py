@@ -38,9 +38,9 @@ WORD_START = "\u2581"
 
 def teacher_pieces(teacher_dir: str) -> List[str]:
     """The pieces, in id order, of a converted teacher's SentencePiece vocabulary."""
-    from lealla_tf.tokenizers.sentencepiece_model import parse_model
     from lealla_tf.teachers.conversion import SENTENCEPIECE_FILE
     from lealla_tf.tokenizers.pruning import read_model_proto
+    from lealla_tf.tokenizers.sentencepiece_model import parse_model
 
     model_file = os.path.join(teacher_dir, SENTENCEPIECE_FILE)
     if not os.path.exists(model_file):
@@ -68,8 +68,8 @@ def teacher_vocabulary_and_table(teacher_dir: str
 def student_pieces(tokenizer) -> List[str]:
     """The student's vocabulary as strings, in id order."""
     if tokenizer.kind == "sentencepiece":
-        from lealla_tf.tokenizers.sentencepiece_model import parse_model
         from lealla_tf.tokenizers.pruning import read_model_proto
+        from lealla_tf.tokenizers.sentencepiece_model import parse_model
 
         return [p.piece for p in parse_model(read_model_proto(
             tokenizer.vocab_file.asset_path.numpy().decode())).pieces]

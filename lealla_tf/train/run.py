@@ -12,8 +12,13 @@ import contextlib
 import os
 from typing import Optional
 
-from lealla_tf.configs import (TrainConfig, check_resumable, config_to_dict, resolve_train_config,
-                               validate_train_config)
+from lealla_tf.configs import (
+    TrainConfig,
+    check_resumable,
+    config_to_dict,
+    resolve_train_config,
+    validate_train_config,
+)
 
 
 def file_sha256(path: str) -> str:
@@ -51,8 +56,8 @@ def prepare(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = Non
     (resolved config, tokenizer, teacher, files, sizes, strategy, vocab file)."""
     import tensorflow as tf
 
-    from lealla_tf.train.data import find_training_files, language_sizes
     from lealla_tf.models.model_dir import build_tokenizer, latest_checkpoint, read_model_config
+    from lealla_tf.train.data import find_training_files, language_sizes
     from lealla_tf.train.task import build_teacher_layers
     from lealla_tf.train.teacher_sources import build_teacher
 

@@ -18,8 +18,8 @@ from typing import Optional
 import keras
 import tensorflow as tf
 
-from lealla_tf.models import kernels
 from lealla_tf.configs import TrainConfig, read_json
+from lealla_tf.models import kernels
 from lealla_tf.models.model_dir import CONFIG_FILE, encoder_config_of, latest_checkpoint
 
 

@@ -40,11 +40,17 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from lealla_tf.configs import TrainConfig
+from lealla_tf.losses.objectives import (
+    OBJECTIVES,
+    TEACHER_LAYERS,
+    TermInputs,
+    compute_terms,
+    parse_objective,
+    terms_needing,
+)
 from lealla_tf.train.data import fixed_lengths, pair_dataset, tokenize_batches
 from lealla_tf.train.distribution import is_tpu_strategy, resolve_jit_compile
 from lealla_tf.train.heads import DistillationHeads
-from lealla_tf.losses.objectives import (OBJECTIVES, TEACHER_LAYERS, TermInputs, compute_terms,
-                                         parse_objective, terms_needing)
 from lealla_tf.train.students import build_student
 from lealla_tf.train.teacher_sources import CenteredTeacher, PrecomputedTeacher
 
@@ -295,8 +301,8 @@ def build_teacher_layers(config: TrainConfig, tokenizer):
     (`lealla_tf.train.heads.TeacherLayers`), from `embedding_init_source` (or the
     teacher's path); None without a teacher directory or an encoder student.
     ValueError when the student's vocabulary is not the teacher's pieces."""
-    from lealla_tf.train.initialization import student_pieces
     from lealla_tf.train.heads import TeacherLayers
+    from lealla_tf.train.initialization import student_pieces
 
     source = config.embedding_init_source or config.teacher.path
     if not source or config.student != "encoder":

@@ -27,9 +27,13 @@ from typing import List, Optional
 import tensorflow as tf
 
 from lealla_tf.configs import TeacherConfig
+from lealla_tf.mining.shards import (
+    PAIR_SOURCE,
+    PAIR_TARGET,
+    PAIR_TEACHER_SOURCE,
+    PAIR_TEACHER_TARGET,
+)
 from lealla_tf.train.data import precomputed_teacher_layout, trim_to_longest
-from lealla_tf.mining.shards import (PAIR_SOURCE, PAIR_TARGET, PAIR_TEACHER_SOURCE,
-                                     PAIR_TEACHER_TARGET)
 
 
 def _unit(x):

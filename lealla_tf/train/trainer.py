@@ -38,11 +38,11 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from lealla_tf.configs import TrainConfig
-from lealla_tf.train.distribution import any_worker, is_tpu_strategy, worker_role
 from lealla_tf.evaluation.retrieval import TATOEBA_MEAN_COSINE, TATOEBA_PRIMARY_METRIC
 from lealla_tf.models.model_dir import CHECKPOINT_DIR
-from lealla_tf.train.optimizers import FusedAdamW
+from lealla_tf.train.distribution import any_worker, is_tpu_strategy, worker_role
 from lealla_tf.train.logs import RunLogs, truncate_log
+from lealla_tf.train.optimizers import FusedAdamW
 from lealla_tf.train.schedules import WarmupLinearDecay
 from lealla_tf.train.task import scale_gradient
 

@@ -14,7 +14,6 @@ import threading
 import time
 
 import pytest
-
 from conftest import REPO_ROOT, assert_one_line_stderr, dead_pid, write_embedding_output
 
 
@@ -49,8 +48,8 @@ def test_train_flag_mistakes(train_args, capsys, flag, needle):
 
 
 def test_train_data_faults_name_the_file(train_args, tmp_path, capsys):
-    from lealla_tf.train.data import write_pairs_tfrecord
     from lealla_tf.cli.train import main
+    from lealla_tf.train.data import write_pairs_tfrecord
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -87,8 +86,8 @@ def test_a_failed_first_run_does_not_block_the_corrected_rerun(train_args, tmp_p
 
 
 def test_zero_learning_rate_is_kept(train_args, tmp_path):
-    from lealla_tf.configs import read_json
     from lealla_tf.cli.train import main
+    from lealla_tf.configs import read_json
 
     assert main(train_args("--learning_rate=0")) == 0
     assert read_json(str(tmp_path / "m" / "config.json"))["optimizer"]["learning_rate"] == 0.0
@@ -127,8 +126,8 @@ def test_vocab_outputs_sizes_and_binary_inputs(tmp_path, capsys, monkeypatch):
     """A directory --output failed after the vocabulary was learned; a --vocab_size
     below the character count and a binary --input ended in SentencePiece's
     RuntimeError traceback."""
-    from lealla_tf.tokenizers import vocabulary
     from lealla_tf.cli.vocab import main
+    from lealla_tf.tokenizers import vocabulary
 
     data = tmp_path / "d"
     data.mkdir()
@@ -214,9 +213,9 @@ def test_evaluate_input_faults_are_named_before_the_model_loads(exported, tiny_t
     with exit 0. Each is one line naming the file, before the model is loaded."""
     import shutil
 
-    from lealla_tf.inference import embedder
     from lealla_tf.cli.evaluate import main
     from lealla_tf.evaluation.retrieval import write_bucc_split
+    from lealla_tf.inference import embedder
 
     monkeypatch.setattr(embedder, "load_embedder", lambda *_: pytest.fail("model loaded"))
     tatoeba = tmp_path / "tatoeba"
@@ -245,8 +244,8 @@ def test_a_model_that_does_not_embed_strings_is_one_line(exported, tiny_tatoeba_
     model directory whose config.json is {} a KeyError."""
     import shutil
 
-    from lealla_tf.inference.embedder import load_embedder
     from lealla_tf.cli.evaluate import main
+    from lealla_tf.inference.embedder import load_embedder
     from lealla_tf.inference.export import export_model_dir
 
     export_model_dir(exported["model_dir"], str(tmp_path / "pair"), "labse")
@@ -311,8 +310,8 @@ def test_embed_corpus_faults(exported, tmp_path, capsys):
 
 
 def test_model_and_export_paths_that_cannot_be_written(train_args, tmp_path, capsys):
-    from lealla_tf.inference.export import export_model_dir
     from lealla_tf.cli.train import main
+    from lealla_tf.inference.export import export_model_dir
 
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
@@ -608,8 +607,8 @@ def test_precomputed_english_only_vectors_are_not_silently_used_both_ways(
         sentence_vocab_file, tmp_path, capsys):
     import numpy as np
 
-    from lealla_tf.train.data import write_pairs_tfrecord
     from lealla_tf.cli.train import main
+    from lealla_tf.train.data import write_pairs_tfrecord
 
     (tmp_path / "records").mkdir()
     write_pairs_tfrecord(str(tmp_path / "records" / "deu-eng.tfrecord"), [("Hund", "dog")] * 8,

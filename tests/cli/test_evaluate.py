@@ -3,6 +3,7 @@
 import json
 
 from conftest import collapse, spread_encoder
+
 from lealla_tf.cli.evaluate import main
 from lealla_tf.inference.export import export_lealla_model
 from lealla_tf.tokenizers.tokenizer import Tokenizer

@@ -11,11 +11,11 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-
-from lealla_tf.train.distribution import TPUUnavailableError, check_tpu_flag
-from lealla_tf.flags import parse_overrides
-from lealla_tf.cli.train import main
 from conftest import assert_one_line_stderr, training_environment
+
+from lealla_tf.cli.train import main
+from lealla_tf.flags import parse_overrides
+from lealla_tf.train.distribution import TPUUnavailableError, check_tpu_flag
 
 STEPS = 8
 

@@ -3,8 +3,8 @@ by token band."""
 
 import numpy as np
 import pytest
-
 from conftest import write_pairs
+
 from lealla_tf.evaluation import news as news_set
 
 

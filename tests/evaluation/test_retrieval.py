@@ -1,19 +1,24 @@
 """Evaluations: Tatoeba (cosine and margin), BUCC protocol, UN-style retrieval, CLI."""
 
 import json
-import os
-import pathlib
 
 import numpy as np
 import pytest
-import tensorflow as tf
-
-from lealla_tf.evaluation.retrieval import (build_bucc_like_split, embed_sentences, evaluate_bucc,
-                                  evaluate_tatoeba, evaluate_un_style, read_bucc_split,
-                                  retrieval_accuracy, tatoeba_accuracy, tatoeba_margin_accuracy,
-                                  write_bucc_split)
-from lealla_tf.parallel_corpus import find_parallel_files, read_pairs
 from conftest import SHARED_DATA, TINY_PAIRS, OracleEmbedder
+
+from lealla_tf.evaluation.retrieval import (
+    build_bucc_like_split,
+    embed_sentences,
+    evaluate_bucc,
+    evaluate_tatoeba,
+    evaluate_un_style,
+    read_bucc_split,
+    retrieval_accuracy,
+    tatoeba_accuracy,
+    tatoeba_margin_accuracy,
+    write_bucc_split,
+)
+from lealla_tf.parallel_corpus import find_parallel_files, read_pairs
 
 RNG = np.random.default_rng(3)
 
@@ -145,8 +150,8 @@ def test_un_style_retrieval():
 
 def test_evaluate_cli_writes_table_json_and_png(tmp_path, tiny_tatoeba_dir, sentence_vocab_file,
                                                 capsys):
-    from lealla_tf.configs import EncoderConfig
     from lealla_tf.cli.evaluate import main
+    from lealla_tf.configs import EncoderConfig
     from lealla_tf.inference.export import export_lealla_model
     from lealla_tf.models.encoder import build_encoder
     from lealla_tf.tokenizers.tokenizer import Tokenizer
@@ -170,8 +175,12 @@ def test_evaluate_cli_writes_table_json_and_png(tmp_path, tiny_tatoeba_dir, sent
 
 
 def test_the_first_pairs_of_one_pass_score_as_a_pass_over_the_first_pairs(tiny_tatoeba_dir):
-    from lealla_tf.evaluation.retrieval import (embed_tatoeba, first_pairs, tatoeba_metrics_with_margin,
-                                      tatoeba_with_margin)
+    from lealla_tf.evaluation.retrieval import (
+        embed_tatoeba,
+        first_pairs,
+        tatoeba_metrics_with_margin,
+        tatoeba_with_margin,
+    )
 
     pairs = [p for ps in TINY_PAIRS.values() for p in ps]
     embed = OracleEmbedder(pairs, noise=1.2, seed=4)  # noisy: some pairs are missed
@@ -321,6 +330,7 @@ def test_every_bucc_f1_states_its_gold_pairs(tmp_path):
 
 def test_evaluate_refuses_a_duplicated_bucc_id_in_one_line(tmp_path, tiny_tatoeba_dir, capsys):
     from conftest import assert_one_line_stderr
+
     from lealla_tf.cli.evaluate import main
 
     bucc_split_files(tmp_path / "bucc")

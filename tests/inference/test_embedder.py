@@ -3,15 +3,21 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import multilingual_sentences
 
-from lealla_tf.inference import embedder as embedder_lib
 from lealla_tf.configs import EncoderConfig
-from lealla_tf.inference.embedder import (Embedder, TokenPath, length_batches, load_embedder, pack_rows,
-                                tokenize_once)
+from lealla_tf.inference import embedder as embedder_lib
+from lealla_tf.inference.embedder import (
+    Embedder,
+    TokenPath,
+    length_batches,
+    load_embedder,
+    pack_rows,
+    tokenize_once,
+)
 from lealla_tf.inference.export import export_lealla_model
 from lealla_tf.models.encoder import build_encoder
 from lealla_tf.tokenizers.tokenizer import Tokenizer
-from conftest import multilingual_sentences
 
 
 @pytest.fixture(scope="module")
@@ -269,7 +275,11 @@ def test_encode_options_as_sentence_transformers_has_them():
 def test_a_model_directory_loads_at_any_of_its_checkpoints(tokenizer, encoder, tmp_path,
                                                            sentence_vocab_file):
     """benchmarks/long_run.py embeds every checkpoint a run kept."""
-    from lealla_tf.models.model_dir import TokenizerConfig, save_encoder_checkpoint, write_model_config
+    from lealla_tf.models.model_dir import (
+        TokenizerConfig,
+        save_encoder_checkpoint,
+        write_model_config,
+    )
 
     model_dir = str(tmp_path / "model")
     write_model_config(model_dir, encoder.encoder_config, TokenizerConfig(max_seq_length=16),
@@ -318,8 +328,11 @@ def test_normalize_embeddings_false_gives_raw_rows_or_says_why_not(tokenizer, en
     import warnings
 
     from lealla_tf.inference.export import export_labse_pair
-    from lealla_tf.models.model_dir import (TokenizerConfig, save_encoder_checkpoint,
-                                            write_model_config)
+    from lealla_tf.models.model_dir import (
+        TokenizerConfig,
+        save_encoder_checkpoint,
+        write_model_config,
+    )
 
     sentences = ["Hello world.", "Guten Morgen.", "the dog"]
     outputs = encoder(tokenizer(tf.constant(sentences)), training=False)

@@ -7,15 +7,14 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import BAD_INPUTS, REPO_ROOT, collapse, multilingual_sentences, spread_encoder
 
-from lealla_tf.inference import export as export_lib
 from lealla_tf.configs import EncoderConfig
+from lealla_tf.inference import export as export_lib
+from lealla_tf.inference.reload_check import reload_in_fresh_process
 from lealla_tf.models.encoder import build_encoder
 from lealla_tf.models.model_dir import TokenizerConfig, save_encoder_checkpoint, write_model_config
-from lealla_tf.inference.reload_check import reload_in_fresh_process
 from lealla_tf.tokenizers.tokenizer import Tokenizer
-from conftest import (BAD_INPUTS, REPO_ROOT, collapse, multilingual_sentences,
-                      spread_encoder)
 
 TOLERANCE = 1e-5
 

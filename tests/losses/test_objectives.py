@@ -6,10 +6,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lealla_tf.losses import functions as losses, objectives
 from lealla_tf.configs import EncoderConfig, LossConfig, TrainConfig, resolve_train_config
-from lealla_tf.losses.objectives import (ALIASES, OBJECTIVES, Objective, TermInputs, compute_terms,
-                                  parse_objective)
+from lealla_tf.losses import functions as losses
+from lealla_tf.losses import objectives
+from lealla_tf.losses.objectives import (
+    ALIASES,
+    OBJECTIVES,
+    Objective,
+    TermInputs,
+    compute_terms,
+    parse_objective,
+)
 
 
 def inputs(rng, rows=6, width=4, teacher=5):

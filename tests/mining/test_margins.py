@@ -8,8 +8,16 @@ import numpy as np
 import pytest
 
 from lealla_tf.mining import margins as mining
-from lealla_tf.mining.margins import (Rows, best_threshold, build_index, greedy_one_to_one, knn,
-                              margin_scores, mine, normalize_rows)
+from lealla_tf.mining.margins import (
+    Rows,
+    best_threshold,
+    build_index,
+    greedy_one_to_one,
+    knn,
+    margin_scores,
+    mine,
+    normalize_rows,
+)
 
 RNG = np.random.default_rng(7)
 
@@ -443,6 +451,7 @@ def test_a_killed_runs_spill_folder_is_removed_by_the_next_run_and_nothing_else(
     import sys
 
     from conftest import REPO_ROOT
+
     from lealla_tf.mining.shards import host_tag
 
     killed = subprocess.run([sys.executable, "-c", f"""

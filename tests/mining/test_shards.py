@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-
 from conftest import write_embedding_output
 
 
@@ -11,8 +10,13 @@ def test_a_damaged_manifest_is_a_typed_error_naming_the_file(tmp_path, damage):
     """A MANIFEST.json cut short (or holding something else) is no raw
     JSONDecodeError, KeyError or TypeError: every reader raises
     DamagedManifestError (a ValueError) with the file's path and what to do."""
-    from lealla_tf.mining.shards import (DamagedManifestError, manifest_files, mmap_embeddings,
-                                         read_embeddings, read_manifest)
+    from lealla_tf.mining.shards import (
+        DamagedManifestError,
+        manifest_files,
+        mmap_embeddings,
+        read_embeddings,
+        read_manifest,
+    )
 
     output = tmp_path / "out"
     write_embedding_output(output, np.random.default_rng(0).normal(size=(6, 4)), shards=2)

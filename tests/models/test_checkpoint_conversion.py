@@ -9,17 +9,20 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import SHARED_DATA, multilingual_sentences
 
-from lealla_tf.models.checkpoint_conversion import (assign_weights, detect_layout,
-                                             encoder_from_huggingface, import_saved_model,
-                                             infer_encoder_config)
 from lealla_tf.configs import EncoderConfig
 from lealla_tf.inference.export import export_model_dir
+from lealla_tf.models.checkpoint_conversion import (
+    assign_weights,
+    detect_layout,
+    encoder_from_huggingface,
+    import_saved_model,
+    infer_encoder_config,
+)
 from lealla_tf.models.encoder import build_encoder
 from lealla_tf.models.model_dir import load_encoder, load_tokenizer
 from lealla_tf.tokenizers.tokenizer import Tokenizer
-from conftest import SHARED_DATA, multilingual_sentences
-
 
 
 def weights_of(encoder):

@@ -1,9 +1,9 @@
 """The encoder: outputs, normalisation, dropout, pooling, bottleneck, recurrence, saving."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-import keras
 
 from lealla_tf.configs import EncoderConfig
 from lealla_tf.models.encoder import LeallaEncoder, build_encoder

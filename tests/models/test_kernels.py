@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import dead_pid
+
 from lealla_tf.models import kernels
 from lealla_tf.models.layers import hash_dropout
 

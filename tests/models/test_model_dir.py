@@ -5,8 +5,15 @@ import pytest
 
 from lealla_tf.configs import EncoderConfig, config_from_dict
 from lealla_tf.models.encoder import build_encoder
-from lealla_tf.models.model_dir import (TokenizerConfig, encoder_config_of, load_encoder, load_tokenizer,
-                                 read_model_config, save_encoder_checkpoint, write_model_config)
+from lealla_tf.models.model_dir import (
+    TokenizerConfig,
+    encoder_config_of,
+    load_encoder,
+    load_tokenizer,
+    read_model_config,
+    save_encoder_checkpoint,
+    write_model_config,
+)
 
 TINY = EncoderConfig(vocabulary_size=60, num_layers=1, num_heads=2, hidden_dim=8,
                      intermediate_dim=8)

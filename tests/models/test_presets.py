@@ -5,8 +5,15 @@ import gc
 import pytest
 
 from lealla_tf.models.encoder import build_encoder
-from lealla_tf.models.presets import (LABSE_VOCABULARY_SIZE, PRESETS, count_encoder_parameters,
-                               count_parameters, get_preset, main, student_preset)
+from lealla_tf.models.presets import (
+    LABSE_VOCABULARY_SIZE,
+    PRESETS,
+    count_encoder_parameters,
+    count_parameters,
+    get_preset,
+    main,
+    student_preset,
+)
 
 RELEASED = {
     "lealla_small": 68_988_672,

@@ -3,22 +3,20 @@
 import gzip
 import json
 import os
-import pathlib
 import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import CORPUS_SENTENCES
 
-from lealla_tf.configs import EncoderConfig
-from lealla_tf.configs import DataConfig
-from lealla_tf.train.data import pair_dataset, teacher_dimension_of, find_training_files
+from lealla_tf.configs import DataConfig, EncoderConfig
 from lealla_tf.mining.shards import read_embeddings, read_manifest
 from lealla_tf.models.encoder import build_encoder
-from lealla_tf.tokenizers.tokenizer import Tokenizer
-
 from lealla_tf.pipelines import embed_corpus  # noqa: E402
-from conftest import CORPUS_SENTENCES
+from lealla_tf.tokenizers.tokenizer import Tokenizer
+from lealla_tf.train.data import find_training_files, pair_dataset, teacher_dimension_of
+
 
 @pytest.fixture()
 def corpus(tmp_path):

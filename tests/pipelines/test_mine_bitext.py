@@ -8,13 +8,14 @@ import sys
 
 import numpy as np
 import pytest
-
-from lealla_tf.mining.shards import mmap_embeddings, read_embeddings
-from lealla_tf.mining.margins import Rows, mine
-from lealla_tf.pipelines import embed_corpus  # noqa: E402
-from lealla_tf.pipelines import mine_bitext  # noqa: E402
-
 from conftest import CORPUS_SENTENCES, REPO_ROOT, dead_pid, write_embedding_output
+
+from lealla_tf.mining.margins import Rows, mine
+from lealla_tf.mining.shards import mmap_embeddings, read_embeddings
+from lealla_tf.pipelines import (
+    embed_corpus,  # noqa: E402
+    mine_bitext,  # noqa: E402
+)
 
 
 def planted(n=300, d=16, seed=0):

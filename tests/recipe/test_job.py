@@ -5,12 +5,12 @@ import json
 import os
 
 import pytest
+from conftest import REPO_ROOT, assert_one_line_stderr, write_pairs
 
+from lealla_tf.cli.recipe import main
 from lealla_tf.evaluation.news import length_band_names
 from lealla_tf.parallel_corpus import read_pairs
 from lealla_tf.recipe.config import find_data_dir
-from lealla_tf.cli.recipe import main
-from conftest import REPO_ROOT, assert_one_line_stderr, write_pairs
 
 WORDS = {"deu": ("Der Hund Nummer {} ist nett.", "Die Katze {} schläft."),
          "fra": ("Le chien numéro {} est gentil.", "Le chat {} dort.")}
@@ -250,6 +250,7 @@ def test_options_the_teacher_cannot_serve_are_refused_before_the_sample(tiny_dat
 def test_evaluation_embeds_a_model_once_for_all_its_pairs_and_its_first_pairs(
         tiny_tatoeba_dir):
     from conftest import TINY_PAIRS, OracleEmbedder
+
     from lealla_tf.recipe.stages import evaluate_stage
 
     pairs = [p for ps in TINY_PAIRS.values() for p in ps]
@@ -348,8 +349,8 @@ def test_the_training_precision_is_the_flag_the_started_run_or_the_cpus(tmp_path
     """--mixed_precision / --no_mixed_precision; without either, a started run keeps
     its own, and a new one trains in bfloat16 where the CPU multiplies it natively."""
     import lealla_tf.machine
-    from lealla_tf.recipe.config import RecipeConfig
     from lealla_tf.cli.recipe import build_parser, config_from_args
+    from lealla_tf.recipe.config import RecipeConfig
     from lealla_tf.recipe.stages import mixed_precision
 
     def parsed(*flags):
@@ -392,8 +393,8 @@ def test_a_student_started_in_another_precision_is_named_with_the_flag_that_resu
 
 def test_stage_settings_grow_along_the_stages_and_mismatches_are_named(tmp_path):
     from lealla_tf.recipe.config import RecipeConfig
-    from lealla_tf.recipe.stages import Stages
     from lealla_tf.recipe.job import stage_settings
+    from lealla_tf.recipe.stages import Stages
 
     settings = stage_settings(RecipeConfig(), tmp_path, True)
     assert "sample_pairs" in settings["sample"] and "train_steps" not in settings["sample"]
@@ -684,12 +685,18 @@ class _no_raise:
 
 
 def test_the_plan_fits_both_students_and_the_later_stages_in_the_budget(tmp_path):
-    from lealla_tf.recipe.planner import (BUDGET_PLAN_FILE, COMPARISON_STEP_RATIO, PLAN_AT_STEP,
-                                          PLAN_SKIP_STEPS, PLANNED_WARMUP_STEPS, BudgetPlanner,
-                                          student_run_config)
-    from lealla_tf.recipe.stages import Stages
-    from lealla_tf.recipe.config import RecipeConfig
     from lealla_tf.configs import TrainConfig
+    from lealla_tf.recipe.config import RecipeConfig
+    from lealla_tf.recipe.planner import (
+        BUDGET_PLAN_FILE,
+        COMPARISON_STEP_RATIO,
+        PLAN_AT_STEP,
+        PLAN_SKIP_STEPS,
+        PLANNED_WARMUP_STEPS,
+        BudgetPlanner,
+        student_run_config,
+    )
+    from lealla_tf.recipe.stages import Stages
 
     stages = Stages(str(tmp_path), log=lambda _: None)
     stages.seconds = {"teacher": 300.0}

@@ -5,8 +5,14 @@ import json
 import pytest
 
 from lealla_tf.recipe.config import RecipeConfig
-from lealla_tf.recipe.planner import (BUDGET_PLAN_FILE, PLAN_AT_STEP, PLAN_SKIP_STEPS,
-                                      REPLAN_AT_FRACTION, BudgetPlanner, planned_every)
+from lealla_tf.recipe.planner import (
+    BUDGET_PLAN_FILE,
+    PLAN_AT_STEP,
+    PLAN_SKIP_STEPS,
+    REPLAN_AT_FRACTION,
+    BudgetPlanner,
+    planned_every,
+)
 from lealla_tf.recipe.stages import Stages
 
 

@@ -5,8 +5,8 @@ import dataclasses
 import pathlib
 
 import numpy as np
-
 from conftest import write_pairs
+
 from lealla_tf.parallel_corpus import find_parallel_files, sample_pairs
 from lealla_tf.recipe.config import RecipeConfig
 from lealla_tf.recipe.stages import student_loss_weights, train_config

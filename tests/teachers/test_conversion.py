@@ -8,11 +8,14 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import REPO_ROOT
-from lealla_tf.models.e5_checkpoint import (E5FormatError, dequantize_q4_0, read_e5_checkpoint)
-from lealla_tf.teachers.conversion import (encoder_from_e5, explain_token_count_difference,
-                                          fidelity_report)
+
+from lealla_tf.models.e5_checkpoint import E5FormatError, dequantize_q4_0, read_e5_checkpoint
+from lealla_tf.teachers.conversion import (
+    encoder_from_e5,
+    explain_token_count_difference,
+    fidelity_report,
+)
 
 H, LAYERS, HEADS, FFN, POSITIONS, SEGMENTS = 32, 1, 2, 64, 16, 2
 PIECES = ["<s>", "<pad>", "</s>", "<unk>", "\u2581", "\u2581the", "\u2581dog", "s", "d", "o",

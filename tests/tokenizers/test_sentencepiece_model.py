@@ -5,10 +5,10 @@ import io
 import pytest
 import sentencepiece
 import tensorflow as tf
+from conftest import write_pairs
 
 from lealla_tf.tokenizers import sentencepiece_model as spm_model
 from lealla_tf.tokenizers.tokenizer import Tokenizer
-from conftest import write_pairs
 
 WORDS = ["the dog sleeps", "the cat sleeps", "dogs and cats", "der Hund schläft",
          "le chien dort", "a house", "houses everywhere"]

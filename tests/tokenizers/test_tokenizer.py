@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import BAD_INPUTS, multilingual_sentences, tiny_vocabulary
 
 from lealla_tf.tokenizers.tokenizer import Tokenizer, read_wordpiece_vocabulary
-from conftest import BAD_INPUTS, multilingual_sentences, tiny_vocabulary
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,19 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import write_pairs
 
+from lealla_tf.cli.vocab import main
 from lealla_tf.parallel_corpus import find_parallel_files
 from lealla_tf.tokenizers.tokenizer import Tokenizer, read_wordpiece_vocabulary
-from lealla_tf.cli.vocab import main
-from lealla_tf.tokenizers.vocabulary import (RESERVED_TOKENS, build_vocabulary, count_words,
-                                  language_weights, sample_sentences, vocabulary_report)
-from conftest import write_pairs
+from lealla_tf.tokenizers.vocabulary import (
+    RESERVED_TOKENS,
+    build_vocabulary,
+    count_words,
+    language_weights,
+    sample_sentences,
+    vocabulary_report,
+)
 
 
 def test_language_weights_follow_temperature_sampling():

@@ -1,18 +1,22 @@
 """Training data: file discovery, balancing, sharding, decontamination, resume skip."""
 
-import collections
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import write_pairs
 
 from lealla_tf.configs import DataConfig
-from lealla_tf.train.data import (find_training_files, pair_dataset, teacher_dimension_of,
-                            tokenize_batches, write_pairs_tfrecord)
 from lealla_tf.parallel_corpus import language_sampling_probabilities
-from lealla_tf.train.teacher_sources import PrecomputedTeacher
 from lealla_tf.tokenizers.tokenizer import Tokenizer
-from conftest import write_pairs
+from lealla_tf.train.data import (
+    find_training_files,
+    pair_dataset,
+    teacher_dimension_of,
+    tokenize_batches,
+    write_pairs_tfrecord,
+)
+from lealla_tf.train.teacher_sources import PrecomputedTeacher
 
 
 def take(dataset, count):

@@ -13,11 +13,11 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import REPO_ROOT, training_environment
 from helpers.multi_worker_probe import flatten
-from lealla_tf.train.distribution import make_strategy, worker_role
+
 from lealla_tf.cli.train import build_parser, config_from_flags
+from lealla_tf.train.distribution import make_strategy, worker_role
 from lealla_tf.train.run import build_trainer
 
 WORKERS = 2

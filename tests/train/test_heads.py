@@ -4,14 +4,21 @@ layer outputs for hidden-state distillation (`TeacherLayers`, the hd term)."""
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import TEACHER_LAYERS, TEACHER_WIDTH, tiny_vocabulary
-from lealla_tf.configs import (DataConfig, EncoderConfig, LossConfig, OptimizerConfig,
-                               TokenizerConfig, TrainConfig, resolve_train_config)
-from lealla_tf.train.initialization import match_rows, select_teacher_weights
-from lealla_tf.train.heads import TeacherLayers
+
+from lealla_tf.configs import (
+    DataConfig,
+    EncoderConfig,
+    LossConfig,
+    OptimizerConfig,
+    TokenizerConfig,
+    TrainConfig,
+    resolve_train_config,
+)
 from lealla_tf.models.encoder import build_encoder
 from lealla_tf.teachers.conversion import SENTENCEPIECE_FILE
+from lealla_tf.train.heads import TeacherLayers
+from lealla_tf.train.initialization import match_rows, select_teacher_weights
 
 # Students at the shape of conftest's `teacher`, unless a test says otherwise.
 WIDTH, LAYERS = TEACHER_WIDTH, TEACHER_LAYERS
@@ -213,8 +220,8 @@ def test_the_teachers_prefix_runs_before_the_sentence_and_leaves_the_hd_targets(
     import json
     import shutil
 
-    from lealla_tf.train.heads import prefix_pieces, teacher_prefix
     from lealla_tf.teachers.conversion import TEACHER_SUMMARY
+    from lealla_tf.train.heads import prefix_pieces, teacher_prefix
 
     directory, teacher_encoder, pieces = teacher
     prefixed = tmp_path / "prefixed"

@@ -5,11 +5,17 @@ import pytest
 import tensorflow as tf
 
 from lealla_tf.configs import EncoderConfig
-from lealla_tf.train.initialization import (distilled_layer_pairs, layer_sources, match_rows, pca,
-                                      select_teacher_weights, teacher_hidden_ranking)
 from lealla_tf.inference.export import export_labse_pair
 from lealla_tf.models.encoder import build_encoder
 from lealla_tf.tokenizers.tokenizer import Tokenizer
+from lealla_tf.train.initialization import (
+    distilled_layer_pairs,
+    layer_sources,
+    match_rows,
+    pca,
+    select_teacher_weights,
+    teacher_hidden_ranking,
+)
 
 TEACHER = dict(vocabulary_size=40, num_layers=2, num_heads=4, hidden_dim=16,
                intermediate_dim=32, max_sequence_length=24, pooling="mean", dropout=0.0,

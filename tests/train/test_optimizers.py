@@ -1,9 +1,9 @@
 """FusedAdamW: Keras' AdamW, computed with TensorFlow's fused Adam kernel."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-import keras
 
 from lealla_tf.train.optimizers import FusedAdamW
 from lealla_tf.train.schedules import WarmupLinearDecay

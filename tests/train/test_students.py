@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
-
-from lealla_tf.train.distribution import make_strategy
-from lealla_tf.models.model_dir import load_encoder
 from conftest import Trainer, tiny_config, vocab_size
+
+from lealla_tf.models.model_dir import load_encoder
+from lealla_tf.train.distribution import make_strategy
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import signal
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import Trainer, tiny_config, vocab_size
+
 from lealla_tf.configs import EncoderConfig, TeacherConfig
 from lealla_tf.teachers.conversion import SENTENCEPIECE_FILE
 from lealla_tf.train.data import fixed_lengths, pad_to_fixed_lengths

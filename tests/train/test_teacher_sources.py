@@ -4,11 +4,11 @@ teacher run in the step on the student's tokens (`InStepTeacher`)."""
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import Trainer, tiny_config, vocab_size
 
 from lealla_tf.configs import TeacherConfig, check_resumable, validate_train_config
 from lealla_tf.train.distribution import make_strategy
 from lealla_tf.train.teacher_sources import CenteredTeacher, EnglishOnlyTeacher, PrecomputedTeacher
-from conftest import Trainer, tiny_config, vocab_size
 
 
 def unit(x):
@@ -109,8 +109,9 @@ def test_the_in_step_teacher_embeds_both_sides_with_the_hd_teacher_pass(teacher)
     """`InStepTeacher`: x^t, y^t are the teacher encoder's unit mean-pooled outputs on
     the student's tokens, mapped to the teacher's ids."""
     from conftest import tiny_vocabulary
-    from lealla_tf.train.initialization import match_rows
+
     from lealla_tf.train.heads import TeacherLayers
+    from lealla_tf.train.initialization import match_rows
     from lealla_tf.train.teacher_sources import InStepTeacher, build_teacher
 
     directory, teacher_encoder, pieces = teacher
@@ -145,8 +146,14 @@ def test_the_in_step_teacher_trains_fd_ld_and_hd_on_plain_tsvs(
     import dataclasses
     import os
 
-    from lealla_tf.configs import (DataConfig, EncoderConfig, LossConfig, OptimizerConfig,
-                                   TokenizerConfig, TrainConfig)
+    from lealla_tf.configs import (
+        DataConfig,
+        EncoderConfig,
+        LossConfig,
+        OptimizerConfig,
+        TokenizerConfig,
+        TrainConfig,
+    )
     from lealla_tf.teachers.conversion import SENTENCEPIECE_FILE
     from lealla_tf.train.run import train
 

@@ -7,13 +7,13 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import TEACHER_DIM, Trainer, tiny_config, vocab_size
 
 from lealla_tf.configs import EncoderConfig, TeacherConfig, check_resumable
-from lealla_tf.train.distribution import make_strategy
-from lealla_tf.models.model_dir import read_model_config
 from lealla_tf.losses.objectives import default_loss_weights, parse_objective
+from lealla_tf.models.model_dir import read_model_config
+from lealla_tf.train.distribution import make_strategy
 from lealla_tf.train.trainer import WarmupLinearDecay
-from conftest import TEACHER_DIM, Trainer, tiny_config, vocab_size
 
 
 def loss_and_gradients(task, batch):
