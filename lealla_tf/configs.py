@@ -238,12 +238,18 @@ class OptimizerConfig:
     """AdamW with linear warmup then linear decay, and global-norm clipping.
 
     `learning_rate` and `warmup_steps` None mean the paper's default for the
-    width (resolved) and 1% of the steps.
+    width (resolved) and 1% of the steps. `decay_fraction`: the share of the
+    steps after warmup over which the rate decays (1: all of them; less: the
+    rate holds at its peak until then, warmup-stable-decay). It may change on
+    resumption, as `train_steps` may: a constant-rate run's checkpoint resumed
+    with a later end and a small fraction is a cooldown branch.
+    `clip_norm` 0: no clipping.
     """
 
     learning_rate: Optional[float] = None
     warmup_steps: Optional[int] = None
     end_learning_rate_fraction: float = 0.0
+    decay_fraction: float = 1.0
     weight_decay: float = 0.01
     clip_norm: float = 1.0
     beta_1: float = 0.9
@@ -312,7 +318,8 @@ class TrainConfig:
 
 # Settings that may change between a run and its resumption.
 RESUMABLE_CHANGES = ("train_steps", "checkpoint_every", "eval_every", "log_every",
-                     "time_budget_minutes", "keep_checkpoints", "eval_max_pairs", "jit_compile")
+                     "time_budget_minutes", "keep_checkpoints", "eval_max_pairs", "jit_compile",
+                     "optimizer.decay_fraction")
 
 
 def default_learning_rate(hidden_dim: int) -> float:
@@ -378,6 +385,8 @@ def validate_train_config(config: TrainConfig) -> None:
         _positive("--warmup_steps", optimizer.warmup_steps, allow_zero=True)
     _positive("--weight_decay", optimizer.weight_decay, allow_zero=True)
     _positive("--clip_norm", optimizer.clip_norm, allow_zero=True)
+    if not 0.0 < optimizer.decay_fraction <= 1.0:
+        raise ValueError(f"--decay_fraction must be in (0, 1], got {optimizer.decay_fraction}")
     if config.tokenizer.max_seq_length < 2:
         raise ValueError(f"--max_seq_length must be at least 2 ([CLS] and [SEP]), "
                          f"got {config.tokenizer.max_seq_length}")

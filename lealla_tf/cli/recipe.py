@@ -87,6 +87,13 @@ def build_parser():
     add("--warmup_steps", type=int, default=None,
         help=f"the students' warmup (0: none; default: {PLANNED_WARMUP_STEPS} planned, or a "
              "tenth of --train_steps)")
+    add("--decay_fraction", type=float, default=defaults.decay_fraction,
+        help="the share of the steps after warmup over which the rate decays; below 1 the "
+             "rate holds at its peak until then (warmup-stable-decay)")
+    add("--clip_norm", type=float, default=defaults.clip_norm,
+        help="the students' global gradient-norm clip; 0: none")
+    add("--scale", type=float, default=defaults.scale, help="the AMS term's scale")
+    add("--margin", type=float, default=defaults.margin, help="the AMS term's additive margin")
     add("--eval_every", type=int, default=defaults.eval_every,
         help=f"dev evaluations along training (0: {PLANNED_EVALUATIONS} a student)")
     add("--eval_max_pairs", type=int, default=defaults.eval_max_pairs,
@@ -140,7 +147,9 @@ def config_from_args(args) -> RecipeConfig:
         teacher_in_step=not args.no_teacher_in_step,
         teacher_eval_pairs=args.teacher_eval_pairs,
         learning_rate=args.learning_rate,
-        warmup_steps=args.warmup_steps, eval_every=args.eval_every,
+        warmup_steps=args.warmup_steps, decay_fraction=args.decay_fraction,
+        clip_norm=args.clip_norm, scale=args.scale, margin=args.margin,
+        eval_every=args.eval_every,
         eval_max_pairs=args.eval_max_pairs, keep_checkpoints=args.keep_checkpoints,
         news_languages=[l for l in args.news_languages.split(",") if l],
         bucc_languages=[l for l in args.bucc_languages.split(",") if l],

@@ -80,7 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--warmup_steps", type=int, default=None,
         help="0: none; default: 1%% of train_steps")
     add("--weight_decay", type=float, default=0.01)
-    add("--clip_norm", type=float, default=1.0)
+    add("--clip_norm", type=float, default=1.0, help="global gradient-norm clip; 0: none")
+    add("--decay_fraction", type=float, default=1.0,
+        help="the share of the steps after warmup over which the rate decays; below 1 the "
+             "rate holds at its peak until then (warmup-stable-decay)")
     add("--language_alpha", type=float, default=0.3)
     add("--decontaminate", action="append", default=[],
         help="evaluation files or Tatoeba dirs whose sentences are dropped from training")
@@ -157,7 +160,8 @@ def config_from_flags(args):
                         temperature=args.temperature, weights=parse_weights(args.loss_weights)),
         optimizer=OptimizerConfig(learning_rate=args.learning_rate,
                                   warmup_steps=args.warmup_steps,
-                                  weight_decay=args.weight_decay, clip_norm=args.clip_norm),
+                                  weight_decay=args.weight_decay, clip_norm=args.clip_norm,
+                                  decay_fraction=args.decay_fraction),
         embedding_init=args.embedding_init, embedding_init_source=args.embedding_init_source,
         global_batch_size=args.global_batch_size, train_steps=args.train_steps,
         checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,

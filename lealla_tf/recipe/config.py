@@ -146,6 +146,10 @@ class RecipeConfig:
             width, 5e-4 at d = 128). `RECIPE_LEARNING_RATE`, 2e-3, measured best
             for the main job's student (weight selection, hd):
             benchmarks/recipe_sweep.py.
+        decay_fraction, clip_norm: the students' schedule and clip
+            (`OptimizerConfig`): 1 decays over every step after warmup; less
+            holds the peak rate first (warmup-stable-decay).
+        scale, margin: the AMS term's (`LossConfig`).
         comparison_learning_rate: the comparison student's peak rate, its own
             objective's measured best (`COMPARISON_LEARNING_RATE`): AMS alone has
             no hd term holding it near its teacher-selected start, and a rate
@@ -180,6 +184,10 @@ class RecipeConfig:
     teacher_eval_pairs: int = 0
     learning_rate: Optional[float] = RECIPE_LEARNING_RATE
     warmup_steps: Optional[int] = None
+    decay_fraction: float = 1.0
+    clip_norm: float = 1.0
+    scale: float = 100.0
+    margin: float = 0.3
     teacher_center: bool = False
     eval_every: int = 0
     eval_max_pairs: int = 50

@@ -332,9 +332,11 @@ def train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_dir: str
                         length_buckets=config.length_buckets, seed=config.seed),
         teacher=TeacherConfig(english_only=not teacher["multilingual"],
                               center=config.teacher_center, in_step=in_step),
-        loss=LossConfig(objective=objective, weights=dict(loss_weights)),
+        loss=LossConfig(objective=objective, scale=config.scale, margin=config.margin,
+                        weights=dict(loss_weights)),
         optimizer=OptimizerConfig(
-            learning_rate=config.learning_rate,
+            learning_rate=config.learning_rate, decay_fraction=config.decay_fraction,
+            clip_norm=config.clip_norm,
             warmup_steps=(config.warmup_steps if config.warmup_steps is not None
                           else max(1, config.train_steps // 10))),
         embedding_init=embedding_init,

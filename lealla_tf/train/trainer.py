@@ -112,7 +112,8 @@ class Trainer:
             self.total_steps = tf.Variable(config.train_steps, dtype=tf.int64, trainable=False,
                                            name="total_steps")
             schedule = WarmupLinearDecay(optimizer.learning_rate, optimizer.warmup_steps,
-                                         self.total_steps, optimizer.end_learning_rate_fraction)
+                                         self.total_steps, optimizer.end_learning_rate_fraction,
+                                         optimizer.decay_fraction)
             self.optimizer = FusedAdamW(
                 learning_rate=schedule, weight_decay=optimizer.weight_decay,
                 beta_1=optimizer.beta_1, beta_2=optimizer.beta_2, epsilon=optimizer.epsilon)

@@ -75,3 +75,21 @@ def test_the_students_train_without_dropout_unless_asked():
     assert dropout() == 0.0
     assert dropout(dropout=0.2) == 0.2
     assert dropout(encoder_overrides={"dropout": 0.05}) == 0.05
+
+
+def test_the_schedule_clip_and_ams_flags_reach_the_students_config():
+    from lealla_tf.cli.recipe import build_parser, config_from_args
+
+    config = config_from_args(build_parser().parse_args(
+        ["--decay_fraction=0.2", "--clip_norm=0", "--scale=50", "--margin=0.2",
+         "--train_steps=100"]))
+    train = train_config(config, pathlib.Path("data"), {"tokenizer": "sentencepiece",
+                                                       "multilingual": True},
+                         "teacher", "sample", config.objective, student_loss_weights(config))
+    assert (train.optimizer.decay_fraction, train.optimizer.clip_norm) == (0.2, 0.0)
+    assert (train.loss.scale, train.loss.margin) == (50.0, 0.2)
+    defaults = train_config(RecipeConfig(train_steps=100), pathlib.Path("data"),
+                            {"tokenizer": "sentencepiece", "multilingual": True}, "teacher",
+                            "sample", "lealla+hd", student_loss_weights(RecipeConfig()))
+    assert (defaults.optimizer.decay_fraction, defaults.optimizer.clip_norm) == (1.0, 1.0)
+    assert (defaults.loss.scale, defaults.loss.margin) == (100.0, 0.3)

@@ -105,12 +105,6 @@ def test_objective_parsing_and_paper_weights():
     assert default_loss_weights(192)["ld"] == 1e-2 and default_loss_weights(128)["ams"] == 1
 
 
-def test_warmup_then_linear_decay():
-    schedule = WarmupLinearDecay(1e-3, warmup_steps=10, total_steps=110, end_fraction=0.1)
-    values = [float(schedule(s)) for s in (0, 9, 10, 60, 110, 500)]
-    np.testing.assert_allclose(values, [1e-4, 1e-3, 1e-3, 5.5e-4, 1e-4, 1e-4], rtol=1e-5)
-
-
 def test_resume_refuses_changed_settings():
     stored = {"encoder": {"hidden_dim": 8}, "train_steps": 5, "loss": {"objective": "ams"}}
     check_resumable(stored, {"encoder": {"hidden_dim": 8}, "train_steps": 9,
