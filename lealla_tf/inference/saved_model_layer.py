@@ -1,9 +1,9 @@
 """A LEALLA export as a Keras 3 layer that embeds strings and fine-tunes in `fit`."""
 
-import keras
+from lealla_tf.models.keras_adapter import SharedWeightsTFSMLayer
 
 
-class LeallaSavedModelLayer(keras.layers.TFSMLayer):
+class LeallaSavedModelLayer(SharedWeightsTFSMLayer):
     """An exported LEALLA model (strings -> unit embeddings) in a Keras 3 model.
 
     Keras 3's own `TFSMLayer` returns the signature's dict (`{"default": ...}`)
@@ -11,7 +11,8 @@ class LeallaSavedModelLayer(keras.layers.TFSMLayer):
     SavedModel's variables that the restored function never reads, named
     `...:0`, which the optimizers refuse as slot names. This layer returns the
     embedding tensor and tracks the variables the function reads, under names
-    Keras accepts, so `fit` updates the model it calls.
+    Keras accepts (`lealla_tf.models.keras_adapter.SharedWeightsTFSMLayer`), so
+    `fit` updates the model it calls.
 
     Args:
         path: the export's directory (`export/export_tfhub.py --format=lealla`).
@@ -30,20 +31,6 @@ class LeallaSavedModelLayer(keras.layers.TFSMLayer):
 
     def __init__(self, path, trainable=False, **kwargs):
         super().__init__(path, call_endpoint="serving_default", trainable=trainable, **kwargs)
-
-    def _add_existing_weight(self, weight):
-        variable = keras.Variable(initializer=weight, trainable=weight.trainable,
-                                  dtype=weight.dtype, shape=weight.shape,
-                                  name=weight.name.split(":")[0].replace("/", "_"))
-        # The Keras variable must BE the SavedModel's (the restored function reads
-        # that one), not a copy: Keras keeps a TensorFlow variable in `_value`.
-        if not hasattr(variable, "_value"):
-            raise RuntimeError(
-                f"keras {keras.__version__} keeps no `_value` in its variables: "
-                "LeallaSavedModelLayer cannot share the SavedModel's weights (load it with "
-                "tf.saved_model.load, or pin keras as setup.py does)")
-        variable._value = weight
-        self._track_variable(variable)
 
     def call(self, inputs, training=False, **kwargs):
         outputs = super().call(inputs, training=training, **kwargs)
