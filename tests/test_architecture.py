@@ -10,6 +10,8 @@ lazy import cannot hide a dependency.
 
 import ast
 import collections
+import importlib
+import inspect
 import pathlib
 import re
 
@@ -189,3 +191,127 @@ def test_no_test_module_imports_another():
             offenders += [f"{path.relative_to(TESTS.parent)}:{node.lineno} imports {name}"
                           for name in names if name.split(".")[0].startswith("test_")]
     assert not offenders, offenders
+
+
+# === Private Keras and keras-hub attributes live in the named adapters ===
+
+# The only modules that may read, write or override a private attribute of a Keras
+# or keras-hub object; each checks that what it uses is there, and names the
+# version and the attribute when a release renames one.
+PRIVATE_API_ADAPTERS = {"models.keras_adapter", "models.transformer_adapter"}
+# Underscored names of other libraries that the package may use, and whose they are.
+OTHER_PRIVATE_NAMES = {
+    "_replace": "typing.NamedTuple's public API",
+    "_asdict": "typing.NamedTuple's public API",
+    "_fields": "typing.NamedTuple's public API",
+    "_make": "typing.NamedTuple's public API",
+    "_mmap": "numpy.memmap's mapping, closed to release a file",
+}
+PRIVATE_PATH = re.compile(r"_[A-Za-z]\w*(\._[A-Za-z]\w*)*")
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def own_private_names() -> set:
+    """The underscored names lealla_tf defines outside the adapters: its functions,
+    classes, variables, arguments, imports and the attributes it sets on `self`."""
+    names = set()
+    for name, path in modules().items():
+        if name in PRIVATE_API_ADAPTERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.alias):
+                names.add(node.asname or node.name.split(".")[-1])
+            elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                  and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                names.add(node.attr)
+    return {name for name in names if is_private(name)}
+
+
+def foreign_private_uses(tree, own: set) -> list:
+    """(line, what) for each private attribute of an object lealla_tf does not
+    define: read or written (`x._name`), or named in a string (`getattr(x,
+    "_name")`, or an attribute path such as "_layer._name")."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and is_private(node.attr):
+            on_self = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+            if isinstance(node.ctx, ast.Store) and on_self:
+                continue
+            if node.attr not in own and node.attr not in OTHER_PRIVATE_NAMES:
+                found.append((node.lineno, f".{node.attr}"))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "hasattr", "setattr", "delattr")):
+            names = [arg.value for arg in node.args[1:2]
+                     if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+            found += [(node.lineno, repr(name)) for name in names
+                      if is_private(name) and name not in own
+                      and name not in OTHER_PRIVATE_NAMES]
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and PRIVATE_PATH.fullmatch(node.value) and "." in node.value):
+            if any(part not in own and part not in OTHER_PRIVATE_NAMES
+                   for part in node.value.split(".")):
+                found.append((node.lineno, repr(node.value)))
+    return found
+
+
+def keras_subclass_modules() -> set:
+    """Modules that define a class deriving (by its bases' names) from Keras or
+    keras-hub, directly or through another such class of lealla_tf."""
+    found = modules()
+    classes, keras_names = [], collections.defaultdict(set)
+    for name, path in found.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in (
+                    "keras", "keras_hub"):
+                keras_names[name].update(alias.asname or alias.name for alias in node.names)
+            elif isinstance(node, ast.ClassDef):
+                classes.append((name, node.name, [ast.unparse(b) for b in node.bases]))
+    derived, changed = {}, True
+    while changed:
+        changed = False
+        for module, cls, bases in classes:
+            if cls in derived:
+                continue
+            if any(b.split(".")[0] in ("keras", "keras_hub") or b in keras_names[module]
+                   or b.split(".")[-1] in derived for b in bases):
+                derived[cls] = module
+                changed = True
+    return set(derived.values())
+
+
+def test_no_private_keras_attribute_outside_the_adapters():
+    """A private attribute of Keras or keras-hub changes without notice in a
+    release. Only PRIVATE_API_ADAPTERS may use one (and they check it is there),
+    so an upgrade breaks in one place, with words. Elsewhere in lealla_tf: no
+    underscored attribute that lealla_tf does not define itself (read, written or
+    named in a string), and no class that overrides a private Keras method."""
+    own = own_private_names()
+    offenders = []
+    for name, path in sorted(modules().items()):
+        if name in PRIVATE_API_ADAPTERS:
+            continue
+        offenders += [f"lealla_tf/{path.relative_to(PACKAGE)}:{line} uses {what}"
+                      for line, what in foreign_private_uses(ast.parse(path.read_text()), own)]
+    for name in sorted(keras_subclass_modules() - PRIVATE_API_ADAPTERS):
+        module = importlib.import_module(f"lealla_tf.{name}" if name else "lealla_tf")
+        for cls in vars(module).values():
+            if not inspect.isclass(cls) or cls.__module__ != module.__name__:
+                continue
+            upstream = [base for base in cls.__mro__[1:]
+                        if base.__module__.split(".")[0] in ("keras", "keras_hub")]
+            offenders += [f"{module.__name__}.{cls.__name__} overrides {attribute}"
+                          for attribute in vars(cls) if is_private(attribute)
+                          and any(attribute in vars(base) for base in upstream)]
+    assert not offenders, (
+        "private Keras / keras-hub attributes outside "
+        f"{sorted(PRIVATE_API_ADAPTERS)} (move the use into an adapter, or add a name "
+        f"of another library to OTHER_PRIVATE_NAMES): {offenders}")
