@@ -221,11 +221,12 @@ def test_layer_norm_is_the_keras_layers_in_both_dtypes():
     half = forward_pass.layer_norm(norm, tf.cast(rows, tf.bfloat16))
     assert half.dtype == tf.bfloat16
     np.testing.assert_allclose(tf.cast(half, tf.float32), norm(rows), atol=3e-2)
-    # a norm it does not compute itself (RMS scaling) is the layer's own call
-    rms = keras.layers.LayerNormalization(rms_scaling=True)
-    rms.build((None, 8))
-    assert not forward_pass.plain_norm(rms)
-    np.testing.assert_allclose(forward_pass.layer_norm(rms, rows), rms(rows), atol=1e-6)
+    # a norm it does not compute itself (no offset) is the layer's own call
+    uncentered = keras.layers.LayerNormalization(center=False)
+    uncentered.build((None, 8))
+    assert not forward_pass.plain_norm(uncentered)
+    np.testing.assert_allclose(forward_pass.layer_norm(uncentered, rows), uncentered(rows),
+                               atol=1e-6)
 
 
 def test_activate_computes_bfloat16_in_float32_and_rounds_once():
