@@ -1,8 +1,8 @@
 # The two commands a new user needs (see README.md):
 #   make main   set up, then run the main job end to end
 #   make test   set up, then run the test suite (what CI runs)
-# and, after `make main`, every speed figure in one JSON and one table:
-#   make speed  python -m benchmarks.speed_report (about 40 min on 2 cores)
+# and, after `make main`, every speed target in one JSON and one table:
+#   make speed  python -m benchmarks.speed_targets (about 40 min on 2 cores)
 PYTHON ?= python3.11
 VENV ?= .venv
 MAIN_FLAGS ?=
@@ -38,7 +38,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_FLAGS)
 
 speed: $(STAMP)
-	$(BIN)/python -m benchmarks.speed_report --output_json=benchmarks/results/speed_report.json
+	$(BIN)/python -m benchmarks.speed_targets --output_json=benchmarks/results/speed_targets.json
 
 clean:
 	rm -rf $(VENV) .keras .pytest_cache runs

@@ -1,26 +1,38 @@
-r"""Benchmark: Beam embedding throughput against the bare model, on the same sentences.
+r"""Benchmark: how fast does the Beam embedding pipeline embed, against the bare
+model on the same sentences, and on each runner?
 
-    python -m benchmarks.beam_throughput --vocab_file=runs/recipe/vocab.txt \
-        --output_json=benchmarks/results/beam_throughput.json
+    python -m benchmarks.beam_throughput --model=runs/recipe/export/lealla_small \
+        --num_sentences=100000 --dask --output_json=benchmarks/results/beam_throughput.json
 
-An exported lealla_small (random weights: speed does not depend on them) embeds the
-same --num_sentences sentences (Tatoeba dev, topped up from the parallel data)
-(a) in-process, in length-sorted batches as the pipelines cut them (at most
-1,024 sentences and 4,096 padded tokens a call), and (b) through
-beam_pipelines/embed_corpus.py (its default batching, the same) on the FnApiRunner with
---workers worker processes (model loading and process start-up included: the
-wall time a user sees).
+The model (`--model`, an export or a model directory; or, with --vocab_file
+instead, a random lealla_small exported here: speed does not depend on the
+weights) embeds the same --num_sentences sentences (Tatoeba dev, topped up from
+the parallel data):
+
+- `bare_model`: in-process, in length-sorted batches as the pipelines cut them
+  (at most 1,024 sentences and 4,096 padded tokens a call);
+- `fn_api`: through `beam_pipelines/embed_corpus.py` (its default batching, the
+  same) on the FnApiRunner with --workers worker processes, model loading and
+  process start-up included: the wall time a user sees (`--workers=0`: in this
+  process, Beam's in-memory runner);
+- `dask` (with --dask): the same pipeline with `--runner=DaskRunner` against a
+  `distributed.LocalCluster` of --workers worker processes on 127.0.0.1,
+  started before the clock starts, as a user's cluster would already be up.
+  Its output is compared with the FnApiRunner's (`outputs_equal`: same ids,
+  the largest difference between vectors, same counts).
+
+A quick run on tiny fixtures (what the tests do): `--model=<tiny export>
+--data_dir=<tiny> --num_sentences=30 --workers=0`.
 """
 
 import argparse
-import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 
-from benchmarks.common import machine, tatoeba_sentences
-from lealla_tf.recipe.config import find_data_dir
+from benchmarks.common import machine, tatoeba_sentences, write_result
 
 
 def benchmark_sentences(data_dir, count):
@@ -39,62 +51,114 @@ def benchmark_sentences(data_dir, count):
                     readers.remove(reader)
                     continue
                 sentences += [s for s in pair if s.strip()]
+        for reader in readers:  # the files of those not read to their end
+            reader.close()
     return sentences[:count]
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--vocab_file", required=True)
+def random_model(vocab_file: str, path: str) -> str:
+    """A random lealla_small with `vocab_file`, exported to `path`."""
+    from lealla_tf import Tokenizer, build_encoder, get_preset
+    from lealla_tf.inference.export import export_lealla_model
+
+    tokenizer = Tokenizer(vocab_file)
+    encoder = build_encoder(get_preset("lealla_small").encoder.replace(
+        vocabulary_size=tokenizer.vocab_size))
+    return export_lealla_model(encoder, tokenizer, path)
+
+
+def runner_flags(workers: int) -> list:
+    """The FnApiRunner's flags: `workers` processes, or in this process for 0."""
+    if workers == 0:
+        return ["--direct_running_mode=in_memory"]
+    return [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
+
+
+def through_beam(name, corpus, model, output, flags, count) -> dict:
+    from lealla_tf.pipelines.embed_corpus import embed_corpus
+
+    start = time.perf_counter()
+    manifest = embed_corpus([corpus], model, output, pipeline_args=flags)
+    seconds = time.perf_counter() - start
+    print(f"{name}: {count} sentences in {seconds:.1f} s = {count / seconds:.1f} sentences/s",
+          flush=True)
+    return {"flags": flags, "seconds": seconds, "sentences_per_second": count / seconds,
+            "counts": manifest["counts"]}
+
+
+def same_outputs(first: str, second: str) -> dict:
+    """Whether two embed_corpus outputs hold the same ids and vectors."""
+    import numpy as np
+
+    from lealla_tf.mining.shards import read_embeddings
+
+    (ids_a, vectors_a), (ids_b, vectors_b) = read_embeddings(first), read_embeddings(second)
+    return {"ids": ids_a == ids_b,
+            "max_abs_difference": float(np.abs(vectors_a - vectors_b).max())}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", help="an exported model or a model directory")
+    model.add_argument("--vocab_file", help="or: a random lealla_small with this vocabulary")
     parser.add_argument("--output_json", required=True)
     parser.add_argument("--num_sentences", type=int, default=10000)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2,
+                        help="worker processes (0: the FnApiRunner in this process)")
+    parser.add_argument("--dask", action="store_true",
+                        help="also on a local dask.distributed cluster (DaskRunner)")
     parser.add_argument("--data_dir", default=None)
-    args = parser.parse_args()
-
+    args = parser.parse_args(argv)
+    if args.num_sentences < 1 or args.workers < 0 or (args.dask and args.workers < 1):
+        parser.error("--num_sentences must be at least 1, --workers at least 0 (1 with --dask)")
+    from lealla_tf import load_embedder
     from lealla_tf.evaluation.retrieval import embed_sentences
-    from lealla_tf.inference.embedder import load_embedder
-    from lealla_tf.inference.export import export_lealla_model
-    from lealla_tf.models.encoder import build_encoder
-    from lealla_tf.models.presets import get_preset
-    from lealla_tf.pipelines import embed_corpus
-    from lealla_tf.tokenizers.tokenizer import Tokenizer
+    from lealla_tf.recipe.config import find_data_dir
 
     sentences = benchmark_sentences(find_data_dir(args.data_dir), args.num_sentences)
-    work = tempfile.mkdtemp(prefix="beam_bench_")
+    work = tempfile.mkdtemp(prefix="beam_throughput_")
+    cluster = None
     try:
-        tokenizer = Tokenizer(args.vocab_file)
-        encoder = build_encoder(get_preset("lealla_small").encoder.replace(
-            vocabulary_size=tokenizer.vocab_size))
-        model = export_lealla_model(encoder, tokenizer, os.path.join(work, "model"))
+        model = args.model or random_model(args.vocab_file, os.path.join(work, "model"))
         corpus = os.path.join(work, "corpus.txt")
         with open(corpus, "w", encoding="utf-8") as f:
             f.write("\n".join(sentences) + "\n")
-
         start = time.perf_counter()
-        embedder = load_embedder(model)
-        embed_sentences(embedder, sentences)  # the pipelines' batching, as the Beam job
+        embed_sentences(load_embedder(model), sentences)  # the pipelines' batching
         bare = time.perf_counter() - start
+        runners = {"fn_api": runner_flags(args.workers)}
+        if args.dask:
+            import distributed
 
-        start = time.perf_counter()
-        manifest = embed_corpus.run([f"--input={corpus}", f"--model={model}",
-                                     f"--output={os.path.join(work, 'out')}",
-                                     f"--direct_num_workers={args.workers}",
-                                     "--direct_running_mode=multi_processing"])
-        beam = time.perf_counter() - start
+            cluster = distributed.LocalCluster(n_workers=args.workers, threads_per_worker=1,
+                                               processes=True, host="127.0.0.1",
+                                               dashboard_address=None)
+            runners["dask"] = ["--runner=DaskRunner",
+                               f"--dask_client_address={cluster.scheduler_address}"]
+        results = {name: through_beam(name, corpus, model, os.path.join(work, name), flags,
+                                      len(sentences)) for name, flags in runners.items()}
+        equal = same_outputs(*(os.path.join(work, n) for n in runners)) if args.dask else None
     finally:
+        if cluster is not None:
+            cluster.close()
         shutil.rmtree(work, ignore_errors=True)
-    result = {"benchmark": "beam_throughput", "machine": machine(), "sentences": len(sentences),
+    result = {"benchmark": "beam_throughput", "machine": machine(),
+              "model": args.model or f"random lealla_small, {args.vocab_file}",
+              "sentences": len(sentences), "workers": args.workers,
               "bare_model": {"seconds": bare, "sentences_per_second": len(sentences) / bare},
-              "beam": {"workers": args.workers, "seconds": beam,
-                       "sentences_per_second": len(sentences) / beam,
-                       "counts": manifest["counts"]}}
-    result["beam_over_bare"] = result["beam"]["sentences_per_second"] / result["bare_model"][
-        "sentences_per_second"]
-    print(json.dumps(result, indent=2))
-    os.makedirs(os.path.dirname(os.path.abspath(args.output_json)), exist_ok=True)
-    with open(args.output_json, "w") as f:
-        json.dump(result, f, indent=2)
+              "runners": results,
+              "beam_over_bare": results["fn_api"]["sentences_per_second"]
+              / (len(sentences) / bare)}
+    if args.dask:
+        equal["counts"] = results["fn_api"]["counts"] == results["dask"]["counts"]
+        result["outputs_equal"] = equal
+        result["dask_over_fn_api"] = (results["dask"]["sentences_per_second"]
+                                      / results["fn_api"]["sentences_per_second"])
+    write_result(args.output_json, result)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

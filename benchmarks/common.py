@@ -1,10 +1,10 @@
 """What the benchmarks share: where they ran, how they write their result, how a
-stop reaches the processes they start, and the sentences and vocabularies
-several of them measure on.
+stop reaches the processes they start, and the Tatoeba sentences several of
+them measure on.
 
 Every benchmark runs from the repository root as a module, e.g.
 
-    python -m benchmarks.embed_speed --help
+    python -m benchmarks.embedding_speed --help
 
 and writes one JSON to `benchmarks/results/<script>.json` (see docs/benchmarks.md).
 This module imports only the standard library at load time (lealla_tf and
@@ -17,8 +17,6 @@ import json
 import os
 import signal
 import subprocess
-
-LABSE_VOCABULARY_SIZE = 501_153
 
 
 @contextlib.contextmanager
@@ -88,29 +86,3 @@ def tatoeba_sentences(data_dir, count):
     # Interleave languages evenly: take every k-th sentence.
     step = max(1, len(sentences) // count)
     return sentences[::step][:count]
-
-
-def labse_sized_vocabulary(data_dir, path):
-    """A WordPiece vocabulary of LaBSE's size (501,153 tokens) at `path`: 32k
-    pieces learned from `data_dir`/parallel, extended with unique private-use-area
-    fillers that never match text (the embedding table and the asset get the
-    released models' sizes)."""
-    from lealla_tf.tokenizers.vocabulary import build_vocabulary
-
-    build_vocabulary([str(data_dir / "parallel")], 32000, path, progress=False)
-    tokens = open(path, encoding="utf-8").read().split("\n")[:-1]
-    filler = (f"\U000f0000{i}" for i in range(LABSE_VOCABULARY_SIZE))
-    tokens += [next(filler) for _ in range(LABSE_VOCABULARY_SIZE - len(tokens))]
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(tokens) + "\n")
-    return path
-
-
-def parse_shapes(text: str) -> list:
-    """'340x12,100x40' -> [(340, 12), (100, 40)] (rows x tokens); ValueError
-    on anything else."""
-    shapes = []
-    for item in text.split(","):
-        batch, _, length = item.strip().partition("x")
-        shapes.append((int(batch), int(length)))
-    return shapes

@@ -1,5 +1,5 @@
-r"""Benchmark: the main job's recipe trained for longer, with its curve on every
-Tatoeba dev pair and on the held-out news set.
+r"""Benchmark: what does the main job's recipe reach when it trains longer, along
+its curve on every Tatoeba dev pair and on the held-out news set?
 
     python -m benchmarks.long_run --train_steps=2000 --work_dir=runs/long \
         --output_json=benchmarks/results/long_run.json
@@ -11,6 +11,11 @@ reports it as `make main` does. Then each kept checkpoint of the student is
 evaluated as the job evaluates its export: P@1 on all tatoeba_dev pairs, and
 BUCC-protocol F1 and P@1 by length band on the news set. A rerun reuses the
 job's finished stages (its work directory) and only evaluates again.
+
+Recipe flags after `--` go to the job: a larger sample asks whether the
+plateau is the sample's size (`-- --sample_pairs=200000`), and tiny settings
+make a quick run (`-- --data_dir=<tiny> --sample_pairs=120
+--encoder_overrides=num_layers=2,hidden_dim=16,num_heads=2,intermediate_dim=32`).
 """
 
 import argparse
@@ -30,7 +35,7 @@ class CheckpointModels:
         self.model_dir = model_dir
 
     def get(self, checkpoint: str):
-        from lealla_tf.inference.embedder import load_embedder
+        from lealla_tf import load_embedder
 
         return load_embedder(self.model_dir, checkpoint=checkpoint)
 

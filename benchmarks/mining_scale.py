@@ -1,4 +1,5 @@
-r"""Benchmark: mining beyond memory: time, peak memory and recall@1 at 10^6 and 10^7.
+r"""Benchmark: can we mine beyond memory, and at what time, peak memory and
+recall@1, at 10^6 and 10^7 sentences?
 
     nice -n 19 python -m benchmarks.mining_scale \
         --output_json=benchmarks/results/mining_scale.json \
@@ -18,6 +19,8 @@ read (its VmHWM, which counts memory-mapped pages while they are mapped):
 Queries are the mining's source side, candidates its target side. Results merge
 into --output_json by case name, so cases can be run one at a time. A case that
 runs past --timeout_s is recorded as such, with what it had done.
+
+A quick run (what the tests do): `--only=tiny --work_dir=<tmp>`.
 """
 
 import argparse
@@ -49,6 +52,8 @@ CASES = {
                            "memory_budget_gb": 1.0},
     "smoke": {"candidates": 20_000, "queries": 5_000, "d": 64, "index": "ivfpq", "nlist": 64,
               "nprobe": 8, "memory_budget_gb": 0.25, "sample": 1_000},
+    "tiny": {"candidates": 4_000, "queries": 1_000, "d": 16, "index": "ivfpq", "nlist": 16,
+             "nprobe": 4, "memory_budget_gb": 0.05, "sample": 200},
 }
 CHUNK = 65_536
 SHARD_ROWS = 10 ** 6
@@ -110,7 +115,8 @@ json.dump({{"candidates": candidates.close(), "queries": queries.close(), "strid
 MINE = """
 import json, logging, os, sys, time
 import numpy as np
-from lealla_tf.mining.margins import Rows, log, mine
+from lealla_tf.mining.margins import log, mine
+from lealla_tf.mining.margins import Rows
 config, directory = json.loads(sys.argv[1]), sys.argv[2]
 
 class Phases(logging.Handler):  # each phase's end, as a JSON line, even if killed later
@@ -203,8 +209,9 @@ def run_child(code: str, config: dict, directory: str, timeout_s: float) -> dict
             break
         time.sleep(1)
     result = {}
-    for line in process.stdout.read().strip().splitlines():
-        result.update(json.loads(line))
+    with process.stdout:
+        for line in process.stdout.read().strip().splitlines():
+            result.update(json.loads(line))
     if time.time() - started > timeout_s:
         return {**result, "timed_out_after_s": round(time.time() - started),
                 "peak_rss_gib": round(polled / 2 ** 20, 3)}
@@ -231,7 +238,7 @@ def run_case(name: str, config: dict, work_dir: str, timeout_s: float) -> dict:
     return result
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_json", required=True)
@@ -240,7 +247,7 @@ def main():
     parser.add_argument("--work_dir", default="runs/mining_scale")
     parser.add_argument("--timeout_s", type=float, default=1500,
                         help="per process (generate, mine, recall)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     names = [name for name in args.only.split(",") if name]
     unknown = sorted(set(names) - set(CASES))
     if unknown:

