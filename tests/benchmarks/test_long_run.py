@@ -7,19 +7,22 @@ import pytest
 from benchmarks import long_run
 
 
-def test_the_job_gets_the_steps_the_checkpoints_and_the_flags_after_dashes(tmp_path, capsys):
-    """A job that stops (here: no data) gives its status and the way to resume;
-    nothing is written."""
-    data = tmp_path / "nothing"
+def test_the_job_gets_the_steps_the_checkpoints_and_the_flags_after_dashes(tmp_path, capsys,
+                                                                          monkeypatch):
+    """A job that stops gives its status and the way to resume; nothing is written."""
+    started = []
+    monkeypatch.setattr(long_run, "run_passing_stop_signals",
+                        lambda command: started.append(command) or 2)
     output = tmp_path / "long.json"
     code = long_run.main([f"--work_dir={tmp_path / 'long'}", "--train_steps=10",
                           "--checkpoints=4", f"--output_json={output}", "--",
-                          f"--data_dir={data}"])
+                          "--sample_pairs=500"])
     assert code == 2 and not output.exists()
-    out, error = capsys.readouterr()
-    assert "-m lealla_tf.recipe" in out and "--train_steps=10" in out
-    assert "--eval_every=3 --keep_checkpoints=5" in out and f"--data_dir={data}" in out
-    assert "rerun the same command to resume it" in error
+    (command,) = started
+    assert command[1:3] == ["-m", "lealla_tf.recipe"]
+    assert command[3:] == [f"--work_dir={tmp_path / 'long'}", "--train_steps=10",
+                           "--eval_every=3", "--keep_checkpoints=5", "--sample_pairs=500"]
+    assert "rerun the same command to resume it" in capsys.readouterr().err
 
 
 def test_a_model_dir_without_checkpoints_is_named(tmp_path):
