@@ -1,6 +1,7 @@
 """Embed a corpus with any exported model, at scale, with Apache Beam.
 
-The command line of `lealla_tf.pipelines.embed_corpus` (`python beam_pipelines/embed_corpus.py --help` lists every flag).
+The command line of `lealla_tf.cli.embed_corpus` (`python beam_pipelines/embed_corpus.py --help`
+lists every flag).
 """
 
 import sys
@@ -10,7 +11,7 @@ if __name__ == "__main__":  # before TensorFlow and Beam load
 
     quiet_startup()
 
-from lealla_tf.pipelines.embed_corpus import main  # noqa: E402
+from lealla_tf.cli.embed_corpus import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,6 +1,7 @@
 """Mine parallel sentences between two languages' embedding shards.
 
-The command line of `lealla_tf.pipelines.mine_bitext` (`python beam_pipelines/mine_bitext.py --help` lists every flag).
+The command line of `lealla_tf.cli.mine_bitext` (`python beam_pipelines/mine_bitext.py --help`
+lists every flag).
 """
 
 import sys
@@ -10,7 +11,7 @@ if __name__ == "__main__":  # before TensorFlow and Beam load
 
     quiet_startup()
 
-from lealla_tf.pipelines.mine_bitext import main  # noqa: E402
+from lealla_tf.cli.mine_bitext import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -116,7 +116,7 @@ MINE = """
 import json, logging, os, sys, time
 import numpy as np
 from lealla_tf.mining.margins import log, mine
-from lealla_tf.mining.margins import Rows
+from lealla_tf.mining.neighbours import Rows
 config, directory = json.loads(sys.argv[1]), sys.argv[2]
 
 class Phases(logging.Handler):  # each phase's end, as a JSON line, even if killed later
@@ -147,7 +147,7 @@ print(json.dumps({"seconds": seconds, "pairs": int(len(mined["score"])),
 RECALL = """
 import json, os, sys, time
 import numpy as np
-from lealla_tf.mining.margins import Rows, knn
+from lealla_tf.mining.neighbours import Rows, knn
 config, directory = json.loads(sys.argv[1]), sys.argv[2]
 parts = json.load(open(os.path.join(directory, "parts.json")))
 queries = Rows([tuple(p) for p in parts["queries"]], "queries")

@@ -1,27 +1,35 @@
 """One writer a folder: `hold_folder(folder, subject)` when a run starts writing
-there, `release_folder` when it ends; `check_folder(path, subject)` before, for
-a path that cannot be a folder.
+there, `release_folder` when it ends (or `one_writer(folder, subject)` around
+the block that writes); `check_folder(path, subject)` before, for a path that
+cannot be a folder.
 
 Two runs writing one folder at once (the main job's --work_dir, a training
---model_dir) would log every step twice and overwrite each other's checkpoints
-and exports, and both exit 0. The run that comes second is refused instead, in
-one line naming the first one's pid (`FolderInUseError`).
+--model_dir, an embed_corpus --output) would log every step twice, overwrite
+each other's checkpoints and exports, or delete each other's run folders, and
+both exit 0. The run that comes second is refused instead, in one line naming
+the first one's pid (`FolderInUseError`). A run that writes one file
+(mine_bitext's --output) locks `<file>.lock` beside it instead (`lock_name`),
+so that runs writing other files of that folder go on.
 
 The lock is an exclusive `flock` of `<folder>/.lealla_tf.lock`, held on an
 open descriptor: the kernel drops it when its holder ends, however it ends
-(kill -9 included), so a lock left by a dead run never blocks; no pid is ever
-tested for liveness. The holder writes its pid into the file for the message
-of the run it refuses, and empties it when it lets go; the file itself stays
-(removing it would let two runs lock two different files of one name).
+(kill -9 included), so a lock left by a dead run never blocks: the lock never
+depends on a pid. The holder writes its pid into the file for the message of the
+run it refuses, and empties it when it lets go; the file itself stays (removing
+it would let two runs lock two different files of one name). A killed holder's
+pid stays in the file until the next holder writes its own, so the message
+names a pid only once it is a live process's.
 
 Every descriptor locks on its own: a second `hold_folder` of one folder in the
 same process, another thread's included, is refused too (naming this pid).
-Local folders only: a remote one (gs://, any `scheme://`) is not locked; nor is
-one on a file system that cannot `flock` (then the run goes on unguarded).
+Local folders only: a remote one (gs://, any `scheme://`) is not locked, so two
+runs must not share a remote output; nor is one on a file system that cannot
+`flock` (then the run goes on unguarded).
 
 May import: nothing else of lealla_tf.
 """
 
+import contextlib
 import errno
 import os
 import time
@@ -42,10 +50,12 @@ class FolderInUseError(RuntimeError):
     """Another live run (or this process) is writing the folder."""
 
 
-def hold_folder(folder: str, subject: Optional[str] = None) -> Optional[int]:
-    """Takes the lock of `folder` (created if missing) and returns its
-    descriptor: the lock lasts until `release_folder(descriptor)` or this
-    process's end. None: not locked (a remote folder, or no flock here).
+def hold_folder(folder: str, subject: Optional[str] = None,
+                lock_name: str = LOCK_FILE) -> Optional[int]:
+    """Takes the lock of `folder` (created if missing; its lock file is
+    `lock_name` there) and returns its descriptor: the lock lasts until
+    `release_folder(descriptor)` or this process's end. None: not locked (a
+    remote folder, or no flock here).
 
     Raises FolderInUseError when another run holds it: "<subject> is being
     written by another run (pid N): ..."; `subject` is what the message calls
@@ -55,7 +65,7 @@ def hold_folder(folder: str, subject: Optional[str] = None) -> Optional[int]:
     """
     if "://" in folder or fcntl is None:
         return None
-    path = os.path.join(folder, LOCK_FILE)
+    path = os.path.join(folder, lock_name)
     try:
         os.makedirs(folder, exist_ok=True)
         # O_NOFOLLOW: a symlink planted in the lock's place is refused, not followed.
@@ -71,7 +81,8 @@ def hold_folder(folder: str, subject: Optional[str] = None) -> Optional[int]:
         raise FolderInUseError(
             f"{subject or folder} is being written by another run "
             f"({f'pid {holder}' if holder else 'its pid not yet written'}); one run writes "
-            "a folder at a time: wait for it to end, or pass another folder") from None
+            f"{'a folder' if lock_name == LOCK_FILE else 'an output'} at a time: wait for it "
+            f"to end, or pass another {'folder' if lock_name == LOCK_FILE else 'one'}") from None
     except OSError as error:
         if error.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
             os.close(descriptor)  # a file system that cannot lock: unguarded
@@ -81,6 +92,16 @@ def hold_folder(folder: str, subject: Optional[str] = None) -> Optional[int]:
     os.ftruncate(descriptor, 0)
     os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
     return descriptor
+
+
+@contextlib.contextmanager
+def one_writer(folder: str, subject: Optional[str] = None, lock_name: str = LOCK_FILE):
+    """Holds the lock of `folder` (see `hold_folder`) while the block runs."""
+    descriptor = hold_folder(folder, subject, lock_name)
+    try:
+        yield
+    finally:
+        release_folder(descriptor)
 
 
 def release_folder(descriptor: Optional[int]) -> None:
@@ -118,12 +139,24 @@ def check_folder(path: str, subject: str) -> None:
 
 def _holder(descriptor: int) -> Optional[int]:
     """The pid in a held lock file (waiting briefly for a holder that has just
-    taken it), or None."""
+    taken it, whose file may still hold a killed holder's pid), or None."""
     deadline = time.monotonic() + PID_WAIT_SECONDS
     while True:
         text = os.pread(descriptor, 64, 0).decode("ascii", "replace").strip()
-        if text.isdigit():
+        if text.isdigit() and _alive(int(text)):
             return int(text)
         if time.monotonic() > deadline:
             return None
         time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    except OverflowError:  # no pid at all
+        return False
+    return True

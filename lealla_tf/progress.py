@@ -23,6 +23,9 @@ redraws: one when the bar starts, one at most every `LEALLA_TF_PROGRESS_SECONDS`
 seconds (30 by default) while it moves, one when it ends. A bar that clears
 itself (`leave=False`) writes nothing unless it runs longer than that.
 
+`PipelineProgress(poll, files)` shows a pipeline's progress while it runs: a
+reading bar, then a bar of the lines processed, from what `poll()` reports.
+
 `logged_progress(*loggers)` shows a library's INFO lines (the steps it logs as it
 finishes them) on stderr while a command line runs, one line each.
 
@@ -40,6 +43,7 @@ import sys
 import tempfile
 import threading
 import warnings
+from typing import Callable, Optional, Tuple
 
 SECONDS_VARIABLE = "LEALLA_TF_PROGRESS_SECONDS"
 DEFAULT_SECONDS = 30.0
@@ -310,7 +314,7 @@ def _log_bar_class():
     count-and-rate line."""
     global _LOG_BAR
     if _LOG_BAR is None:
-        from tqdm import tqdm
+        from tqdm import tqdm  # noqa: PLC0415 - see progress_bar
 
         class LogLines(tqdm):
             def display(self, msg=None, pos=None):
@@ -326,10 +330,9 @@ def _log_bar_class():
             def format_dict(self):
                 values = super().format_dict
                 if values.get("total"):
-                    values["bar_format"] = (
-                        ("{desc}: " if values.get("prefix") else "")
-                        + "{percentage:3.0f}% ({n_fmt}/{total_fmt}) "
-                        "[{elapsed}<{remaining}, {rate_fmt}{postfix}]")
+                    values["bar_format"] = (("{desc}: " if values.get("prefix") else "")
+                                            + "{percentage:3.0f}% ({n_fmt}/{total_fmt}) "
+                                            "[{elapsed}<{remaining}, {rate_fmt}{postfix}]")
                 return values
 
         _LOG_BAR = LogLines
@@ -342,7 +345,8 @@ def progress_bar(iterable=None, *, file=None, seconds=None, **kwargs):
     (default `progress_seconds()`) where `file` (default stderr) is not one.
     Either way it is a tqdm instance: iterate it, or call update / set_postfix
     / close, or use it as a context manager."""
-    from tqdm import tqdm
+    # tqdm reads its TQDM_* defaults as it is imported: after quiet_startup sets them.
+    from tqdm import tqdm  # noqa: PLC0415 - see the line above
 
     stream = sys.stderr if file is None else file
     if kwargs.get("disable") or is_terminal(stream):
@@ -379,3 +383,66 @@ def logged_progress(*names: str, prefix: str = "", stream=None):
             logger.removeHandler(handler)
             logger.setLevel(level)
             logger.propagate = propagate
+
+
+class PipelineProgress:
+    """A running pipeline's progress, from a thread that calls `poll()` every
+    `interval` seconds: (files read completely, lines read, lines processed)
+    so far. A `reading` bar (lines, files of `files`) gives way, once every
+    file is read or processing starts, to a `work` bar (lines processed, in
+    `unit`s, of those read). `finish(lines_read, processed, skipped)` ends it
+    at the run's final counts, the `skipped` lines left out of the total.
+    With `poll` None it shows nothing. The bars close when the block ends."""
+
+    def __init__(self, poll: Optional[Callable[[], Tuple[int, int, int]]], files: int,
+                 unit: str = "sentence", work: str = "embedding", interval: float = 1.0,
+                 file=None):
+        self._poll, self._files, self._unit, self._work = poll, files, unit, work
+        self._interval, self._file, self._stop = interval, file, threading.Event()
+        self._thread = self._reading = self._working = None
+
+    def __enter__(self):
+        if self._poll is not None:
+            self._reading = progress_bar(desc="reading", unit="line", file=self._file)
+            self._thread = threading.Thread(target=self._watch, name="pipeline progress",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self._halt()
+        for bar in (self._reading, self._working):
+            if bar is not None:
+                bar.close()
+        self._reading = self._working = None
+
+    def _halt(self):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _watch(self):
+        while not self._stop.wait(self._interval):
+            self._show(*self._poll())
+
+    def _show(self, files_read: int, lines_read: int, processed: int, final: bool = False):
+        if self._working is None:
+            self._reading.set_postfix_str(f"{files_read}/{self._files} files", refresh=False)
+            self._reading.update(lines_read - self._reading.n)
+            if files_read == self._files or processed or final:
+                self._reading.close()
+                self._working = progress_bar(desc=self._work, unit=self._unit,
+                                             total=lines_read, file=self._file)
+        if self._working is not None:
+            self._working.update(processed - self._working.n)
+
+    def finish(self, lines_read: int, processed: int, skipped: int = 0) -> None:
+        """Ends the display at the run's final counts."""
+        if self._poll is None:
+            return
+        self._halt()
+        self._show(self._files, lines_read, self._working.n if self._working else 0, final=True)
+        self._working.total = lines_read - skipped
+        self._working.update(processed - self._working.n)
+        self.__exit__()

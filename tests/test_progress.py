@@ -218,3 +218,35 @@ def test_worker_output_is_filtered_and_the_processs_own_messages_pass():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**env, progress.VERBOSE_VARIABLE: "1"}, timeout=60)
     assert "INFO:__main__:Logging handler created." in done.stderr.splitlines()
+
+
+def test_a_pipelines_progress_reads_then_processes_and_ends_at_the_final_counts(monkeypatch):
+    """A reading bar while lines are read, then a bar of the lines processed
+    out of those read; `finish` ends it at the run's counts, the skipped lines
+    left out of the total."""
+    monkeypatch.setenv(progress.SECONDS_VARIABLE, "0")
+    log, states = io.StringIO(), [(0, 5, 0), (1, 12, 0), (2, 20, 3), (2, 20, 9)]
+    polled = []
+
+    def poll():
+        polled.append(states[min(len(polled), len(states) - 1)])
+        return polled[-1]
+
+    with progress.PipelineProgress(poll, files=2, unit="pair", interval=0.005,
+                                   file=log) as shown:
+        deadline = time.time() + 20
+        while len(polled) < len(states) and time.time() < deadline:
+            time.sleep(0.005)
+        shown.finish(lines_read=20, processed=18, skipped=2)
+    lines = log.getvalue().splitlines()
+    reading = [line for line in lines if line.startswith("reading: ")]
+    working = [line for line in lines if line.startswith("embedding: ")]
+    assert reading and working and lines.index(reading[-1]) < lines.index(working[0]), lines
+    assert "1/2 files" in " ".join(reading) and reading[-1].startswith("reading: 20line"), reading
+    assert working[0].startswith("embedding:   0% (0/20)"), working  # of the lines read
+    assert any(line.startswith("embedding:  15% (3/20)") for line in working), working
+    assert working[-1].startswith("embedding: 100% (18/18)"), working
+    quiet = io.StringIO()
+    with progress.PipelineProgress(None, files=2, file=quiet) as shown:
+        shown.finish(lines_read=20, processed=18, skipped=2)
+    assert quiet.getvalue() == ""

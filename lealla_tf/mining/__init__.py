@@ -1,5 +1,8 @@
-"""Parallel-sentence mining: faiss kNN with margin scoring (`margins`), and the
-embedding and pair shards the pipelines write and mining reads (`shards`).
+"""Parallel-sentence mining and the outputs it reads: margin scoring and `mine`
+(`margins`), faiss nearest neighbours within a memory budget (`neighbours`), an
+embed_corpus output's embedding shards, whole or memory-mapped (`shards`), and a
+pipeline output's run folders and manifest (`run_folders`).
 
-May import: lealla_tf.json_files, lealla_tf.machine, lealla_tf.progress.
+May import: lealla_tf.json_files, lealla_tf.machine, lealla_tf.progress,
+lealla_tf.records.
 """

@@ -1,6 +1,7 @@
 """Mining against a brute-force numpy reference (loops, as LASER writes it), and
 its properties on any input: tiny sides, k beyond the candidates, duplicates,
-zero / NaN rows, inverted lists shorter than k, chunked and memory-mapped work."""
+zero / NaN rows, inverted lists shorter than k, chunked, blocked, spilled and
+memory-mapped work."""
 
 import itertools
 
@@ -9,17 +10,15 @@ import pytest
 
 from lealla_tf.mining import margins as mining
 from lealla_tf.mining.margins import (
-    Rows,
+    COLLAPSED_MEAN_COSINE,
     best_threshold,
-    build_index,
+    collapse_warning,
     greedy_one_to_one,
-    knn,
     margin_scores,
+    mean_cosine,
     mine,
-    normalize_rows,
 )
-
-RNG = np.random.default_rng(7)
+from lealla_tf.mining.neighbours import MiningPlan, Rows, knn, normalize_rows
 
 
 def planted(n_pairs=60, n_noise=40, d=16, noise=0.3, seed=0):
@@ -95,23 +94,6 @@ def reference_mine(source, target, k, margin, retrieval, counts=None):
 
 
 MARGINS = ["absolute", "distance", "ratio", "ratio_shifted"]
-
-
-def test_knn_matches_brute_force_and_chunks():
-    queries, candidates = normalize_rows(RNG.normal(size=(50, 8))), normalize_rows(
-        RNG.normal(size=(70, 8)))
-    similarities, indices = knn(queries, candidates, 5, chunk_size=7)
-    full = queries @ candidates.T
-    np.testing.assert_array_equal(indices, np.argsort(-full, axis=1)[:, :5])
-    np.testing.assert_allclose(similarities, np.sort(full, axis=1)[:, ::-1][:, :5], atol=1e-5)
-
-
-@pytest.mark.parametrize("index_type", ["ivf", "ivfpq"])
-def test_approximate_indexes_find_planted_neighbours(index_type):
-    source, target = planted(n_pairs=2000, n_noise=0, d=32, noise=0.05)
-    index = build_index(target, index_type, nlist=16, nprobe=16, pq_subquantizers=8)
-    _, indices = knn(source, target, 1, index=index)
-    assert np.mean(indices[:, 0] == np.arange(2000)) > 0.95
 
 
 @pytest.mark.parametrize("margin,retrieval", list(itertools.product(
@@ -194,9 +176,8 @@ def test_best_threshold_maximises_f1():
 def test_bad_options_are_errors():
     with pytest.raises(ValueError):
         mine(np.ones((3, 4)), np.ones((3, 4)), margin="cosine")
-    with pytest.raises(ValueError, match="must divide"):
-        build_index(normalize_rows(RNG.normal(size=(500, 10))), "ivfpq", nlist=4,
-                    pq_subquantizers=3)
+    with pytest.raises(ValueError):
+        mine(np.ones((3, 4)), np.ones((3, 4)), retrieval="both")
 
 
 @pytest.mark.parametrize("source,target,kwargs,message", [
@@ -375,15 +356,6 @@ def test_inverted_lists_shorter_than_k_never_give_index_minus_one(k, nlist):
     assert np.mean(planted["source"] == planted["target"]) > 0.5  # chance: 1 / 3200
 
 
-def test_knn_marks_missing_neighbours():
-    rng = np.random.default_rng(2)
-    candidates = normalize_rows(rng.normal(size=(400, 8)))
-    similarities, indices = knn(candidates[:50], candidates, 30, "ivf", nlist=40, nprobe=1)
-    missing = indices == -1
-    assert missing.any() and np.all(similarities[missing] == -np.inf)
-    assert np.all(np.abs(similarities[~missing]) <= 1)
-
-
 # === Chunked, blocked, spilled and memory-mapped work equals the plain run ===
 
 def planted_large(seed=0, n=900, d=24):
@@ -412,13 +384,13 @@ def test_blocked_and_spilled_mining_equals_the_plain_run(index_type, monkeypatch
                                 work_dir=str(tmp_path), chunk_size=64, **options), expected)
     assert list(tmp_path.iterdir()) == [], "the work folder is cleaned"
     # Candidates in blocks of 100 (an index per block, results merged), 37-row chunks.
-    blocked = mining._Plan(query_rows=37, block_rows=100, sample_rows=None, spill=True)
+    blocked = MiningPlan(query_rows=37, block_rows=100, sample_rows=None, spill=True)
     monkeypatch.setattr(mining, "plan_mining", lambda *args, **kwargs: blocked)
     for retrieval, expected in plain.items():
         assert_same_mining(mine(source, target, retrieval=retrieval, **options), expected)
 
 
-def test_memory_mapped_rows_equal_arrays(tmp_path):
+def test_mining_memory_mapped_rows_equals_mining_arrays(tmp_path):
     source, target = planted_large(seed=1)
     parts = []
     for number, (start, stop) in enumerate([(0, 100), (100, 101), (101, len(target))]):
@@ -426,69 +398,13 @@ def test_memory_mapped_rows_equal_arrays(tmp_path):
         target[start:stop].astype("<f4").tofile(path)
         parts.append((str(path), stop - start, target.shape[1]))
     rows = Rows(parts, "target")
-    assert rows.rows == len(target) and rows.dim == target.shape[1]
-    np.testing.assert_array_equal(rows.read(95, 130), target[95:130])
-    np.testing.assert_array_equal(rows.take(np.array([0, 99, 100, 101, 500]), 64),
-                                  target[[0, 99, 100, 101, 500]])
     expected = mine(source, target)
     assert_same_mining(mine(source, rows), expected)
     assert_same_mining(mine(Rows([source[:10], source[10:]], "source"), rows,
                             memory_budget_gb=0.05, chunk_size=50), expected)
-    similarities, indices = knn(source, rows, 3, chunk_size=17, memory_budget_gb=0.05)
-    full = normalize_rows(source) @ normalize_rows(target).T
-    np.testing.assert_array_equal(indices, np.argsort(-full, axis=1)[:, :3])
-
-
-# === Leftovers of killed runs ===
-
-def test_a_killed_runs_spill_folder_is_removed_by_the_next_run_and_nothing_else(tmp_path):
-    """A run killed (SIGKILL) while its neighbour lists are spilled leaves its
-    folder; the next run spilling there removes it, and only it: a live run's,
-    another host's, this process's and a folder not named by us stay."""
-    import os
-    import re
-    import subprocess
-    import sys
-
-    from conftest import REPO_ROOT
-
-    from lealla_tf.mining.shards import host_tag
-
-    killed = subprocess.run([sys.executable, "-c", f"""
-import os, signal
-import numpy as np
-from lealla_tf.mining import margins as mining
-mining._best_pairs = lambda *args: os.kill(os.getpid(), signal.SIGKILL)  # after the searches
-rng = np.random.default_rng(0)
-mining.mine(rng.normal(size=(50, 8)), rng.normal(size=(60, 8)), memory_budget_gb=0.05,
-            work_dir={str(tmp_path)!r})
-"""], cwd=REPO_ROOT, timeout=300)
-    assert killed.returncode == -9
-    (left,) = os.listdir(tmp_path)
-    match = re.fullmatch(mining.SPILL_FOLDER, left)
-    assert match and match.group("host") == host_tag(), left
-    assert sorted(os.listdir(tmp_path / left)) == ["backward.ids", "backward.sims",
-                                                   "forward.ids", "forward.sims"]
-    dead = int(match.group("pid"))
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    try:
-        other_host = "another_host" if host_tag() != "another_host" else "yet_another_host"
-        kept = [f"mining-{live.pid}-{host_tag()}-abcd1234", f"mining-{dead}-{other_host}-abcd1234",
-                f"mining-{os.getpid()}-{host_tag()}-abcd1234", "mining-abcd1234", "notes"]
-        for name in kept:
-            (tmp_path / name).mkdir()
-        source, target = planted()
-        mined = mine(source, target, memory_budget_gb=0.05, work_dir=str(tmp_path))
-        assert len(mined["score"]) > 50
-        assert sorted(os.listdir(tmp_path)) == sorted(kept)
-    finally:
-        live.kill()
-        live.wait()
 
 
 def test_mean_cosine_tells_a_collapsed_model_from_a_spread_one():
-    from lealla_tf.mining.margins import COLLAPSED_MEAN_COSINE, collapse_warning, mean_cosine
-
     rng = np.random.default_rng(0)
     spread = rng.normal(size=(50, 8))
     unit = spread / np.linalg.norm(spread, axis=1, keepdims=True)

@@ -1,8 +1,11 @@
-"""beam_pipelines/embed_corpus.py on Beam's local runner, with a model our exporter made."""
+"""lealla_tf.pipelines.embed_corpus on Beam's local runner (and a dask cluster),
+with a model our exporter made: every line embedded or dead-lettered, safe
+reruns, one writer an output."""
 
 import gzip
 import json
 import os
+import pathlib
 import sys
 
 import numpy as np
@@ -11,9 +14,11 @@ import tensorflow as tf
 from conftest import CORPUS_SENTENCES
 
 from lealla_tf.configs import DataConfig, EncoderConfig
-from lealla_tf.mining.shards import read_embeddings, read_manifest
+from lealla_tf.mining.run_folders import read_manifest
+from lealla_tf.mining.shards import read_embeddings
 from lealla_tf.models.encoder import build_encoder
-from lealla_tf.pipelines import embed_corpus  # noqa: E402
+from lealla_tf.pipelines import corpus_steps
+from lealla_tf.pipelines.embed_corpus import embed_corpus, threads_per_worker
 from lealla_tf.tokenizers.tokenizer import Tokenizer
 from lealla_tf.train.data import find_training_files, pair_dataset, teacher_dimension_of
 
@@ -32,9 +37,7 @@ def corpus(tmp_path):
 def test_embeds_every_valid_line_and_dead_letters_the_rest(corpus_model, corpus):
     path, reference = corpus_model
     output = str(corpus / "out")
-    manifest = embed_corpus.run([f"--input={corpus / 'in' / '*'}", f"--model={path}",
-                                 f"--output={output}", "--num_shards=3"],
-                                )
+    manifest = embed_corpus([str(corpus / "in" / "*")], path, output, num_shards=3)
     counts = manifest["counts"]
     assert counts == {"lines_read": 11, "embedded": 8, "dead_lettered": 3}
     assert counts["lines_read"] == counts["embedded"] + counts["dead_lettered"]
@@ -43,7 +46,7 @@ def test_embeds_every_valid_line_and_dead_letters_the_rest(corpus_model, corpus)
     for text, vector in zip(texts, vectors):
         np.testing.assert_allclose(vector, reference[text], atol=1e-5)
     dead = [json.loads(line) for f in manifest["files"] if "dead_letter" in f
-            for line in open(os.path.join(output, f))]
+            for line in pathlib.Path(output, f).read_text().splitlines()]
     assert sorted(d["reason"] for d in dead) == ["empty", "empty", "invalid_utf8"]
     assert {(os.path.basename(d["file"]), d["line"]) for d in dead} == {
         ("a.txt", 4), ("a.txt", 6), ("b.txt.gz", 1)}
@@ -51,15 +54,14 @@ def test_embeds_every_valid_line_and_dead_letters_the_rest(corpus_model, corpus)
 
 def test_an_int8_tflite_export_embeds_a_corpus(corpus_model, corpus, sentence_vocab_file,
                                                 tmp_path):
-    from lealla_tf.inference.export import export_int8_tflite
+    from lealla_tf.inference.formats import export_int8_tflite
 
     tokenizer = Tokenizer(sentence_vocab_file)
     encoder = build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
                                           num_heads=2, hidden_dim=16, intermediate_dim=16,
                                           pooling="mean"))
     path = export_int8_tflite(encoder, tokenizer, str(tmp_path / "int8"))
-    manifest = embed_corpus.run([f"--input={corpus / 'in' / 'a.txt'}", f"--model={path}",
-                                 f"--output={tmp_path / 'out'}"])
+    manifest = embed_corpus([str(corpus / "in" / "a.txt")], path, str(tmp_path / "out"))
     assert manifest["counts"] == {"lines_read": 9, "embedded": 7, "dead_lettered": 2}
     ids, vectors, texts = read_embeddings(str(tmp_path / "out"), with_text=True)
     want = encoder(tokenizer(tf.constant(texts)))["sentence_embedding"].numpy()
@@ -69,10 +71,9 @@ def test_an_int8_tflite_export_embeds_a_corpus(corpus_model, corpus, sentence_vo
 def test_rerun_into_the_same_output_is_safe(corpus_model, corpus):
     path, _ = corpus_model
     output = str(corpus / "out")
-    args = [f"--input={corpus / 'in' / 'a.txt'}", f"--model={path}", f"--output={output}"]
-    first = embed_corpus.run(args)
+    first = embed_corpus([str(corpus / "in" / "a.txt")], path, output)
     ids_first, vectors_first = read_embeddings(output)
-    second = embed_corpus.run(args + ["--num_shards=2"])
+    second = embed_corpus([str(corpus / "in" / "a.txt")], path, output, num_shards=2)
     assert first["run"] != second["run"]
     assert [d for d in os.listdir(output) if d.startswith("run-")] == [second["run"]]
     ids_second, vectors_second = read_embeddings(output)
@@ -83,9 +84,8 @@ def test_rerun_into_the_same_output_is_safe(corpus_model, corpus):
 def test_tsv_input_keeps_the_given_ids(corpus_model, tmp_path):
     path, reference = corpus_model
     (tmp_path / "ids.tsv").write_text("doc-10\tThe dog is nice.\ndoc-2\tI like tea.\nno id\n")
-    manifest = embed_corpus.run([f"--input={tmp_path / 'ids.tsv'}", f"--model={path}",
-                                 f"--output={tmp_path / 'out'}", "--format=tsv"],
-                                )
+    manifest = embed_corpus([str(tmp_path / "ids.tsv")], path, str(tmp_path / "out"),
+                            input_format="tsv")
     assert manifest["counts"] == {"lines_read": 3, "embedded": 2, "dead_lettered": 1}
     ids, vectors = read_embeddings(str(tmp_path / "out"))
     assert ids == ["doc-2", "doc-10"]
@@ -99,9 +99,8 @@ def test_pairs_mode_writes_training_records_with_teacher_vectors(corpus_model, t
         "Der Hund ist nett.\tThe dog is nice.\nIch mag Tee.\tI like tea.\nbroken line\n"
         .encode()))
     output = str(tmp_path / "pairs")
-    manifest = embed_corpus.run([f"--input={tmp_path / 'in' / '*.tsv.gz'}", f"--model={path}",
-                                 f"--output={output}", "--pairs", "--english_only"],
-                                )
+    manifest = embed_corpus([str(tmp_path / "in" / "*.tsv.gz")], path, output, pairs=True,
+                            english_only=True)
     assert manifest["counts"] == {"lines_read": 3, "embedded": 2, "dead_lettered": 1}
     files = find_training_files([output])
     assert {f.language for f in files} == {"deu"}
@@ -118,11 +117,12 @@ def test_pairs_mode_writes_training_records_with_teacher_vectors(corpus_model, t
 @pytest.mark.slow
 def test_several_worker_processes(corpus_model, corpus):
     path, _ = corpus_model
-    manifest = embed_corpus.run([f"--input={corpus / 'in' / '*'}", f"--model={path}",
-                                 f"--output={corpus / 'multi'}", "--direct_num_workers=2",
-                                 "--direct_running_mode=multi_processing"],
-                                )
+    manifest = embed_corpus([str(corpus / "in" / "*")], path, str(corpus / "multi"),
+                            pipeline_args=["--direct_num_workers=2",
+                                           "--direct_running_mode=multi_processing"])
     assert manifest["counts"] == {"lines_read": 11, "embedded": 8, "dead_lettered": 3}
+
+
 
 
 def test_local_worker_processes_share_the_cores_out():
@@ -131,7 +131,7 @@ def test_local_worker_processes_share_the_cores_out():
     from lealla_tf.machine import usable_cpus
 
     def threads(args, asked=None):
-        return embed_corpus.threads_per_worker(PipelineOptions(args), asked)
+        return threads_per_worker(PipelineOptions(args), asked)
 
     multi = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
     assert threads(multi) == max(1, usable_cpus() // 2)
@@ -145,71 +145,42 @@ def test_local_worker_processes_share_the_cores_out():
         threads(multi, asked=-1)
 
 
-def test_a_worker_caps_its_tensorflow_threads_before_it_loads_the_model(corpus_model, tmp_path,
-                                                                         capsys):
-    """In a fresh process, as a multi-processing worker is; once TensorFlow runs
-    there, the pools stay as they are (False)."""
-    import subprocess
-
-    code = ("import tensorflow as tf\n"
-            "from lealla_tf.pipelines import embed_corpus as e\n"
-            f"e._embedder({corpus_model[0]!r}, None, 1).encode(['a dog'])\n"
-            "print(tf.config.threading.get_intra_op_parallelism_threads(),"
-            " tf.config.threading.get_inter_op_parallelism_threads(), e.limit_threads(2))\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split()[-3:] == ["1", "1", "False"]
-    assert "already started" in done.stderr
-    # a bad value is the user's mistake: a message and exit code 2
-    assert embed_corpus.main([f"--input={tmp_path}/*.txt", f"--model={corpus_model[0]}",
-                              f"--output={tmp_path / 'o'}", "--threads_per_worker=-1"]) == 2
-    assert "--threads_per_worker must be at least 0" in capsys.readouterr().err
-
 
 def test_a_token_cap_cuts_smaller_batches_with_the_same_vectors(corpus_model, corpus):
     path, reference = corpus_model
     output = str(corpus / "capped")
-    arguments = [f"--input={corpus / 'in' / '*'}", f"--model={path}", f"--output={output}"]
+    inputs = [str(corpus / "in" / "*")]
     with pytest.raises(ValueError, match="--model_max_tokens must be at least 0"):
-        embed_corpus.run(arguments + ["--model_max_tokens=-1"])
+        embed_corpus(inputs, path, output, model_max_tokens=-1)
     # 8 padded tokens a call: every sentence alone or with one other
-    embed_corpus.run(arguments + ["--model_max_tokens=8", "--num_shards=1"])
+    embed_corpus(inputs, path, output, model_max_tokens=8, num_shards=1)
     ids, vectors, texts = read_embeddings(output, with_text=True)
     assert len(ids) == 8
     for text, vector in zip(texts, vectors):
         np.testing.assert_allclose(vector, reference[text], atol=1e-5)
 
 
-def test_the_shard_step_hands_the_token_cap_to_the_model(corpus_model, tmp_path, monkeypatch):
-    from lealla_tf.inference import embedder as embedder_lib
 
-    calls, encode = [], embedder_lib.Embedder.encode
-
-    def recorded(self, sentences, batch_size=64, show_progress_bar=False,
-                 description="embedding", max_tokens=None):
-        calls.append((len(sentences), batch_size, max_tokens))
-        return encode(self, sentences, batch_size, show_progress_bar, description, max_tokens)
-
-    monkeypatch.setattr(embedder_lib.Embedder, "encode", recorded)
-    shard = embed_corpus.EmbedShard(corpus_model[0], str(tmp_path), 1, False, False, 16, None, 8)
-    events = list(shard.process((("embeddings", 0), [(f"k{i}", s) for i, s in
-                                                     enumerate(CORPUS_SENTENCES)])))
-    assert ("embedded", len(CORPUS_SENTENCES)) in events
-    assert calls == [(len(CORPUS_SENTENCES), 16, 8)]
+def test_same_file_name_in_two_folders_gives_two_ids(corpus_model, tmp_path):
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "deu.txt").write_text("Der Hund.\n")
+    embed_corpus([str(tmp_path / "*" / "deu.txt")], corpus_model[0], str(tmp_path / "out"))
+    ids, _ = read_embeddings(str(tmp_path / "out"))
+    assert sorted(ids) == ["a/deu.txt:1", "b/deu.txt:1"]
 
 
 def test_missing_input_is_an_error(corpus_model, tmp_path):
     with pytest.raises(FileNotFoundError, match="no input files match"):
-        embed_corpus.run([f"--input={tmp_path / 'none*.txt'}", f"--model={corpus_model[0]}",
-                          f"--output={tmp_path / 'o'}"])
+        embed_corpus([str(tmp_path / "none*.txt")], corpus_model[0], str(tmp_path / "o"))
 
 
 # A run killed (SIGKILL) after it made its run folder and started a shard.
 KILLED_RUN = """
 import os, signal, sys
-from lealla_tf.mining.shards import output_lock, run_directory
-with output_lock(sys.argv[1]), run_directory(sys.argv[1]) as run_dir:
+from lealla_tf.folder_lock import one_writer
+from lealla_tf.mining.run_folders import run_directory
+with one_writer(sys.argv[1]), run_directory(sys.argv[1]) as run_dir:
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "embeddings-00000-of-00004.tfrecord.gz.tmp-1-0123abcd"),
               "wb") as f:
@@ -238,16 +209,14 @@ def test_refused_and_killed_runs_leave_no_run_folder(corpus_model, tmp_path):
     (tmp_path / "ok.txt").write_text("The dog is nice.\n")
     (tmp_path / "ids.tsv").write_text("a\tThe dog.\nb\tThe cat.\na\tA house.\n")
     output = tmp_path / "out"
-    committed = embed_corpus.run([f"--input={tmp_path / 'ok.txt'}", f"--model={path}",
-                                  f"--output={output}"])["run"]
+    committed = embed_corpus([str(tmp_path / "ok.txt")], path, str(output))["run"]
     killed = kill_a_run(output)
     assert (output / killed).is_dir()
     not_ours = ["run-notes", "notes", "run-20240101T000000123456Z"]  # the last named as ours
     for folder in not_ours:
         (output / folder).mkdir()
     with pytest.raises(RuntimeError, match="more than once"):
-        embed_corpus.run([f"--input={tmp_path / 'ids.tsv'}", "--format=tsv", f"--model={path}",
-                          f"--output={output}"])
+        embed_corpus([str(tmp_path / "ids.tsv")], path, str(output), input_format="tsv")
     assert sorted(p.name for p in output.iterdir() if not p.name.startswith(".")) == sorted(
         [committed, "MANIFEST.json"] + not_ours)
     assert read_manifest(str(output))["run"] == committed
@@ -263,17 +232,17 @@ def test_a_commit_removes_only_the_runs_this_output_made(corpus_model, tmp_path)
     path, _ = corpus_model
     (tmp_path / "ok.txt").write_text("The dog is nice.\n")
     output = tmp_path / "out"
-    args = [f"--input={tmp_path / 'ok.txt'}", f"--model={path}", f"--output={output}"]
-    first = embed_corpus.run(args)["run"]
+    args = ([str(tmp_path / "ok.txt")], path, str(output))
+    first = embed_corpus(*args)["run"]
     users = {"run-important": "my notes\n", "run-20240101T000000123456Z": "mine too\n"}
     for folder, text in users.items():
         (output / folder).mkdir()
         (output / folder / "keep.txt").write_text(text)
-    second = embed_corpus.run(args)["run"]
+    second = embed_corpus(*args)["run"]
     assert not (output / first).exists()
     manifest = output / "MANIFEST.json"
     manifest.write_bytes(manifest.read_bytes()[:20])  # truncated
-    third = embed_corpus.run(args)["run"]
+    third = embed_corpus(*args)["run"]
     assert sorted(p.name for p in output.iterdir() if not p.name.startswith(".")) == sorted(
         [third, "MANIFEST.json", *users])
     assert second != third
@@ -282,64 +251,13 @@ def test_a_commit_removes_only_the_runs_this_output_made(corpus_model, tmp_path)
     assert read_embeddings(str(output))[0] == ["ok.txt:1"]
 
 
-# The first of two runs into one output: it holds the output while the second
-# starts (its pipeline waits for the file argv[1]), then runs to the end.
-PAUSED_RUN = """
-import pathlib, sys, time
-from lealla_tf.pipelines import embed_corpus, options
-go = pathlib.Path(sys.argv[1])
-run_pipeline = options.run_pipeline
-def paused(pipeline):
-    go.with_suffix(".started").touch()
-    while not go.exists():
-        time.sleep(0.05)
-    run_pipeline(pipeline)
-options.run_pipeline = paused
-sys.exit(embed_corpus.main(sys.argv[2:]))
-"""
-
-
-def test_a_second_run_into_a_live_runs_output_is_refused_naming_its_pid(corpus_model, tmp_path,
-                                                                         capsys):
-    """Two embed_corpus runs on one --output at once: the second is refused in
-    one line naming the first's pid and touches nothing; the first commits."""
-    import subprocess
-    import time
-
-    from conftest import REPO_ROOT, assert_one_line_stderr
-
-    (tmp_path / "ok.txt").write_text("The dog is nice.\n")
-    output = tmp_path / "out"
-    args = [f"--input={tmp_path / 'ok.txt'}", f"--model={corpus_model[0]}", f"--output={output}"]
-    go = tmp_path / "go"
-    first = subprocess.Popen([sys.executable, "-c", PAUSED_RUN, str(go), *args], cwd=REPO_ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    try:
-        deadline = time.monotonic() + 240
-        while not go.with_suffix(".started").exists():
-            assert first.poll() is None, first.communicate()
-            assert time.monotonic() < deadline, "the first run never started its pipeline"
-            time.sleep(0.1)
-        run_folders = sorted(p.name for p in output.iterdir())
-        assert_one_line_stderr(embed_corpus.main(args), capsys.readouterr().err,
-                               str(output), f"pid {first.pid}")
-        assert sorted(p.name for p in output.iterdir()) == run_folders  # untouched
-    finally:
-        go.touch()
-        out, err = first.communicate(timeout=300)
-    assert first.returncode == 0, err[-2000:]
-    manifest = read_manifest(str(output))
-    assert [p.name for p in output.iterdir() if p.name.startswith("run-")] == [manifest["run"]]
-    assert read_embeddings(str(output))[0] == ["ok.txt:1"]
-
 
 # === The same pipeline on a dask.distributed cluster (loopback only) ===
 
 def read_dead_letters(output):
     manifest = read_manifest(output)
     return sorted(line for f in manifest["files"] if "dead_letter" in f
-                  for line in open(os.path.join(output, f)))
+                  for line in pathlib.Path(output, f).read_text().splitlines())
 
 
 @pytest.mark.slow
@@ -351,15 +269,15 @@ def test_dask_runner_equals_the_fn_api_runner(corpus_model, corpus, dask_cluster
         (corpus / "pairs" / "deu-eng.tsv.gz").write_bytes(gzip.compress(
             "\n".join(f"Der Hund {i}.\tThe dog {i}." for i in range(40)).encode()
             + b"\nbroken line\n"))
-        inputs, extra = [f"--input={corpus / 'pairs' / '*'}"], ["--pairs"]
+        inputs = [str(corpus / "pairs" / "*")]
     else:
-        inputs, extra = [f"--input={corpus / 'in' / '*'}"], []
+        inputs = [str(corpus / "in" / "*")]
     outputs = {}
     for runner, flags in (("fnapi", []), ("dask", [
             "--runner=DaskRunner", f"--dask_client_address={dask_cluster.scheduler_address}"])):
         outputs[runner] = str(tmp_path / runner)
-        manifest = embed_corpus.run(inputs + [f"--model={path}", f"--output={outputs[runner]}",
-                                              "--num_shards=3"] + extra + flags)
+        manifest = embed_corpus(inputs, path, outputs[runner], num_shards=3, pairs=pairs,
+                                pipeline_args=flags)
         assert manifest["counts"]["lines_read"] == (manifest["counts"]["embedded"]
                                                     + manifest["counts"]["dead_lettered"])
     assert read_manifest(outputs["fnapi"])["counts"] == read_manifest(outputs["dask"])["counts"]
@@ -397,10 +315,9 @@ def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(corpus_model, dask
     result = {}
 
     def run():
-        result["manifest"] = embed_corpus.run([
-            f"--input={tmp_path / 'big.txt'}", f"--model={path}", f"--output={output}",
-            "--num_shards=12", "--runner=DaskRunner",
-            f"--dask_client_address={dask_cluster.scheduler_address}"])
+        result["manifest"] = embed_corpus(
+            [str(tmp_path / "big.txt")], path, output, num_shards=12, pipeline_args=[
+                "--runner=DaskRunner", f"--dask_client_address={dask_cluster.scheduler_address}"])
 
     thread = threading.Thread(target=run)
     thread.start()
@@ -429,61 +346,12 @@ def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(corpus_model, dask
     assert np.all(np.isfinite(vectors))
 
 
-def test_the_command_line_shows_progress_and_a_summary_that_reads_the_output(
-        corpus_model, corpus, capsys, monkeypatch):
-    """Progress on stderr as newline-ended lines (stderr is not a terminal here),
-    then a summary on stdout: the counts, the dead letters' file, the output,
-    and Python lines that read it, which run as written."""
-    monkeypatch.setenv("LEALLA_TF_PROGRESS_SECONDS", "0")
-    output = str(corpus / "out")
-    assert embed_corpus.main([f"--input={corpus / 'in' / '*'}", f"--model={corpus_model[0]}",
-                              f"--output={output}"]) == 0
-    captured = capsys.readouterr()
-    assert "\r" not in captured.err and "\x1b" not in captured.err
-    lines = captured.err.splitlines()
-    assert any(line.startswith("reading: ") and "2/2 files" in line for line in lines), lines
-    assert lines[-1].startswith("embedding: 100% (8/8)"), lines
-    summary = captured.out
-    assert "11 lines read from 2 files" in summary
-    assert "embedded       8 sentences" in summary
-    dead = os.path.join(output, read_manifest(output)["run"], "dead_letter.jsonl")
-    assert f"dead-lettered  3 lines -> {dead}" in summary
-    assert f"output         {output} (" in summary and not os.path.exists(
-        os.path.join(output, read_manifest(output)["run"], embed_corpus.PROGRESS_FOLDER))
-    assert len(summary.splitlines()) <= 12  # one screen
-    example = summary.split("read it in Python:\n")[1]
-    assert "read_embeddings(" in example and "mmap_embeddings(" in example
-    namespace = {}
-    exec("\n".join(line.strip() for line in example.splitlines()), namespace)
-    assert len(namespace["ids"]) == 8 and namespace["vectors"].shape == (8, 16)
-    assert namespace["mapped"].rows == 8
-    # --help shows the same lines
-    help_text = embed_corpus.build_parser().format_help()
-    assert all(f"  {line}\n" in help_text
-               for line in embed_corpus.reading_example("runs/embeddings").splitlines())
-
-
-def test_progress_files_report_lines_read_and_sentences_embedded(corpus_model, corpus, tmp_path):
-    progress_dir = str(tmp_path / "progress")
-    reader = embed_corpus.ReadLines(str(corpus / "in"), progress_dir)
-    assert len(list(reader.process(str(corpus / "in" / "a.txt")))) == 10  # 9 lines + count
-    shard = embed_corpus.EmbedShard(corpus_model[0], str(tmp_path / "run"), 1, False, False, 16,
-                                    progress_dir=progress_dir)
-    list(shard.process((("embeddings", 0), [(f"k{i}", s)
-                                            for i, s in enumerate(CORPUS_SENTENCES)])))
-    assert embed_corpus.read_progress(progress_dir) == {"files_read": 1, "lines_read": 9,
-                                                        "embedded": len(CORPUS_SENTENCES)}
-    assert embed_corpus.read_progress(str(tmp_path / "absent")) == {
-        "files_read": 0, "lines_read": 0, "embedded": 0}
-
-
 def test_a_shard_embedded_in_chunks_gives_the_same_vectors_in_id_order(corpus_model, corpus,
                                                                         monkeypatch):
     path, reference = corpus_model
-    monkeypatch.setattr(embed_corpus, "SHARD_CHUNK", 3)
+    monkeypatch.setattr(corpus_steps, "SHARD_CHUNK", 3)
     output = str(corpus / "chunked")
-    embed_corpus.run([f"--input={corpus / 'in' / '*'}", f"--model={path}", f"--output={output}",
-                      "--num_shards=1"])
+    embed_corpus([str(corpus / "in" / "*")], path, output, num_shards=1)
     ids, vectors, texts = read_embeddings(output, with_text=True)
     assert len(ids) == 8
     for text, vector in zip(texts, vectors):

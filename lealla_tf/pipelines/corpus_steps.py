@@ -1,0 +1,357 @@
+"""The Beam steps of `lealla_tf.pipelines.embed_corpus`, and the progress files
+they write for the command line's display.
+
+Steps emit (kind, value) pairs that `of_kind` splits, where Beam would use tagged
+outputs: the DaskRunner's ParDo passes tagged outputs on as main outputs. Every
+step that writes a file writes it atomically (`write_atomically`), so a retried
+task replaces its file. A worker process loads each model once (`_embedder`),
+whatever the runner does with DoFn instances.
+"""
+
+import json
+import logging
+import os
+import threading
+import zlib
+from typing import Any, Dict, Optional
+
+import apache_beam as beam
+import numpy as np
+import tensorflow as tf
+from apache_beam.io.filesystems import FileSystems
+
+from lealla_tf.inference.loaders import load_embedder
+from lealla_tf.pipelines.beam_files import write_atomically, write_gzip_tfrecords
+from lealla_tf.records import embedding_example, pair_example
+
+NAMESPACE = "embed_corpus"
+COUNTERS = ("lines_read", "embedded", "dead_lettered")
+RUN_SUMMARY = "RUN_SUMMARY.json"
+DEAD_LETTER_FILE = "dead_letter.jsonl"
+# Progress of a local run: each input file's lines read and each shard's
+# sentences embedded so far, one small file each, in the run folder (removed
+# before the run commits); the command line's progress bar reads them.
+PROGRESS_FOLDER = ".progress"
+READ_REPORT_LINES = 100_000  # lines read between two reports of a file
+SHARD_CHUNK = 8192  # sentences a shard embeds between two reports
+
+
+# One loaded model per worker process, whatever the runner does with DoFn instances
+# (the DaskRunner sets a DoFn up again for every bundle).
+_MODELS: Dict[str, Any] = {}
+
+
+def _embedder(model: str, max_seq_length: Optional[int] = None,
+              threads: Optional[int] = None):
+    if (model, max_seq_length) not in _MODELS:
+        if threads:
+            limit_threads(threads)
+        _MODELS[model, max_seq_length] = load_embedder(model, max_seq_length)
+    return _MODELS[model, max_seq_length]
+
+
+def limit_threads(threads: int) -> bool:
+    """Caps this process's TensorFlow thread pools (intra- and inter-op) at
+    `threads`; False, with a warning, where TensorFlow already runs here (its pools
+    are fixed at start-up: an in-process runner's worker is the caller's process)."""
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    except RuntimeError:
+        logging.warning("embed_corpus: TensorFlow already started in this process; "
+                        "its thread pools stay as they are (threads per worker: %d asked)",
+                        threads)
+        return False
+    return True
+
+
+def _report(progress_dir: Optional[str], name: str, value: str) -> None:
+    """Replaces `progress_dir/name` with `value` (best effort: progress never
+    fails a run)."""
+    if progress_dir is None:
+        return
+    path = os.path.join(progress_dir, name)
+    temporary = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+    try:
+        os.makedirs(progress_dir, exist_ok=True)
+        with open(temporary, "w") as handle:
+            handle.write(value)
+        os.replace(temporary, path)
+    except OSError:
+        pass
+
+
+def read_progress(progress_dir: str) -> Dict[str, int]:
+    """What a run's progress files say: files_read (completely), lines_read
+    (so far) and embedded (so far)."""
+    state = {"files_read": 0, "lines_read": 0, "embedded": 0}
+    try:
+        names = os.listdir(progress_dir)
+    except OSError:
+        return state
+    for name in names:
+        if ".tmp-" in name:
+            continue
+        try:
+            with open(os.path.join(progress_dir, name)) as handle:
+                fields = handle.read().split()
+            count = int(fields[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        if name.startswith("read-"):
+            state["lines_read"] += count
+            state["files_read"] += fields[1:] == ["done"]
+        elif name.startswith("embedded-"):
+            state["embedded"] += count
+    return state
+
+
+# The kinds of the (kind, value) pairs the steps emit.
+LINE, VALID, DEAD, COUNT = "line", "valid", "dead", "count"
+
+
+def of_kind(kind):
+    """A FlatMap function that passes on the values of the (kind, value) pairs
+    of `kind` (Beam's tagged outputs, as every runner carries them)."""
+
+    def select(element):
+        if element[0] == kind:
+            yield element[1]
+
+    return select
+
+
+class ReadLines(beam.DoFn):
+    """file path -> (LINE, (file name, line number, raw bytes)) for every line, then
+    (COUNT, ("lines_read", lines)).
+
+    The name is the path relative to `root` (the inputs' common folder), so two
+    files called deu.txt in different folders give different ids.
+    """
+
+    def __init__(self, root: str = "", progress_dir: Optional[str] = None):
+        self._root = root
+        self._progress_dir = progress_dir
+
+    def process(self, path):
+        lines_read = beam.metrics.Metrics.counter(NAMESPACE, "lines_read")
+        name = os.path.relpath(path, self._root) if self._root else os.path.basename(path)
+        report = f"read-{zlib.crc32(path.encode('utf-8')):08x}"
+        number = 0
+        with FileSystems.open(path) as handle:
+            # Beam's CompressedFile has readline() but is not iterable.
+            for number, line in enumerate(iter(handle.readline, b""), start=1):
+                lines_read.inc()
+                if number % READ_REPORT_LINES == 0:
+                    _report(self._progress_dir, report, str(number))
+                yield LINE, (name, number, line.rstrip(b"\n").rstrip(b"\r"))
+        _report(self._progress_dir, report, f"{number} done")
+        yield COUNT, ("lines_read", number)
+
+
+class ParseLine(beam.DoFn):
+    """Decodes and validates a line: (VALID, record), or (DEAD, a JSON line with the
+    reason) for the dead letters. A sentence's record is (id, text, "file:line"),
+    a pair's a dict."""
+
+    def __init__(self, input_format: str):
+        self._format = input_format
+
+    def process(self, element):
+        path, number, raw = element
+        reason = None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text, reason = None, "invalid_utf8"
+        if reason is None:
+            if self._format == "lines":
+                if not text.strip():
+                    reason = "empty"
+                else:
+                    yield VALID, (f"{path}:{number}", text, f"{path}:{number}")
+                    return
+            else:
+                left, tab, right = text.partition("\t")
+                if not tab:
+                    reason = "no_tab"
+                elif not left.strip() or not right.strip():
+                    reason = "empty_field"
+                elif self._format == "tsv":
+                    yield VALID, (left, right, f"{path}:{number}")
+                    return
+                else:
+                    yield VALID, {"file": path, "line": number, "source": left,
+                                  "target": right}
+                    return
+        beam.metrics.Metrics.counter(NAMESPACE, "dead_lettered").inc()
+        yield DEAD, json.dumps({"file": path, "line": number, "reason": reason,
+                                "raw": raw.decode("utf-8", "backslashreplace")},
+                               ensure_ascii=False)
+
+
+def pair_destination(path: str) -> str:
+    """Shard prefix for pairs read from `path`: the file's name without extensions."""
+    name = os.path.basename(path)
+    for suffix in (".gz", ".bz2", ".tsv", ".txt"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name
+
+
+def shard_of(identifier: str, num_shards: int) -> int:
+    """A stable shard of an id (the same on every worker and every retry)."""
+    return zlib.crc32(identifier.encode("utf-8")) % num_shards
+
+
+DUPLICATE_EXAMPLES = 5  # duplicated ids the run summary (and the error) names
+DUPLICATE_PLACES = 3  # places ("file:line") named for each
+
+
+class CountPlaces(beam.CombineFn):
+    """An id's occurrences: (count, its first `DUPLICATE_PLACES` "file:line"
+    places). A combiner, so that ids are counted before the shuffle."""
+
+    def create_accumulator(self):
+        return 0, []
+
+    def add_input(self, accumulator, place):
+        count, places = accumulator
+        return count + 1, sorted(places + [place])[:DUPLICATE_PLACES]
+
+    def merge_accumulators(self, accumulators):
+        accumulators = list(accumulators)
+        return (sum(count for count, _ in accumulators),
+                sorted(p for _, places in accumulators for p in places)[:DUPLICATE_PLACES])
+
+    def extract_output(self, accumulator):
+        return accumulator
+
+
+def duplicate_events(element):
+    """(id, (count, places)) -> ("duplicate_ids", 1) and ("duplicate_example",
+    (id, count, places)) for an id that occurs more than once."""
+    identifier, (count, places) = element
+    if count > 1:
+        beam.metrics.Metrics.counter(NAMESPACE, "duplicate_ids").inc()
+        yield "duplicate_ids", 1
+        yield "duplicate_example", (identifier, count, places)
+
+
+def describe_duplicates(examples) -> str:
+    """"'a' (2x: ids.tsv:1, ids.tsv:3), ..." for the run summary's duplicate examples."""
+    return ", ".join(
+        f"{identifier!r} ({count}x: {', '.join(places)}{', ...' if count > len(places) else ''})"
+        for identifier, count, places in examples)
+
+
+class EmbedShard(beam.DoFn):
+    """(shard, sentences or pairs) -> one TFRecord shard file, embedded in
+    length-sorted batches by the worker's one loaded model.
+
+    Batching happens here, on the whole shard, instead of in RunInference and
+    BatchElements: those emit their last batch from finish_bundle, whose
+    outputs the DaskRunner drops. The shard is sorted by length and embedded
+    `SHARD_CHUNK` sentences a call (so each call's batches are as even as the
+    whole shard's), its progress reported after each. Yields ("file", name)
+    and ("embedded", n).
+    """
+
+    def __init__(self, model: str, run_dir: str, num_shards: int, pairs: bool,
+                 english_only: bool, batch_size: int, max_seq_length: Optional[int] = None,
+                 max_tokens: Optional[int] = None, threads: Optional[int] = None,
+                 progress_dir: Optional[str] = None):
+        self._model, self._run_dir, self._num_shards = model, run_dir, num_shards
+        self._pairs, self._english_only, self._batch_size = pairs, english_only, batch_size
+        self._max_seq_length, self._max_tokens = max_seq_length, max_tokens
+        self._threads, self._progress_dir = threads, progress_dir
+
+    def _encode(self, embedder, sides: Dict[str, list], report: str) -> Dict[str, np.ndarray]:
+        """{side: sentences} -> {side: [n, d] rows}, in chunks of similar length
+        (sorted by the first side's characters)."""
+        first = next(iter(sides.values()))
+        order = np.argsort([len(text) for text in first], kind="stable")
+        vectors = {}
+        for start in range(0, len(order), SHARD_CHUNK):
+            rows = order[start:start + SHARD_CHUNK]
+            for side, texts in sides.items():
+                part = embedder.encode([texts[i] for i in rows], self._batch_size,
+                                       max_tokens=self._max_tokens)
+                if side not in vectors:
+                    vectors[side] = np.empty((len(first), part.shape[1]), np.float32)
+                vectors[side][rows] = part
+            _report(self._progress_dir, report, str(start + len(rows)))
+        return vectors
+
+    def process(self, element):
+        (prefix, shard), items = element
+        items = sorted(items, key=lambda item: item[0])  # a retry writes the same file
+        embedder = _embedder(self._model, self._max_seq_length, self._threads)
+        name = f"{prefix}-{shard:05d}-of-{self._num_shards:05d}.tfrecord.gz"
+        report = f"embedded-{name}"
+        if self._pairs:
+            sides = {"target": [p["target"] for _, p in items]}
+            if not self._english_only:
+                sides["source"] = [p["source"] for _, p in items]
+            vectors = self._encode(embedder, sides, report)
+            target, source = vectors["target"], vectors.get("source")
+            records = [pair_example(p["source"], p["target"],
+                                    None if source is None else source[i], target[i])
+                       for i, (_, p) in enumerate(items)]
+        else:
+            vectors = self._encode(embedder, {"text": [text for _, text in items]},
+                                   report)["text"]
+            records = [embedding_example(key, vectors[i], text=text)
+                       for i, (key, text) in enumerate(items)]
+        write_atomically(FileSystems.join(self._run_dir, name),
+                         lambda handle: write_gzip_tfrecords(handle, records))
+        beam.metrics.Metrics.counter(NAMESPACE, "embedded").inc(len(records))
+        yield "file", name
+        yield "embedded", len(records)
+
+
+class WriteDeadLetters(beam.DoFn):
+    """All dead-letter lines -> dead_letter.jsonl (sorted, written atomically)."""
+
+    def __init__(self, run_dir: str):
+        self._run_dir = run_dir
+
+    def process(self, element):
+        _, lines = element
+        lines = sorted(lines)
+        data = "".join(line + "\n" for line in lines).encode("utf-8")
+        write_atomically(FileSystems.join(self._run_dir, DEAD_LETTER_FILE),
+                         lambda handle: handle.write(data))
+        yield "file", DEAD_LETTER_FILE
+
+
+class WriteRunSummary(beam.DoFn):
+    """Writes what the run did (counts and files) into the run folder.
+
+    The counts travel as data, not as Beam metrics, so every runner reports
+    them (the DaskRunner has no metrics); and every branch of the pipeline
+    ends here, so a runner that computes only the last transform's inputs
+    (the DaskRunner does) still runs all of it.
+    """
+
+    def __init__(self, run_dir: str):
+        self._run_dir = run_dir
+
+    def process(self, element):
+        _, items = element
+        counts = {name: 0 for name in COUNTERS + ("duplicate_ids",)}
+        files, duplicates = [], []
+        for kind, value in items:
+            if kind == "file":
+                files.append(value)
+            elif kind == "duplicate_example":
+                duplicates.append([value[0], int(value[1]), list(value[2])])
+            else:
+                counts[kind] += value
+        summary = {"counts": counts, "files": sorted(set(files)),
+                   "duplicate_examples": sorted(duplicates)[:DUPLICATE_EXAMPLES]}
+        data = json.dumps(summary, indent=2).encode("utf-8")
+        write_atomically(FileSystems.join(self._run_dir, RUN_SUMMARY),
+                         lambda handle: handle.write(data))
+        yield summary
+

@@ -1,0 +1,113 @@
+"""lealla_tf.pipelines.corpus_steps, step by step: lines parsed or dead-lettered
+with a reason, duplicated ids counted, a shard embedded by the worker's one model
+with the token cap, and the progress files the steps write."""
+
+import json
+import os
+import subprocess
+import sys
+
+import apache_beam as beam
+from apache_beam.testing import test_pipeline
+from apache_beam.testing.util import assert_that, equal_to
+from conftest import CORPUS_SENTENCES
+
+from lealla_tf.pipelines import corpus_steps
+from lealla_tf.pipelines.corpus_steps import (
+    DEAD,
+    VALID,
+    CountPlaces,
+    EmbedShard,
+    ParseLine,
+    ReadLines,
+    describe_duplicates,
+    duplicate_events,
+    read_progress,
+)
+
+
+def parsed(input_format, raw):
+    return list(ParseLine(input_format).process(("a.txt", 7, raw)))
+
+
+def test_a_line_is_a_record_or_a_dead_letter_with_its_reason():
+    assert parsed("lines", "Der Hund.".encode()) == [(VALID, ("a.txt:7", "Der Hund.", "a.txt:7"))]
+    assert parsed("tsv", b"doc-1\tThe dog.") == [(VALID, ("doc-1", "The dog.", "a.txt:7"))]
+    assert parsed("pairs", b"Der Hund.\tThe dog.") == [(VALID, {
+        "file": "a.txt", "line": 7, "source": "Der Hund.", "target": "The dog."})]
+    for input_format, raw, reason in [
+            ("lines", b"  ", "empty"), ("lines", b"\xff", "invalid_utf8"),
+            ("tsv", b"no tab", "no_tab"), ("pairs", b"\tx", "empty_field")]:
+        ((kind, letter),) = parsed(input_format, raw)
+        assert kind == DEAD and json.loads(letter) == {
+            "file": "a.txt", "line": 7, "reason": reason,
+            "raw": raw.decode("utf-8", "backslashreplace")}
+
+
+def test_duplicated_ids_are_counted_with_their_first_places():
+    with test_pipeline.TestPipeline() as pipeline:
+        events = (pipeline
+                  | beam.Create([("a", "x:3"), ("b", "x:1"), ("a", "x:1"), ("a", "y:9"),
+                                 ("a", "x:2")])
+                  | beam.CombinePerKey(CountPlaces())
+                  | beam.FlatMap(duplicate_events))
+        assert_that(events, equal_to([("duplicate_ids", 1),
+                                      ("duplicate_example", ("a", 4, ["x:1", "x:2", "x:3"]))]))
+    assert describe_duplicates([("a", 4, ["x:1", "x:2", "x:3"]), ("b", 2, ["x:1", "y:2"])]) == (
+        "'a' (4x: x:1, x:2, x:3, ...), 'b' (2x: x:1, y:2)")
+
+
+def test_the_shard_step_hands_the_token_cap_to_the_model(corpus_model, tmp_path, monkeypatch):
+    from lealla_tf.inference import embedder as embedder_lib
+
+    calls, encode = [], embedder_lib.Embedder.encode
+
+    def recorded(self, sentences, batch_size=64, show_progress_bar=False,
+                 description="embedding", max_tokens=None):
+        calls.append((len(sentences), batch_size, max_tokens))
+        return encode(self, sentences, batch_size, show_progress_bar, description, max_tokens)
+
+    monkeypatch.setattr(embedder_lib.Embedder, "encode", recorded)
+    shard = EmbedShard(corpus_model[0], str(tmp_path), 1, False, False, 16, None, 8)
+    events = list(shard.process((("embeddings", 0), [(f"k{i}", s) for i, s in
+                                                     enumerate(CORPUS_SENTENCES)])))
+    assert ("embedded", len(CORPUS_SENTENCES)) in events
+    assert calls == [(len(CORPUS_SENTENCES), 16, 8)]
+
+
+def test_a_worker_caps_its_tensorflow_threads_before_it_loads_the_model(corpus_model):
+    """In a fresh process, as a multi-processing worker is; once TensorFlow runs
+    there, the pools stay as they are (False)."""
+    code = ("import tensorflow as tf\n"
+            "from lealla_tf.pipelines import corpus_steps as e\n"
+            f"e._embedder({corpus_model[0]!r}, None, 1).encode(['a dog'])\n"
+            "print(tf.config.threading.get_intra_op_parallelism_threads(),"
+            " tf.config.threading.get_inter_op_parallelism_threads(), e.limit_threads(2))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-3:] == ["1", "1", "False"]
+    assert "already started" in done.stderr
+
+
+def test_progress_files_report_lines_read_and_sentences_embedded(corpus_model, tmp_path,
+                                                                 monkeypatch):
+    monkeypatch.setattr(corpus_steps, "READ_REPORT_LINES", 4)
+    monkeypatch.setattr(corpus_steps, "SHARD_CHUNK", 3)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("".join(f"line {i}\n" for i in range(9)))
+    progress_dir = str(tmp_path / "progress")
+    reader = ReadLines(str(tmp_path / "in"), progress_dir)
+    lines = iter(reader.process(str(tmp_path / "in" / "a.txt")))
+    for _ in range(5):
+        next(lines)
+    assert read_progress(progress_dir)["lines_read"] == 4  # a report every 4 lines
+    assert len(list(lines)) == 5  # 4 more lines + the count
+    shard = EmbedShard(corpus_model[0], str(tmp_path / "run"), 1, False, False, 16,
+                       progress_dir=progress_dir)
+    list(shard.process((("embeddings", 0), [(f"k{i}", s)
+                                            for i, s in enumerate(CORPUS_SENTENCES)])))
+    assert read_progress(progress_dir) == {"files_read": 1, "lines_read": 9,
+                                           "embedded": len(CORPUS_SENTENCES)}
+    assert read_progress(str(tmp_path / "absent")) == {
+        "files_read": 0, "lines_read": 0, "embedded": 0}
