@@ -15,13 +15,16 @@ refuses a file with no well-formed pair. Faults in a user's file are
 May import: nothing else of lealla_tf.
 """
 
+import collections
 import dataclasses
 import gzip
 import io
 import os
 import re
+import zlib
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+import numpy as np
 import tensorflow as tf
 
 # ISO 639-1 -> 639-3 for the two-letter codes TICO-19 and others use.
@@ -226,17 +229,15 @@ def find_parallel_files(patterns: Sequence[str]) -> List[ParallelFile]:
 
 
 def open_bytes(path: str):
-    """A binary reader for a plain or gzip'd file, local or remote."""
-    if "://" in path:
-        # Remote file systems (gs://, s3://) through TensorFlow; GFile is not an
-        # io.RawIOBase, so read it whole (parallel files are shards of MBs).
-        with tf.io.gfile.GFile(path, "rb") as f:
-            raw = io.BytesIO(f.read())
-    else:
-        raw = open(path, "rb")
-    if path.endswith(".gz"):
-        raw = gzip.GzipFile(fileobj=raw)
-    return raw
+    """A binary reader for a plain or gzip'd file, local or remote; closing it
+    closes the file."""
+    if "://" not in path:
+        return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+    # Remote file systems (gs://, s3://) through TensorFlow; GFile is not an
+    # io.RawIOBase, so read it whole (parallel files are shards of MBs).
+    with tf.io.gfile.GFile(path, "rb") as f:
+        raw = io.BytesIO(f.read())
+    return gzip.GzipFile(fileobj=raw) if path.endswith(".gz") else raw
 
 
 def open_text(path: str):
@@ -248,8 +249,6 @@ def open_text(path: str):
 
 def _lines_naming(path: str, handle):
     """The lines of `handle`; a corrupt compressed file raises DataFileError naming `path`."""
-    import zlib
-
     try:
         yield from handle
     except (OSError, EOFError, zlib.error) as error:
@@ -375,12 +374,6 @@ def sample_pairs(files: Sequence[ParallelFile], num_pairs: int, output_dir: str,
 
     Returns {language: pairs written}.
     """
-    import collections
-    import gzip as gzip_module
-    import os as os_module
-
-    import numpy as np
-
     excluded = set(exclude)
     line_counts = line_counts if line_counts is not None else CorpusCounts()
     by_language = collections.defaultdict(list)
@@ -392,7 +385,7 @@ def sample_pairs(files: Sequence[ParallelFile], num_pairs: int, output_dir: str,
     sizes = {lang: len(pairs) for lang, pairs in by_language.items() if pairs}
     shares = language_sampling_probabilities(sizes, alpha)
     rng = np.random.default_rng(seed)
-    os_module.makedirs(output_dir, exist_ok=True)
+    os.makedirs(output_dir, exist_ok=True)
     written = {}
     for language in sorted(sizes):
         want = int(round(num_pairs * shares[language]))
@@ -400,8 +393,8 @@ def sample_pairs(files: Sequence[ParallelFile], num_pairs: int, output_dir: str,
         chosen = rng.choice(sizes[language], size=want, replace=False)
         lines = "".join(f"{by_language[language][i][0]}\t{by_language[language][i][1]}\n"
                         for i in sorted(chosen))
-        with gzip_module.open(os_module.path.join(output_dir, f"{language}-eng.tsv.gz"),
-                              "wt", encoding="utf-8") as f:
+        with gzip.open(os.path.join(output_dir, f"{language}-eng.tsv.gz"), "wt",
+                       encoding="utf-8") as f:
             f.write(lines)
         written[language] = want
     return written

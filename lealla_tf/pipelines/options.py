@@ -1,5 +1,7 @@
 """Pipeline options shared by the Beam pipelines in `lealla_tf.pipelines`."""
 
+import logging
+
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions
 
 # Beam knows the DaskRunner only by its full name.
@@ -28,10 +30,8 @@ def unknown_beam_flags(pipeline_args) -> list:
     """The flags among `pipeline_args` (what a pipeline's own parser left) that
     Beam does not know either. Beam only warns about them and runs on, so a
     misspelled flag (`--thresold=1.2`) would be dropped without a word."""
-    import logging
-
     try:  # the DaskRunner's options (--dask_client_address, ...) exist once it is imported
-        import apache_beam.runners.dask.dask_runner  # noqa: F401
+        import apache_beam.runners.dask.dask_runner  # noqa: F401, PLC0415 - optional (dask)
     except ImportError:
         pass
     logger = logging.getLogger("apache_beam.options.pipeline_options")
