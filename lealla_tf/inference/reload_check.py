@@ -5,8 +5,13 @@ Python state is shared with the exporter, and returns its arrays; the export
 tests and the main job's export stage both use it. Only `import tensorflow_text`
 (plus the loader's own library) comes before loading, as a user would do.
 
-    python -m lealla_tf.inference.reload_check --loader=hub_keras_layer|tfsm_layer|saved_model_load \
+    python -m lealla_tf.inference.reload_check \
+        --loader=hub_keras_layer|tfsm_layer|keras3_layer|saved_model_load \
         --format=lealla|labse --path=... --sentences=sentences.json --output=out.npz
+
+The child imports TensorFlow and the loader's library inside `main`, after it has
+chosen Keras 2 or 3 for that loader (`TF_USE_LEGACY_KERAS`), as a user's fresh
+process would; so no import of this module loads TensorFlow.
 """
 
 import argparse
@@ -16,6 +21,8 @@ import os
 import subprocess
 import sys
 import tempfile
+
+import numpy as np
 
 LOADERS = ("hub_keras_layer", "tfsm_layer", "keras3_layer", "saved_model_load")
 
@@ -29,8 +36,6 @@ def reload_in_fresh_process(path: str, sentences, loader: str = "hub_keras_layer
     one sentence at a time, the weights). RuntimeError with the child's stderr
     when loading fails.
     """
-    import numpy as np
-
     if loader not in LOADERS:
         raise ValueError(f"loader must be one of {LOADERS}, got {loader!r}")
     encoded = [base64.b64encode(s if isinstance(s, bytes) else s.encode("utf-8")).decode()
@@ -55,8 +60,7 @@ def reload_in_fresh_process(path: str, sentences, loader: str = "hub_keras_layer
 def fit_changes(model, layer, batch, loss):
     """Fits `model` (strings -> 2 logits) with `loss` for two epochs on `batch`
     and returns how many of `layer`'s trainable weights changed."""
-    import numpy as np
-    import tensorflow as tf
+    import tensorflow as tf  # noqa: PLC0415 - after the loader's Keras is chosen (see main)
 
     model.compile(optimizer="adam", loss=loss)
     before = [np.array(w.numpy()) for w in layer.trainable_weights]
@@ -76,9 +80,9 @@ def main():
     args = parser.parse_args()
     if args.loader == "hub_keras_layer":
         os.environ["TF_USE_LEGACY_KERAS"] = "1"
-    import numpy as np
-    import tensorflow as tf
-    import tensorflow_text  # noqa: F401
+    # Each import below comes after that choice, as in a user's fresh process.
+    import tensorflow as tf  # noqa: PLC0415 - after TF_USE_LEGACY_KERAS is set
+    import tensorflow_text  # noqa: F401, PLC0415 - the exports' text ops, as a user imports them
 
     with open(args.sentences) as f:
         sentences = [base64.b64decode(s) for s in json.load(f)]
@@ -86,8 +90,8 @@ def main():
     results = {}
 
     if args.loader == "hub_keras_layer":
-        import tensorflow_hub as hub
-        import tf_keras
+        import tensorflow_hub as hub  # noqa: PLC0415 - this loader's library, after the choice
+        import tf_keras  # noqa: PLC0415 - Keras 2, after TF_USE_LEGACY_KERAS is set
 
         if args.format == "lealla":
             layer = hub.KerasLayer(args.path, trainable=True)
@@ -113,9 +117,11 @@ def main():
                 tf.keras.Sequential([trained, tf.keras.layers.Dense(2)]), trained, batch,
                 tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     elif args.loader == "keras3_layer":
-        import keras
+        import keras  # noqa: PLC0415 - Keras 3, after the choice
 
-        from lealla_tf.inference.saved_model_layer import LeallaSavedModelLayer
+        from lealla_tf.inference.saved_model_layer import (  # noqa: PLC0415 - imports Keras
+            LeallaSavedModelLayer,
+        )
 
         layer = LeallaSavedModelLayer(args.path, trainable=True)
         text = keras.Input(shape=(), dtype="string")
@@ -125,7 +131,7 @@ def main():
         results["fit_changed"] = fit_changes(
             model, layer, batch, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     elif args.loader == "tfsm_layer":
-        import keras
+        import keras  # noqa: PLC0415 - Keras 3, after the choice
 
         if args.format != "lealla":
             raise SystemExit("tfsm_layer probe is for the lealla format")

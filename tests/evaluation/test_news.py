@@ -32,7 +32,7 @@ def test_a_fifth_of_the_english_side_is_held_out_in_every_language(tmp_path):
 
 
 def test_the_mining_splits_hide_gold_pairs_among_unpaired_sentences(tmp_path):
-    from lealla_tf.evaluation.retrieval import read_bucc_split
+    from lealla_tf.evaluation.bucc import read_bucc_split
 
     summary = news_set.write_news_set(news_dir(tmp_path), str(tmp_path / "out"),
                                       ["deu", "fra", "xho"])

@@ -12,7 +12,7 @@ import tensorflow as tf
 from conftest import SHARED_DATA, multilingual_sentences
 
 from lealla_tf.configs import EncoderConfig
-from lealla_tf.inference.export import export_model_dir
+from lealla_tf.inference.formats import export_model_dir
 from lealla_tf.models.checkpoint_conversion import (
     assign_weights,
     detect_layout,

@@ -6,7 +6,7 @@ import numpy as np
 import tensorflow as tf
 from conftest import Trainer, collapse, tiny_config, vocab_size
 
-from lealla_tf.inference.export import SPREAD_SENTENCES
+from lealla_tf.inference.formats import SPREAD_SENTENCES
 from lealla_tf.train import logs
 from lealla_tf.train.logs import format_summary
 

@@ -1,4 +1,5 @@
-"""SavedModel exporters. The docstrings are the contracts.
+"""The export formats (`--format` of `lealla-export`) and the functions that write
+them. The docstrings are the contracts.
 
 Three SavedModel formats, all loadable with only `import tensorflow_text`
 beforehand and no network, and a TFLite one:
@@ -19,7 +20,7 @@ beforehand and no network, and a TFLite one:
     -> `{input_word_ids, input_mask, input_type_ids}` int32 `[batch, longest]`
     and `embed_inputs(that dict)` -> the same embeddings, so a caller can
     tokenize a corpus once and batch it by token length
-    (`lealla_tf.inference.embedder.load_embedder` does).
+    (`lealla_tf.inference.loaders.load_embedder` does).
 
 `export_labse_pair` -> the LaBSE/2 interface, two SavedModels:
   - `<path>/preprocessor`: strings -> `{input_word_ids, input_mask,
@@ -41,7 +42,7 @@ dynamic-range int8 weights (weights stored as int8, activations float), in a
 directory: `model.tflite` (inputs `input_word_ids`, `input_mask`,
 `input_type_ids` int32 `[batch, seq]`, any batch and length; output float32
 `[batch, d]` unit rows), the vocabulary, and `tflite_model.json` (how to
-tokenize). `lealla_tf.inference.embedder.load_embedder(directory)` runs it on strings.
+tokenize). `lealla_tf.inference.loaders.load_embedder(directory)` runs it on strings.
 """
 
 import json
@@ -49,7 +50,13 @@ import os
 import shutil
 import tempfile
 
+import numpy as np
 import tensorflow as tf
+
+from lealla_tf.mining.margins import collapse_warning, mean_cosine
+from lealla_tf.models.checkpoint_conversion import read_saved_model_variables
+from lealla_tf.models.encoder import build_encoder
+from lealla_tf.models.model_dir import load_encoder, load_tokenizer
 
 INPUT_NAMES = ("input_word_ids", "input_mask", "input_type_ids")
 
@@ -120,7 +127,7 @@ def export_lealla_model(encoder, tokenizer, export_path: str, jit_compile: bool 
     `jit_compile`: inference (`training=False`) runs the encoder, after the
     in-graph tokenizer, as an XLA-compiled function on ids padded to a multiple
     of `JIT_LENGTH_MULTIPLE` and `JIT_ROWS_MULTIPLE` rows (same outputs;
-    benchmarks/compiled_encoder.py).
+    benchmarks/embedding_speed.py measures it as the model `student_xla`).
     """
     root = _new_root()
     root.tokenizer = tokenizer
@@ -233,11 +240,6 @@ def encoder_from_module(encoder_dir: str, config, dtype=None, name: str = "teach
     paths), to run that network in-process, e.g. in another dtype or with
     `lealla_tf.models.kernels`. ValueError naming a weight the module lacks or holds in
     another shape."""
-    import numpy as np
-
-    from lealla_tf.models.checkpoint_conversion import read_saved_model_variables
-    from lealla_tf.models.encoder import build_encoder
-
     tensors = read_saved_model_variables(encoder_dir)
     # the paths below the model's own name: the module may have been exported from
     # an encoder of another name than `name`
@@ -331,8 +333,6 @@ def export_model_dir(model_dir: str, export_path: str, export_format: str = "lea
     `jit_compile` (lealla format): the encoder runs XLA-compiled. Returns a
     summary: paths, embedding size, parameters, bytes on disk.
     """
-    from lealla_tf.models.model_dir import load_encoder, load_tokenizer
-
     if export_format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {export_format!r}")
     if os.path.exists(export_path) and not os.path.isdir(export_path):
@@ -357,8 +357,6 @@ def export_model_dir(model_dir: str, export_path: str, export_format: str = "lea
     summary["paths"] = paths
     summary["bytes"] = {name: saved_model_size(path) for name, path in paths.items()}
     if tokenizer is not None:  # a model that maps every sentence to one point says so
-        from lealla_tf.mining.margins import collapse_warning, mean_cosine
-
         embedded = encoder(tokenizer(tf.constant(SPREAD_SENTENCES)))["sentence_embedding"]
         summary["mean_cosine"] = mean_cosine(embedded.numpy())
         summary["collapse_warning"] = collapse_warning(summary["mean_cosine"],

