@@ -17,8 +17,8 @@ COMMANDS = {
     "lealla-export": "lealla_tf.cli.export",
     "lealla-convert-teacher": "lealla_tf.cli.convert_teacher",
     "lealla-import-checkpoint": "lealla_tf.cli.import_checkpoint",
-    "lealla-embed-corpus": "lealla_tf.pipelines.embed_corpus",
-    "lealla-mine-bitext": "lealla_tf.pipelines.mine_bitext",
+    "lealla-embed-corpus": "lealla_tf.cli.embed_corpus",
+    "lealla-mine-bitext": "lealla_tf.cli.mine_bitext",
     "lealla-presets": "lealla_tf.models.presets",
     "lealla-kernels": "lealla_tf.models.kernels.__main__",
 }
