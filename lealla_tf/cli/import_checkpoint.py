@@ -1,14 +1,14 @@
-r"""Import a released LEALLA or LaBSE/2 SavedModel into a lealla_tf model directory.
+r"""`lealla-import-checkpoint`: import a released LEALLA or LaBSE/2 SavedModel into a
+lealla_tf model directory.
 
-    python export/import_checkpoint.py --saved_model=<LEALLA-small/1 or LaBSE/2 encoder dir> \
+    lealla-import-checkpoint --saved_model=<LEALLA-small/1 or LaBSE/2 encoder dir> \
         --model_dir=runs/lealla_small_released
 
 LEALLA uses TF1-BERT names under student_bert/ (its dead token_type_embeddings_real
 and do_lower_case Variable are skipped); LaBSE/2 uses Model Garden BertEncoder names
 with einsum kernels. The vocabulary is taken from the SavedModel's assets (LaBSE/2:
 the encoder's cased_vocab.txt) unless --vocab_file is given. The model directory can
-then be fine-tuned (python -m lealla_tf.train --init_from=...) or re-exported
-(export/export_tfhub.py).
+then be fine-tuned (lealla-train --init_from=...) or re-exported (lealla-export).
 """
 
 if __name__ == "__main__":  # before TensorFlow and Beam load (lealla_tf.progress)
@@ -22,7 +22,7 @@ from lealla_tf.flags import ArgumentParser, HelpFormatter
 
 
 def main(argv=None) -> int:
-    parser = ArgumentParser(prog="export/import_checkpoint.py", description=__doc__,
+    parser = ArgumentParser(prog="lealla-import-checkpoint", description=__doc__,
                             formatter_class=HelpFormatter)
     parser.add_argument("--saved_model", required=True)
     parser.add_argument("--model_dir", required=True)

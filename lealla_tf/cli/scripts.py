@@ -6,6 +6,7 @@ its command line, and with it TensorFlow, loads; then runs that command line's
 """
 
 import importlib
+import os
 import sys
 
 # console script -> the module whose main() it runs
@@ -19,8 +20,8 @@ COMMANDS = {
     "lealla-import-checkpoint": "lealla_tf.cli.import_checkpoint",
     "lealla-embed-corpus": "lealla_tf.cli.embed_corpus",
     "lealla-mine-bitext": "lealla_tf.cli.mine_bitext",
-    "lealla-presets": "lealla_tf.models.presets",
-    "lealla-kernels": "lealla_tf.models.kernels.__main__",
+    "lealla-presets": "lealla_tf.cli.list_presets",
+    "lealla-kernels": "lealla_tf.cli.build_kernels",
 }
 
 
@@ -39,8 +40,6 @@ def run(script: str, argv=None) -> int:
 
 def main() -> int:
     """The entry point of every console script: which one is read from argv[0]."""
-    import os
-
     script = os.path.basename(sys.argv[0])
     if script not in COMMANDS:
         print(f"error: {script} is none of the console scripts {', '.join(COMMANDS)}",

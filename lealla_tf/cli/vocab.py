@@ -1,4 +1,4 @@
-"""`python -m lealla_tf.cli.vocab --input=<TSV files or dirs> --vocab_size=N --output=vocab.txt`
+"""`lealla-vocab --input=<TSV files or dirs> --vocab_size=N --output=vocab.txt`
 
 Learns a cased WordPiece vocabulary in the format of LaBSE's `cased_vocab.txt`
 (or, with `--sentencepiece`, a SentencePiece model) for users who do not have
@@ -29,7 +29,7 @@ from lealla_tf.tokenizers.vocabulary import (
 
 def main(argv=None) -> int:
     parser = ArgumentParser(
-        prog="python -m lealla_tf.cli.vocab", formatter_class=HelpFormatter,
+        prog="lealla-vocab", formatter_class=HelpFormatter,
         description="Learn a multilingual WordPiece vocabulary (or SentencePiece model) "
                     "from parallel TSV files.")
     parser.add_argument("--input", required=True, action="append",

@@ -1,15 +1,13 @@
 """Encoder presets: every architecture of LEALLA's Table 1 and Table 7.
 
-`python -m lealla_tf.models.presets` prints each preset with L, d, H, d_ff and its exact
-parameter count for a vocabulary size (default: LaBSE's 501,153 tokens).
+`lealla-presets` (`lealla_tf.cli.list_presets`) prints each preset with L, d, H, d_ff and
+its exact parameter count for a vocabulary size (default: LaBSE's 501,153 tokens).
 """
 
 import dataclasses
-import sys
 from typing import Dict, Optional
 
 from lealla_tf.configs import EncoderConfig
-from lealla_tf.flags import ArgumentParser, HelpFormatter
 
 LABSE_VOCABULARY_SIZE = 501_153
 
@@ -142,22 +140,3 @@ def format_preset_table(vocabulary_size: int = LABSE_VOCABULARY_SIZE) -> str:
             f"{count_encoder_parameters(config):>12,}{preset.paper_parameters:>7}  "
             f"{preset.description}")
     return "\n".join(rows)
-
-
-def main(argv=None) -> int:
-    parser = ArgumentParser(
-        prog="python -m lealla_tf.models.presets", formatter_class=HelpFormatter,
-        description="Print every encoder preset with its exact parameter count.")
-    parser.add_argument("--vocabulary_size", type=int, default=LABSE_VOCABULARY_SIZE,
-                        help="vocabulary size to count with (default: LaBSE's 501,153)")
-    args = parser.parse_args(argv)
-    if args.vocabulary_size <= 0:
-        parser.error("--vocabulary_size must be positive")
-    print(f"Parameter counts with a {args.vocabulary_size:,}-token vocabulary "
-          "('encoder' excludes the token embedding table):")
-    print(format_preset_table(args.vocabulary_size))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

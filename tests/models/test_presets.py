@@ -11,7 +11,6 @@ from lealla_tf.models.presets import (
     count_encoder_parameters,
     count_parameters,
     get_preset,
-    main,
     student_preset,
 )
 
@@ -75,18 +74,6 @@ def test_encoder_parameters_match_paper_p_e():
 def test_unknown_preset_lists_choices():
     with pytest.raises(ValueError, match="lealla_small"):
         get_preset("lealla_tiny")
-
-
-def test_cli_prints_every_preset_with_exact_counts(capsys):
-    assert main([]) == 0
-    out = capsys.readouterr().out
-    for name in PRESETS:
-        assert name in out
-    for count in RELEASED.values():
-        assert f"{count:,}" in out
-    assert main(["--vocabulary_size", "64000"]) == 0
-    out = capsys.readouterr().out
-    assert f"{count_parameters(PRESETS['lealla_small'].encoder.replace(vocabulary_size=64000)):,}" in out
 
 
 def test_student_preset_maps_encoder_presets_and_dimension_reduction():

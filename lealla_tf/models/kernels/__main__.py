@@ -1,32 +1,9 @@
-"""`python -m lealla_tf.models.kernels`: compile the fused training kernels for this machine now.
-
-The Makefile's setup runs it, so that the first training run does not wait for
-the compiler. Prints the library's path; when it cannot be built here, prints why
-and exits 0 (training then runs without the kernels), unless --strict.
-"""
+"""`python -m lealla_tf.models.kernels`: the command line in `lealla_tf.cli.build_kernels`
+(`lealla-kernels`), which the Makefile's setup runs."""
 
 import sys
 
-from lealla_tf.flags import ArgumentParser, HelpFormatter
-from lealla_tf.models import kernels
-
-
-def main(argv=None) -> int:
-    parser = ArgumentParser(prog="python -m lealla_tf.models.kernels", description=__doc__,
-                            formatter_class=HelpFormatter)
-    parser.add_argument("--strict", action="store_true",
-                        help="exit 1 when the kernels cannot be built or loaded")
-    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
-    args = parser.parse_args(argv)
-    try:
-        path = kernels.build(force=args.force)
-        kernels.load()
-    except kernels.KernelBuildError as error:
-        print(f"lealla_tf.models.kernels: not built: {error}", file=sys.stderr)
-        return 1 if args.strict else 0
-    print(f"lealla_tf.models.kernels: {path}")
-    return 0
-
-
 if __name__ == "__main__":
+    from lealla_tf.cli.build_kernels import main
+
     sys.exit(main())
