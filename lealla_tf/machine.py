@@ -1,12 +1,11 @@
 """Where a run ran: the record every benchmark JSON and the main job's report keep.
 
 The same command takes very different times on machines of one nominal size
-(2 cores): the main job took 36.9–58.5 min on the machines of 2026-11-24 and
-14.7 min (recipe) on an AMD EPYC with AVX-512 on 2026-11-25. A figure of time is
-only comparable with the processor named beside it, so it is recorded, with its
-family and model: two "AMD EPYC" machines with AVX-512 of 2026-11-25 were a
-Zen 5 (family 26, 441 GFLOP/s on a 2,048-cube matmul) and a Zen 4 (family 25,
-model 17, 186 GFLOP/s), and the model name alone did not tell them apart.
+(2 cores), so a figure of time is only comparable with the processor named
+beside it. It is recorded with its family and model: two processors that share
+a model name and their vector extensions can be different generations, several
+times apart in speed, and the model name alone does not tell them apart
+(docs/benchmarks.md keeps each figure with its machine).
 
 May import: nothing else of lealla_tf.
 """
@@ -77,7 +76,7 @@ def machine() -> dict:
 
 
 def describe(record: dict) -> str:
-    """One line for a summary: 'AMD EPYC (family 25, model 17), 2 cores (avx2, ...)'."""
+    """One line for a summary: '<processor> (family F, model M), 2 cores (avx2, ...)'."""
     extensions = ", ".join(record.get("vector_extensions") or [])
     cores = f", {record['cpus']} cores" if record.get("cpus") else ""
     generation = f" ({record['cpu_generation']})" if record.get("cpu_generation") else ""

@@ -23,20 +23,23 @@ import collections
 import time
 from typing import Optional, Sequence
 
+import sentencepiece
+import tensorflow as tf
+
+from lealla_tf.parallel_corpus import find_parallel_files
+from lealla_tf.progress import progress_bar
 from lealla_tf.tokenizers import sentencepiece_model as spm_model
+from lealla_tf.tokenizers.vocabulary import language_weights, read_sentences
 
 
 def read_model_proto(path: str) -> bytes:
-    import tensorflow as tf
-
+    """The bytes of a SentencePiece `.model` file (any path tf.io.gfile reads)."""
     with tf.io.gfile.GFile(path, "rb") as f:
         return f.read()
 
 
 def count_pieces(processor, by_language, batch_size: int = 4096, progress: bool = True):
     """{language: Counter of piece ids} over every sentence."""
-    from lealla_tf.progress import progress_bar
-
     counts = {}
     for language in progress_bar(sorted(by_language), desc="counting pieces",
                                  unit="language", disable=not progress):
@@ -66,11 +69,6 @@ def prune_teacher_vocabulary(teacher_model: str, inputs: Sequence[str], output: 
     Returns:
         A summary: pieces kept, of which characters, teacher size, coverage.
     """
-    import sentencepiece
-
-    from lealla_tf.parallel_corpus import find_parallel_files
-    from lealla_tf.tokenizers.vocabulary import language_weights, read_sentences
-
     if not output.endswith(".model"):
         raise ValueError(f"--output must end in .model (a SentencePiece model), got {output}")
     if max_pieces is not None and max_pieces < 1:

@@ -22,8 +22,12 @@ what they read back is what was written.
 """
 
 import dataclasses
+import os
 import struct
+import tempfile
 from typing import Dict, Iterator, List, Sequence, Tuple
+
+import sentencepiece
 
 # SentencePiece.Type
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -148,11 +152,6 @@ def normalizer_spec_from_map(norm_map: Dict[int, Sequence[int]], name: str) -> b
     whitespace handling is XLM-R's: a dummy prefix, extra whitespace removed,
     spaces escaped as U+2581.
     """
-    import os
-    import tempfile
-
-    import sentencepiece
-
     if not norm_map:  # identity: no charsmap, XLM-R's whitespace handling
         return bytes(_field_bytes(1, name.encode("utf-8")) + _field_varint(3, 1)
                      + _field_varint(4, 1) + _field_varint(5, 1))

@@ -7,6 +7,7 @@ SavedModel, so a model sees exactly the ids it was trained on.
 import hashlib
 import os
 
+import sentencepiece
 import tensorflow as tf
 import tensorflow_text as text
 from tensorflow.python.trackable import resource
@@ -84,7 +85,7 @@ class Tokenizer(tf.Module):
     """Strings -> `{input_word_ids, input_mask, input_type_ids}`, all in-graph.
 
     WordPiece vocabularies (LaBSE's `cased_vocab.txt` format, or one built by
-    `python -m lealla_tf.cli.vocab`) run through tensorflow-text's
+    `lealla-vocab`) run through tensorflow-text's
     `FastBertTokenizer` (BERT's basic tokenization, then greedy longest-match
     WordPiece); a `.model` file runs through `SentencepieceTokenizer`. The
     special tokens are looked up in the vocabulary, never assumed.
@@ -93,7 +94,7 @@ class Tokenizer(tf.Module):
     control characters are dropped, an empty string becomes `[CLS] [SEP]`.
     Sentences are truncated to `max_seq_length` tokens including [CLS] and
     [SEP]; a batch is padded to its longest sentence, not to `max_seq_length`
-    (on typical 30-token sentences that is about 4x less compute).
+    (a batch of 30-token sentences then holds 30 positions a row, not 128).
 
     Works eagerly, inside `tf.function` and `tf.data`, and after SavedModel
     save/load (the vocabulary travels as an asset, `vocab_file`).
@@ -130,7 +131,8 @@ class Tokenizer(tf.Module):
         if not tf.io.gfile.exists(vocab_file):
             raise FileNotFoundError(f"vocabulary file not found: {vocab_file}")
         if max_seq_length < 2:
-            raise ValueError(f"max_seq_length must be at least 2 ([CLS] [SEP]), got {max_seq_length}")
+            raise ValueError("max_seq_length must be at least 2 ([CLS] [SEP]), "
+                             f"got {max_seq_length}")
         self.vocab_file = tf.saved_model.Asset(vocab_file)
         self.max_seq_length = int(max_seq_length)
         self.lower_case = bool(lower_case)
@@ -166,8 +168,6 @@ class Tokenizer(tf.Module):
 
     @staticmethod
     def _sentencepiece(model_file, special_tokens):
-        import sentencepiece
-
         with tf.io.gfile.GFile(model_file, "rb") as f:
             proto = f.read()
         try:
@@ -189,7 +189,7 @@ class Tokenizer(tf.Module):
             ids.append(i)
         if missing:
             raise ValueError(f"{model_file} lacks the special pieces {missing}; "
-                             "build it with `python -m lealla_tf.cli.vocab --sentencepiece`")
+                             "build it with `lealla-vocab --sentencepiece`")
         return (ids, processor.get_piece_size(), _NamedSentencepieceTokenizer(proto),
                 tuple(special_tokens))
 

@@ -1,5 +1,5 @@
 """Learning a multilingual vocabulary from parallel corpora (the library behind
-`python -m lealla_tf.cli.vocab`).
+`lealla-vocab`).
 
 `build_vocabulary(inputs, vocab_size, output)` learns a cased WordPiece
 vocabulary in the format of LaBSE's `cased_vocab.txt` (or, with
@@ -24,17 +24,25 @@ How:
 
 import collections
 import os
+import re
 import tempfile
 import time
+import zlib
 from typing import Dict, List, Sequence
+
+import numpy as np
+import sentencepiece as spm  # not `sentencepiece`: build_vocabulary has a flag of that name
+import tensorflow as tf
 
 from lealla_tf.parallel_corpus import (
     find_parallel_files,
     find_tatoeba_languages,
     language_sampling_probabilities,
+    open_text,
     read_pairs,
     read_tatoeba,
 )
+from lealla_tf.progress import progress_bar
 
 RESERVED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _SENTENCEPIECE_WORD_START = "\u2581"
@@ -53,10 +61,9 @@ def count_words(files, batch_size: int = 16384, progress: bool = True):
         word bytes, `sentences[language]` the number of sentences seen (English
         de-duplicated), `stats` the pairs read and malformed lines skipped.
     """
-    import tensorflow as tf
-    from tensorflow_text.python.ops.bert_tokenizer import BasicTokenizer
-
-    from lealla_tf.progress import progress_bar
+    from tensorflow_text.python.ops.bert_tokenizer import (  # noqa: PLC0415 - heavy
+        BasicTokenizer,
+    )
 
     splitter = BasicTokenizer(lower_case=False)
     counts = collections.defaultdict(collections.Counter)
@@ -119,12 +126,8 @@ def balanced_word_counts(counts, sentences, alpha: float, max_words: int) -> Lis
 def _train_sentencepiece(**kwargs):
     """SentencePiece's trainer; its RuntimeError (a multi-line internal message)
     becomes a ValueError of one line, naming --vocab_size where it is too small."""
-    import re
-
-    import sentencepiece
-
     try:
-        sentencepiece.SentencePieceTrainer.train(minloglevel=2, **kwargs)
+        spm.SentencePieceTrainer.train(minloglevel=2, **kwargs)
     except RuntimeError as error:
         too_small = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", str(error))
         if too_small:
@@ -145,8 +148,6 @@ def learn_wordpiece(words: Sequence[tuple], vocab_size: int, character_coverage:
     into WordPiece form; reserved tokens first, then every kept character in
     both forms (`c`, `##c`), then pieces in BPE merge order.
     """
-    import sentencepiece
-
     if vocab_size <= len(RESERVED_TOKENS):
         raise ValueError(f"vocab_size must exceed {len(RESERVED_TOKENS)}, got {vocab_size}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -161,7 +162,7 @@ def learn_wordpiece(words: Sequence[tuple], vocab_size: int, character_coverage:
             character_coverage=character_coverage, normalization_rule_name="identity",
             max_sentencepiece_length=max_piece_length, split_digits=False,
             num_threads=num_threads, unk_id=0, bos_id=-1, eos_id=-1)
-        processor = sentencepiece.SentencePieceProcessor(model_file=prefix + ".model")
+        processor = spm.SentencePieceProcessor(model_file=prefix + ".model")
     pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())
               if not (processor.is_unknown(i) or processor.is_control(i))]
     characters = sorted({p for p in pieces if len(p) == 1 and p != _SENTENCEPIECE_WORD_START})
@@ -189,8 +190,6 @@ def learn_wordpiece(words: Sequence[tuple], vocab_size: int, character_coverage:
 
 def read_sentences(files, progress: bool = True):
     """All sentences by language (English de-duplicated), for SentencePiece."""
-    from lealla_tf.progress import progress_bar
-
     by_language = collections.defaultdict(list)
     seen_english = set()
     stats = {}
@@ -205,8 +204,6 @@ def read_sentences(files, progress: bool = True):
 
 def sample_sentences(by_language, alpha: float, num_sentences: int, seed: int = 0) -> List[str]:
     """`num_sentences` sentences drawn with temperature sampling over languages."""
-    import numpy as np
-
     sizes = {lang: len(s) for lang, s in by_language.items() if s}
     weights = language_weights(sizes, alpha)
     total = sum(sizes.values())
@@ -246,9 +243,9 @@ def vocabulary_report(vocab_file: str, tatoeba_dir: str, lower_case: bool = Fals
     package's own in-graph `Tokenizer`, for each language's non-English side
     and for all English sides together ("eng").
     """
-    import tensorflow as tf
-
-    from lealla_tf.tokenizers.tokenizer import Tokenizer
+    from lealla_tf.tokenizers.tokenizer import (  # noqa: PLC0415 - imports tensorflow_text
+        Tokenizer,
+    )
 
     tokenizer = Tokenizer(vocab_file, lower_case=lower_case)
 
@@ -279,7 +276,8 @@ def vocabulary_report(vocab_file: str, tatoeba_dir: str, lower_case: bool = Fals
 
 def format_report(report: dict) -> str:
     """A per-language table of a `vocabulary_report`."""
-    lines = [f"{'language':<10}{'sentences':>10}{'tokens/sent':>12}{'unk rate':>10}{'sent w/ unk':>12}"]
+    lines = [f"{'language':<10}{'sentences':>10}{'tokens/sent':>12}{'unk rate':>10}"
+             f"{'sent w/ unk':>12}"]
     rows = sorted(report["languages"].items()) + [("eng", report["eng"])]
     for language, m in rows:
         lines.append(f"{language:<10}{m['sentences']:>10}{m['tokens_per_sentence']:>12.2f}"
@@ -301,10 +299,6 @@ def _require_pairs(stats: dict, files) -> None:
 def _refuse_binary(files, probe_bytes: int = 1 << 16) -> None:
     """ValueError naming the first input whose first `probe_bytes` (decompressed)
     hold a NUL byte: a binary file, whose "pairs" would be garbage pieces."""
-    import zlib
-
-    from lealla_tf.parallel_corpus import open_text
-
     for parallel_file in files:
         try:
             with open_text(parallel_file.path) as f:
@@ -351,8 +345,6 @@ def build_vocabulary(inputs, vocab_size: int, output: str, sentencepiece: bool =
         prefix = output[:-len(".model")] if output.endswith(".model") else output
         output = learn_sentencepiece(sample, vocab_size, prefix,
                                      character_coverage=character_coverage)
-        import sentencepiece as spm
-
         size = spm.SentencePieceProcessor(model_file=output).get_piece_size()
     else:
         counts, sentences, stats = count_words(files, progress=progress)

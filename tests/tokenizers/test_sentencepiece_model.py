@@ -1,11 +1,10 @@
-"""SentencePiece ModelProto files written without generated protobuf code, and pruning."""
+"""SentencePiece ModelProto files written without generated protobuf code."""
 
 import io
 
 import pytest
 import sentencepiece
 import tensorflow as tf
-from conftest import write_pairs
 
 from lealla_tf.tokenizers import sentencepiece_model as spm_model
 from lealla_tf.tokenizers.tokenizer import Tokenizer
@@ -61,29 +60,6 @@ def test_invalid_models_are_refused():
         spm_model.SentencePieceModel([spm_model.Piece("a")], spec).serialize()
     with pytest.raises(ValueError, match="not a SentencePiece model"):
         spm_model.parse_model(b"\xff\xff\xff")
-
-
-def test_pruning_keeps_used_pieces_and_falls_back_to_characters(tmp_path):
-    from lealla_tf.tokenizers.pruning import prune_teacher_vocabulary
-
-    teacher = tmp_path / "teacher.model"
-    teacher.write_bytes(trained_model())
-    write_pairs(tmp_path / "data", "deu", [("der Hund schläft", "the dog sleeps")] * 5)
-    output = str(tmp_path / "pruned.model")
-    summary = prune_teacher_vocabulary(str(teacher), [str(tmp_path / "data")], output,
-                                       max_pieces=3, progress=False)
-    pruned = sentencepiece.SentencePieceProcessor(model_file=output)
-    original = sentencepiece.SentencePieceProcessor(model_file=str(teacher))
-    assert summary["pieces"] == pruned.get_piece_size() < original.get_piece_size()
-    # Every piece of the pruned model is a teacher piece (the embeddings can follow).
-    teacher_pieces = {original.id_to_piece(i) for i in range(original.get_piece_size())}
-    assert {pruned.id_to_piece(i) for i in range(pruned.get_piece_size())} <= teacher_pieces
-    # A corpus word whose piece was dropped still tokenizes into known pieces.
-    for sentence in ("der Hund schläft", "the dog sleeps"):
-        assert pruned.unk_id() not in pruned.encode(sentence)
-        assert pruned.decode(pruned.encode(sentence)) == sentence
-    with pytest.raises(ValueError, match=".model"):
-        prune_teacher_vocabulary(str(teacher), [str(tmp_path / "data")], "x.txt")
 
 
 def test_a_compiled_normalizer_names_no_rule_file(tmp_path, monkeypatch):
