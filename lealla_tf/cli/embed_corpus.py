@@ -1,10 +1,10 @@
-r"""Embed a corpus with any exported model, at scale, with Apache Beam: `lealla-embed-corpus`.
+r"""`lealla-embed-corpus`: embed a corpus with any exported model, at scale, with Apache Beam.
 
-    python beam_pipelines/embed_corpus.py --input='corpus/*.txt' --model=exports/small \
+    lealla-embed-corpus --input='corpus/*.txt' --model=exports/small \
         --output=runs/embeddings [--format=lines|tsv] [--runner=FnApiRunner --direct_num_workers=2]
 
     # teacher vectors next to training pairs (TFRecord, one set per input file):
-    python beam_pipelines/embed_corpus.py --pairs --input='parallel/*/*.tsv.gz' \
+    lealla-embed-corpus --pairs --input='parallel/*/*.tsv.gz' \
         --model=runs/teacher --output=runs/pairs_with_teacher [--english_only]
 
 Inputs: one sentence per line (`--format=lines`; id = file:line, the file named
@@ -37,7 +37,8 @@ where the output and the dead letters are, and how to read the output.
 It runs `lealla_tf.pipelines.embed_corpus.embed_corpus`; without --runner on
 Beam's FnApiRunner (the local runner, without the Prism download DirectRunner
 would attempt); any portable runner (Dataflow, Flink, Spark) and the DaskRunner
-run it unchanged. Also `python -m lealla_tf.cli.embed_corpus`.
+run it unchanged. Also `python -m lealla_tf.cli.embed_corpus` and
+`python beam_pipelines/embed_corpus.py`.
 """
 
 if __name__ == "__main__":  # before TensorFlow and Beam load (lealla_tf.progress)
@@ -100,7 +101,7 @@ EPILOG = ("reading an embeddings output in Python:\n"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="beam_pipelines/embed_corpus.py", description=__doc__,
+    parser = ArgumentParser(prog="lealla-embed-corpus", description=__doc__,
                             epilog=EPILOG,
                             formatter_class=HelpFormatter)
     parser.add_argument("--input", required=True, action="append",

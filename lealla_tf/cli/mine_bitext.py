@@ -1,11 +1,11 @@
-r"""Mine parallel sentences between two languages' embedding shards: `lealla-mine-bitext`.
+r"""`lealla-mine-bitext`: mine parallel sentences between two languages' embedding shards.
 
-    python beam_pipelines/mine_bitext.py --source=runs/emb_deu --target=runs/emb_eng \
+    lealla-mine-bitext --source=runs/emb_deu --target=runs/emb_eng \
         --output=runs/mined_deu_eng.tsv [--margin=ratio --retrieval=max --k=4 \
         --threshold=1.05 --index=flat|ivf|ivfpq --nlist=N --nprobe=N \
         --memory_budget_gb=4 --cache_dir=DIR]
 
---source / --target are `beam_pipelines/embed_corpus.py` outputs (ids, vectors and
+--source / --target are `lealla-embed-corpus` outputs (ids, vectors and
 sentences). Their shards are read memory-mapped: each gzip'd shard is converted
 once, streaming, into a raw copy beside it (or under --cache_dir, needed for remote
 outputs), which later runs reuse while it matches the shard (sizes and checksums;
@@ -45,7 +45,7 @@ The command line prints each step as it finishes (the shards mapped, each
 search, the scoring, the matching, the pairs written) and ends with a summary:
 the sentences read, the pairs mined, the embeddings dead-lettered and where
 each output is. It runs `lealla_tf.pipelines.mine_bitext.mine_bitext`. Also `python -m
-lealla_tf.cli.mine_bitext`.
+lealla_tf.cli.mine_bitext` and `python beam_pipelines/mine_bitext.py`.
 """
 
 if __name__ == "__main__":  # before TensorFlow and Beam load (lealla_tf.progress)
@@ -74,7 +74,7 @@ PROGRESS_LOGGERS = ("lealla_tf.pipelines.mine_bitext", "lealla_tf.mining.margins
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="beam_pipelines/mine_bitext.py", description=__doc__,
+    parser = ArgumentParser(prog="lealla-mine-bitext", description=__doc__,
                             epilog="reading the mined pairs in Python:\n" + "".join(
                                 f"  {line}\n" for line in reading_example(
                                     "runs/mined_deu_eng.tsv").splitlines()),
