@@ -24,8 +24,17 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
+import tensorflow as tf
+from safetensors.numpy import load_file
+from tensorflow.core.protobuf import saved_model_pb2, trackable_object_graph_pb2
 
 from lealla_tf.configs import EncoderConfig
+from lealla_tf.models.encoder import build_encoder
+from lealla_tf.models.model_dir import (
+    TokenizerConfig,
+    save_encoder_checkpoint,
+    write_model_config,
+)
 
 LAYOUTS = ("tf1_bert", "model_garden", "hf_bert")
 
@@ -222,9 +231,6 @@ def read_saved_model_variables(path: str) -> Dict[str, np.ndarray]:
     checkpoint under `variables/`, so no graph is built and no custom op
     (tensorflow-text) is needed.
     """
-    import tensorflow as tf
-    from tensorflow.core.protobuf import saved_model_pb2, trackable_object_graph_pb2
-
     proto_path = os.path.join(path, "saved_model.pb")
     if not tf.io.gfile.exists(proto_path):
         raise FileNotFoundError(f"{proto_path} not found: not a SavedModel directory")
@@ -257,8 +263,6 @@ def read_saved_model_variables(path: str) -> Dict[str, np.ndarray]:
 
 def find_vocab_asset(path: str) -> Optional[str]:
     """The vocabulary file among a SavedModel's assets, if there is one."""
-    import tensorflow as tf
-
     assets = os.path.join(path, "assets")
     if not tf.io.gfile.isdir(assets):
         return None
@@ -277,8 +281,6 @@ def read_huggingface_checkpoint(hf_dir: str):
     `sentence_bert_config.json` (max_seq_length), `modules.json` (Normalize),
     `tokenizer_config.json` (do_lower_case).
     """
-    from safetensors.numpy import load_file
-
     def read(name, default=None):
         path = os.path.join(hf_dir, name)
         if not os.path.exists(path):
@@ -329,15 +331,15 @@ def encoder_from_huggingface(hf_dir: str):
     when the checkpoint says `hidden_act: "gelu"`; lower-casing from
     `tokenizer_config.json`; max length from `sentence_bert_config.json`.
     """
-    from lealla_tf.models.encoder import build_encoder
-    from lealla_tf.tokenizers.tokenizer import Tokenizer
+    from lealla_tf.tokenizers.tokenizer import Tokenizer  # noqa: PLC0415 - tensorflow_text
 
     tensors, hf_config, settings = read_huggingface_checkpoint(hf_dir)
     layout, prefix = detect_layout(tensors)
     config = infer_encoder_config(
         tensors, layout, prefix, num_heads=hf_config["num_attention_heads"],
         hidden_activation=hidden_activation_of_huggingface(settings["hidden_act"]))
-    config = config.replace(pooling="mean", dropout=float(hf_config.get("hidden_dropout_prob", 0.1)),
+    config = config.replace(pooling="mean",
+                            dropout=float(hf_config.get("hidden_dropout_prob", 0.1)),
                             layer_norm_epsilon=float(hf_config.get("layer_norm_eps", 1e-12)))
     encoder = build_encoder(config, name="teacher_encoder")
     unused = assign_weights(encoder, tensors, layout, prefix)
@@ -357,13 +359,6 @@ def import_saved_model(saved_model: str, model_dir: str, vocab_file: Optional[st
     The result can be fine-tuned (`python -m lealla_tf.train --init_from=...`)
     or re-exported (`export/export_tfhub.py`). Returns a summary.
     """
-    from lealla_tf.models.encoder import build_encoder
-    from lealla_tf.models.model_dir import (
-        TokenizerConfig,
-        save_encoder_checkpoint,
-        write_model_config,
-    )
-
     tensors = read_saved_model_variables(saved_model)
     layout, prefix = detect_layout(tensors)
     if layout == "hf_bert":

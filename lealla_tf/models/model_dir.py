@@ -23,6 +23,7 @@ from lealla_tf.configs import (
     read_json,
     write_json,
 )
+from lealla_tf.models.encoder import build_encoder
 
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
@@ -105,7 +106,7 @@ def tokenizer_config_of(model_dir: str) -> TokenizerConfig:
 def build_tokenizer(config: TokenizerConfig, vocab_file: Optional[str] = None):
     """The `Tokenizer` a `TokenizerConfig` describes, on `vocab_file` (default
     `config.vocab_file`): the one place that maps settings to the constructor."""
-    from lealla_tf.tokenizers.tokenizer import Tokenizer
+    from lealla_tf.tokenizers.tokenizer import Tokenizer  # noqa: PLC0415 - tensorflow_text
 
     return Tokenizer(vocab_file or config.vocab_file, max_seq_length=config.max_seq_length,
                      lower_case=config.lower_case, special_tokens=config.special_tokens,
@@ -139,8 +140,6 @@ def load_encoder(model_dir: str, checkpoint: Optional[str] = None, dtype=None):
     Raises:
         FileNotFoundError: no checkpoint in `model_dir`.
     """
-    from lealla_tf.models.encoder import build_encoder
-
     encoder = build_encoder(encoder_config_of(model_dir), dtype=dtype or "float32")
     if checkpoint and not tf.io.gfile.exists(checkpoint + ".index"):
         raise FileNotFoundError(f"checkpoint {checkpoint} not found (expected {checkpoint}.index;"

@@ -190,10 +190,12 @@ def write_huggingface_folder(encoder, vocab_file, path):
             f"{ours}self_attention_layer/attention_output/bias"]
         tensors[f"{theirs}attention.output.LayerNorm.weight"] = w[
             f"{ours}self_attention_layer_norm/gamma"]
-        tensors[f"{theirs}attention.output.LayerNorm.bias"] = w[f"{ours}self_attention_layer_norm/beta"]
+        tensors[f"{theirs}attention.output.LayerNorm.bias"] = w[
+            f"{ours}self_attention_layer_norm/beta"]
         tensors[f"{theirs}intermediate.dense.weight"] = w[
             f"{ours}feedforward_intermediate_dense/kernel"].T
-        tensors[f"{theirs}intermediate.dense.bias"] = w[f"{ours}feedforward_intermediate_dense/bias"]
+        tensors[f"{theirs}intermediate.dense.bias"] = w[
+            f"{ours}feedforward_intermediate_dense/bias"]
         tensors[f"{theirs}output.dense.weight"] = w[f"{ours}feedforward_output_dense/kernel"].T
         tensors[f"{theirs}output.dense.bias"] = w[f"{ours}feedforward_output_dense/bias"]
         tensors[f"{theirs}output.LayerNorm.weight"] = w[f"{ours}feedforward_layer_norm/gamma"]

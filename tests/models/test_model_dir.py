@@ -1,5 +1,7 @@
 """The model directory: config.json, vocabulary copy, checkpoint restore."""
 
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -20,8 +22,8 @@ TINY = EncoderConfig(vocabulary_size=60, num_layers=1, num_heads=2, hidden_dim=8
 
 
 def test_round_trip(tiny_vocab_file, tmp_path):
-    encoder = build_encoder(TINY.replace(vocabulary_size=
-                                         len(open(tiny_vocab_file).read().split("\n")) - 1))
+    rows = len(pathlib.Path(tiny_vocab_file).read_text().split("\n")) - 1
+    encoder = build_encoder(TINY.replace(vocabulary_size=rows))
     model_dir = str(tmp_path / "m")
     config = write_model_config(model_dir, encoder.encoder_config,
                                 TokenizerConfig(max_seq_length=20, lower_case=True),
