@@ -1,6 +1,7 @@
 """`lealla-kernels` (`lealla_tf.cli.build_kernels`): build, report, and exit 0 unless
 --strict when the kernels cannot be built. The compiler is not run here (its
-tests are tests/models/test_kernels.py): `build` and `load` are stand-ins."""
+tests are tests/models/test_native_build.py and test_op_library.py): `build` and
+`load` are stand-ins."""
 
 import subprocess
 import sys
