@@ -19,8 +19,8 @@ is the Keras call):
 
 Without dropout the outputs are the Keras call's within float32 round-off
 (tests/models/test_forward_pass.py). The exports and embedders serve with it,
-and the students train through it (the embedding-speed and training-step
-benchmarks in benchmarks/ measure both). Exports never use the fused kernels (a
+and the students train through it (`benchmarks/embedding_speed.py` and
+`benchmarks/training_step.py` time both). Exports never use the fused kernels (a
 SavedModel must load without their library).
 
 The keras-hub sublayers it reads come from `lealla_tf.models.transformer_adapter`.
@@ -38,8 +38,8 @@ from lealla_tf.models.transformer_adapter import TransformerParts, transformer_p
 
 # `forward` embeds an inference batch as this many independent parts, which
 # TensorFlow's executor threads run side by side: each op's data stays in one
-# core's cache and no op waits for the other thread. Chosen by the embedding-speed
-# benchmark (benchmarks/).
+# core's cache and no op waits for the other thread. Chosen by
+# `benchmarks/embedding_speed.py --parts`.
 INFERENCE_PARTS = 2
 
 
@@ -200,8 +200,9 @@ def plain_norm(layer) -> bool:
 def activate(activation, x):
     """`activation(x)`, computed in float32 when `x` is bfloat16 (then cast back):
     TensorFlow's bfloat16 elementwise kernels are slower than its float32 ones
-    on a CPU (the training-step benchmark in benchmarks/ measures it), and it
-    rounds once instead of at every op."""
+    on a CPU (the last lever of the retired `benchmarks/train_throughput.py
+    --levers`, in `git show d674191:benchmarks/results/train_throughput.json`),
+    and it rounds once instead of at every op."""
     if x.dtype != tf.bfloat16:
         return activation(x)
     return tf.cast(activation(tf.cast(x, tf.float32)), x.dtype)

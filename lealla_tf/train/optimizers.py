@@ -3,11 +3,14 @@
 `keras.optimizers.AdamW` updates a variable with about a dozen separate ops
 (decay, two moment updates, the step), each a full pass over the variable and a
 temporary of its size, which on lealla_small's 501,153 x 128 token table is a
-large share of a training step on a CPU (the training-step benchmark in
-benchmarks/ measures it). `FusedAdamW` computes the same update with two ops a dense
-variable: the decoupled weight decay, then `ResourceApplyAdam`, whose formula is
-Keras' Adam's term for term (alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t);
-m += (g - m)(1 - beta_1); v += (g^2 - v)(1 - beta_2); w -= alpha m / (sqrt(v) + eps)).
+large share of a training step on a CPU (`benchmarks/training_step.py --profile`,
+its optimizer group; what this class gained is the `fused_adamw` lever of the
+retired `benchmarks/train_throughput.py --levers`, in
+`git show d674191:benchmarks/results/train_throughput.json`). `FusedAdamW`
+computes the same update with two ops a dense variable: the decoupled weight
+decay, then `ResourceApplyAdam`, whose formula is Keras' Adam's term for term
+(alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t); m += (g - m)(1 - beta_1);
+v += (g^2 - v)(1 - beta_2); w -= alpha m / (sqrt(v) + eps)).
 The one difference is float32 rounding: the kernel forms 1 - beta_2 in float32
 (1 - 0.999f = 0.000999987), Keras in double (0.001), so the velocities differ by
 about 1.3e-5 relative and the weights by about 1e-6 after a step

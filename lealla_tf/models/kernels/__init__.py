@@ -3,9 +3,9 @@
 On a CPU, TensorFlow runs a transformer layer's elementwise work one op at a
 time: layer norms, GELU, residual adds, dropout, softmax, transposes and their
 gradients, which on lealla_small's training step take longer than its matmuls
-in bfloat16 (the training-step benchmark in benchmarks/ measures it). Four ops
-do that work in one pass each; this package compiles them for this machine,
-loads them safely, and wraps them:
+in bfloat16 (`benchmarks/training_step.py --profile` groups the step's op
+time). Four ops do that work in one pass each; this package compiles them for
+this machine, loads them safely, and wraps them:
 
 - `fused_ops`: the ops' Python wrappers (`attention`, `bias_gelu`,
   `bias_dropout_add_norm`, `sparse_apply_adamw`) and their gradients;

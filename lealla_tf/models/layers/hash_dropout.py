@@ -2,19 +2,20 @@
 
 Keras' dropout draws a float per entry with TensorFlow's Philox kernel, then
 compares and selects in separate ops, which on a student's training step (three
-dropouts a layer, every layer, both sides of a pair) is a sizeable share of the
-step on a CPU (the training-step benchmark in benchmarks/ measures it). Here the
+dropouts a layer, every layer, both sides of a pair) is a sizeable share of the step
+on a CPU (the `hash_dropout` lever of the retired `benchmarks/train_throughput.py
+--levers`, in `git show d674191:benchmarks/results/train_throughput.json`). Here the
 keep bit of entry i is `hash(i, seed) >= rate * 2^32`, murmur3's 32-bit finaliser
 applied twice (a bijection with full avalanche, keyed by both words of the seed),
 and mask, scale and select run as one XLA-compiled loop (compiled once per input
 shape; training's shapes repeat). The same distribution (each entry kept with
-probability 1 - rate, independently, scaled by 1 / (1 - rate)), a different
-stream of masks. The seed is a `keras.random.SeedGenerator`'s `next()`, so a
-checkpoint that holds the generators' state resumes with the masks an
-uninterrupted run would draw.
+probability 1 - rate, independently, scaled by 1 / (1 - rate)), a different stream
+of masks. The seed is a `keras.random.SeedGenerator`'s `next()`, so a checkpoint
+that holds the generators' state resumes with the masks an uninterrupted run would
+draw.
 
 Only the dropout is compiled: layer norm, softmax and GELU as XLA functions
-measured slower than TensorFlow's own kernels on a CPU (the same benchmark).
+measured slower than TensorFlow's own kernels on a CPU.
 """
 
 import tensorflow as tf
