@@ -1,5 +1,7 @@
-"""`python -m lealla_tf.train`: kill -9 and resume, TPU flag, errors."""
+"""`lealla-train` (`lealla_tf.cli.train`): kill -9 and resume, the TPU flag, and every
+mistake and fault in its flags and data as one line naming it."""
 
+import gzip
 import json
 import os
 import signal
@@ -11,7 +13,12 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import assert_one_line_stderr, training_environment
+from conftest import (
+    REPO_ROOT,
+    assert_one_line_error,
+    assert_one_line_stderr,
+    training_environment,
+)
 
 from lealla_tf.cli.train import main
 from lealla_tf.flags import parse_overrides
@@ -217,9 +224,7 @@ def test_cli_errors_are_messages_not_tracebacks(tiny_parallel_dir, sentence_voca
                         "--encoder_overrides=num_layers=2"]) == 2
     assert "do not apply to dimension_reduction" in capsys.readouterr().err
     # An embeddings output (id, embedding) is not a pair file: said, not a traceback.
-    import numpy as np
-
-    from lealla_tf.mining.shards import embedding_example, write_tfrecord
+    from lealla_tf.records import embedding_example, write_tfrecord
 
     embeddings = tmp_path / "embeddings" / "deu-eng-00000-of-00001.tfrecord"
     embeddings.parent.mkdir()
@@ -253,7 +258,7 @@ def test_every_count_flag_is_positive_or_its_help_says_what_0_means():
     """An integer flag either refuses 0 (before any training) or its --help
     defines 0; --seed aside (0 is a seed like any other)."""
     from lealla_tf.cli.train import build_parser, check_flags, config_from_flags
-    from lealla_tf.configs import validate_train_config
+    from lealla_tf.train.resolution import validate_train_config
 
     parser = build_parser()
     for action in parser._actions:
@@ -296,7 +301,7 @@ def test_a_compiled_run_exports_a_student_that_scores_as_the_uncompiled_one(
     import tensorflow_text  # noqa: F401  (the export's tokenizer ops)
 
     from lealla_tf.cli.export import main as export
-    from lealla_tf.evaluation.retrieval import TATOEBA_PRIMARY_METRIC, evaluate_tatoeba
+    from lealla_tf.evaluation.tatoeba import TATOEBA_PRIMARY_METRIC, evaluate_tatoeba
 
     flags = ["--encoder_overrides=num_layers=2,hidden_dim=16,num_heads=2,intermediate_dim=32,"
              "dropout=0", "--train_steps=30", "--checkpoint_every=30", "--global_batch_size=8",
@@ -317,3 +322,143 @@ def test_a_compiled_run_exports_a_student_that_scores_as_the_uncompiled_one(
         model = tf.saved_model.load(str(tmp_path / f"{name}_export"))
         scores[name] = 100 * evaluate_tatoeba(model, tiny_tatoeba_dir)[TATOEBA_PRIMARY_METRIC]
     assert abs(scores["compiled"] - scores["uncompiled"]) <= 0.5, scores
+
+
+# === Mistakes and faults: each is one line naming the flag or file, exit 2 ===
+
+@pytest.fixture()
+def train_args(sentence_vocab_file, tiny_parallel_dir, tmp_path):
+    def make(*extra, data=tiny_parallel_dir, model_dir=None):
+        return [f"--model_dir={model_dir or tmp_path / 'm'}", f"--train_data={data}",
+                f"--vocab_file={sentence_vocab_file}", "--objective=ams",
+                "--encoder_overrides=num_layers=1,hidden_dim=8,num_heads=2,intermediate_dim=8",
+                "--global_batch_size=4", "--train_steps=1", "--max_seq_length=16",
+                "--no_progress", *extra]
+    return make
+
+
+@pytest.mark.parametrize("flag,needle", [
+    ("--train_steps=0", "--train_steps"), ("--train_steps=-5", "--train_steps"),
+    ("--checkpoint_every=0", "--checkpoint_every"), ("--log_every=0", "--log_every"),
+    ("--global_batch_size=0", "--global_batch_size"),
+    ("--global_batch_size=-4", "--global_batch_size"),
+    ("--max_seq_length=600", "--max_seq_length"), ("--learning_rate=-1", "--learning_rate"),
+    ("--encoder_overrides=bogus=1", "bogus"), ("--loss_weights=ams=x", "--loss_weights"),
+    ("--language_alpha=2", "--language_alpha")])
+def test_train_flag_mistakes(train_args, capsys, flag, needle):
+
+    args = [a for a in train_args() if not a.startswith(flag.split("=")[0] + "=")] + [flag]
+    assert_one_line_error(capsys, main(args), needle)
+
+
+@pytest.mark.parametrize("flag", ["--time_budget_minutes=nan", "--time_budget_minutes=inf",
+                                  "--seed=-1"])
+def test_train_flags_with_no_meaning_are_refused_naming_them(train_args, capsys, flag):
+    """A budget of nan or inf minutes trained on (nan stops nothing); a negative
+    seed failed in Keras with a message naming no flag."""
+
+    args = [a for a in train_args() if not a.startswith(flag.split("=")[0] + "=")] + [flag]
+    assert_one_line_error(capsys, main(args), flag.split("=")[0])
+
+
+def test_train_data_faults_name_the_file(train_args, tmp_path, capsys):
+    from lealla_tf.train.data import write_pairs_tfrecord
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "deu-eng.tsv").write_text("no tab here\n\tonly English\n")
+    assert_one_line_error(capsys, main(train_args(data=str(empty))), "no well-formed pairs",
+                          "deu-eng.tsv")
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    data = gzip.compress(("Hund\tdog\n" * 2000).encode())
+    (corrupt / "deu-eng.tsv.gz").write_bytes(data[:len(data) // 2] + b"\x00" * 64)
+    assert_one_line_error(capsys, main(train_args(data=str(corrupt))), "deu-eng.tsv.gz")
+    truncated = tmp_path / "records"
+    truncated.mkdir()
+    path = str(truncated / "deu-eng.tfrecord")
+    write_pairs_tfrecord(path, [("Hund", "dog")] * 50)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 7)
+    assert_one_line_error(capsys, main(train_args(data=str(truncated))), "deu-eng.tfrecord")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    assert_one_line_error(capsys, main(train_args(model_dir=str(a_file))), "--model_dir")
+
+
+def test_a_model_dir_below_a_file_is_one_line(train_args, tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    assert_one_line_error(capsys, main(train_args(model_dir=str(a_file / "sub"))),
+                          "--model_dir", "is a file")
+
+
+def test_a_failed_first_run_does_not_block_the_corrected_rerun(train_args, tmp_path, capsys):
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "fra-eng.tsv").write_text("")
+    assert_one_line_error(capsys, main(train_args(data=str(empty))), "no well-formed pairs",
+                          "fra-eng.tsv")
+    assert not (tmp_path / "m" / "config.json").exists()
+    assert main(train_args("--margin=0.2")) == 0
+
+
+def test_zero_learning_rate_is_kept(train_args, tmp_path):
+    from lealla_tf.configs import read_json
+
+    assert main(train_args("--learning_rate=0")) == 0
+    assert read_json(str(tmp_path / "m" / "config.json"))["optimizer"]["learning_rate"] == 0.0
+
+
+def test_a_checkpoint_write_cut_by_a_kill_is_cleaned_on_resume(train_args, tmp_path):
+
+    assert main(train_args()) == 0
+    leftover = tmp_path / "m" / "checkpoints" / "ckpt-2_temp" / "part-00000-of-00001"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(b"half a checkpoint")
+    assert main([a for a in train_args() if a != "--train_steps=1"] + ["--train_steps=2"]) == 0
+    assert not leftover.parent.exists()
+
+
+MODEL_DIR_HOLDER = """
+import sys, time
+from lealla_tf.folder_lock import hold_folder
+hold_folder(sys.argv[1])
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_model_dir_has_one_writer(train_args, tmp_path, capsys):
+    """Two trainings into one --model_dir logged every step twice and wrote the
+    same checkpoints: the second is refused in one line naming the first's pid,
+    and a killed run's lock blocks nobody."""
+
+    model_dir = tmp_path / "m"
+    holder = subprocess.Popen([sys.executable, "-c", MODEL_DIR_HOLDER, str(model_dir)],
+                              cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert_one_line_error(capsys, main(train_args(model_dir=model_dir)),
+                              f"--model_dir={model_dir}", f"pid {holder.pid}")
+        assert not (model_dir / "config.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    assert main(train_args(model_dir=model_dir)) == 0
+    assert (model_dir / "config.json").exists()
+
+
+def test_precomputed_english_only_vectors_are_not_silently_used_both_ways(
+        sentence_vocab_file, tmp_path, capsys):
+
+    from lealla_tf.train.data import write_pairs_tfrecord
+
+    (tmp_path / "records").mkdir()
+    write_pairs_tfrecord(str(tmp_path / "records" / "deu-eng.tfrecord"), [("Hund", "dog")] * 8,
+                         teacher_target=np.ones((8, 4), np.float32))
+    args = [f"--model_dir={tmp_path / 'm'}", f"--train_data={tmp_path / 'records'}",
+            f"--vocab_file={sentence_vocab_file}", "--objective=ams+fd"]
+    assert_one_line_error(capsys, main(args), "--teacher_english_only")
