@@ -115,7 +115,7 @@ def main(argv=None) -> int:
         parser.error("--num_sentences must be at least 1, --workers at least 0 (1 with --dask)")
     from lealla_tf import load_embedder
     from lealla_tf.evaluation.retrieval import embed_sentences
-    from lealla_tf.recipe.config import find_data_dir
+    from lealla_tf.recipe.settings import find_data_dir
 
     sentences = benchmark_sentences(find_data_dir(args.data_dir), args.num_sentences)
     work = tempfile.mkdtemp(prefix="beam_throughput_")

@@ -57,7 +57,7 @@ def checkpoint_curve(report: dict, model_dir: str) -> list:
     """Each kept checkpoint's Tatoeba (all pairs) and news figures."""
     from lealla_tf.evaluation.news import NEWS_PRIMARY_METRIC
     from lealla_tf.evaluation.tatoeba import TATOEBA_PRIMARY_METRIC
-    from lealla_tf.recipe.stages import evaluate_stage, news_stage
+    from lealla_tf.recipe.evaluations import evaluate_stage, news_stage
 
     data_dir = report["data_dir"]
     work = report["work_dir"]

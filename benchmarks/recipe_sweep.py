@@ -69,7 +69,7 @@ def parse_variant(text: str):
                          f"a row may change only --{', --'.join(TRAINING_FLAGS)}")
     from lealla_tf.cli.recipe import config_from_args
     from lealla_tf.losses.objectives import OBJECTIVES, parse_objective
-    from lealla_tf.recipe.stages import (
+    from lealla_tf.recipe.training import (
         check_learning_rates,
         student_loss_weights,
         teacher_in_step,
@@ -150,16 +150,16 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
         tatoeba_metrics_with_margin,
     )
     from lealla_tf.models.model_dir import read_model_config
-    from lealla_tf.recipe.stages import (
-        Models,
+    from lealla_tf.recipe.corpus import sample_stage
+    from lealla_tf.recipe.evaluations import news_stage
+    from lealla_tf.recipe.stages import Models
+    from lealla_tf.recipe.training import (
         mixed_precision,
-        news_stage,
-        sample_stage,
         student_loss_weights,
         teacher_in_step,
         train_config,
     )
-    from lealla_tf.train.run import train
+    from lealla_tf.train.launch import train
 
     config = config_from_args(build_parser().parse_args(argv))
     teacher = finished_stage(work_dir, "teacher")
@@ -238,7 +238,7 @@ def main(argv=None) -> int:
                         help="NAME=FLAGS (repeat); FLAGS are the main job's training flags")
     parser.add_argument("--output_json", required=True)
     args = parser.parse_args(argv)
-    from lealla_tf.recipe.config import find_data_dir
+    from lealla_tf.recipe.settings import find_data_dir
 
     try:
         variants = [parse_variant(v) for v in args.variant]

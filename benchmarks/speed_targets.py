@@ -285,7 +285,7 @@ def parse_args(argv=None):
         args.inputs = recipe_inputs(args.recipe_dir)
     except ValueError as error:
         parser.error(str(error))
-    from lealla_tf.recipe.config import find_data_dir
+    from lealla_tf.recipe.settings import find_data_dir
 
     try:  # absolute: the benchmarks run in the repository root
         args.data_dir = str(find_data_dir(args.data_dir).resolve())

@@ -49,9 +49,9 @@ def in_step_embedder(teacher_dir: str, vocab_file: str, max_seq_length: int,
 
     from lealla_tf.configs import TokenizerConfig
     from lealla_tf.models.model_dir import build_tokenizer
-    from lealla_tf.train.heads import TeacherLayers
-    from lealla_tf.train.initialization import student_pieces
-    from lealla_tf.train.teacher_sources import InStepTeacher
+    from lealla_tf.teachers.layers import TeacherLayers
+    from lealla_tf.teachers.selection import student_pieces
+    from lealla_tf.teachers.sources import InStepTeacher
 
     tokenizer = build_tokenizer(TokenizerConfig(max_seq_length=max_seq_length), vocab_file)
     teacher = InStepTeacher(TeacherLayers(teacher_dir, student_pieces(tokenizer), hidden_dim,
@@ -249,7 +249,7 @@ def main(argv=None) -> int:
         print(f"error: --work_dir={work} lacks {', '.join(missing)}: run the main job "
               "(make main) first", file=sys.stderr)
         return 2
-    from lealla_tf.recipe.config import find_data_dir
+    from lealla_tf.recipe.settings import find_data_dir
 
     data_dir = find_data_dir(args.data_dir)
     result = {"benchmark": "teacher_fidelity", "machine": machine(), "work_dir": str(work)}

@@ -156,7 +156,7 @@ def time_steps(train, vocab_file: str, work: str, steps: int, warmup: int,
     evaluation, and the start-up of a `steps`-step run of `train` in a scratch
     directory (removed after); with `profile_steps`, that many more steps
     profiled (`profile`)."""
-    from lealla_tf.train.run import train as run_training
+    from lealla_tf.train.launch import train as run_training
 
     total = steps + profile_steps
     profiler = Profiler(steps, total) if profile_steps else None
@@ -195,7 +195,7 @@ def job_config(work_dir: str, recipe_flags):
 def step_rows(work_dir: str, data_dir, rows: dict, steps: int, warmup: int,
               recipe_flags=(), profile_steps: int = 0) -> dict:
     """Each row's timing: the job's student with the row's changes to its config."""
-    from lealla_tf.recipe.stages import mixed_precision, student_loss_weights, train_config
+    from lealla_tf.recipe.training import mixed_precision, student_loss_weights, train_config
 
     with open(os.path.join(work_dir, "stages", "teacher.json")) as f:
         teacher = json.load(f)["result"]
@@ -281,7 +281,7 @@ def main(argv=None) -> int:
         return 2
     if args.jit_compile:
         rows["job_jit_compile"] = {"jit_compile": True}
-    from lealla_tf.recipe.config import find_data_dir
+    from lealla_tf.recipe.settings import find_data_dir
 
     results = step_rows(args.work_dir, find_data_dir(args.data_dir), rows, args.steps,
                         args.warmup, args.recipe_flags, args.profile_steps if args.profile else 0)

@@ -7,6 +7,8 @@ May import: lealla_tf.configs.
 import argparse
 import dataclasses
 
+from lealla_tf.configs import EncoderConfig
+
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose flag mistakes are one line on stderr, `error: ...`, exit 2
@@ -81,8 +83,6 @@ def parse_weights(text: str) -> dict:
 
 def parse_overrides(text: str) -> dict:
     """--encoder_overrides: `a=1,b=none` -> {"a": 1, "b": None} (ints, floats, none, strings)."""
-    from lealla_tf.configs import EncoderConfig
-
     def convert(value):
         if value.lower() == "none":
             return None

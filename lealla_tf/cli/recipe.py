@@ -10,10 +10,10 @@ if __name__ == "__main__":  # before TensorFlow and Beam load (lealla_tf.progres
 import sys
 
 from lealla_tf.configs import EMBEDDING_INITS
-from lealla_tf.recipe.config import DEFAULT_WORDPIECE_SIZE, RecipeConfig
 from lealla_tf.recipe.job import run_recipe
 from lealla_tf.recipe.planner import PLANNED_EVALUATIONS, PLANNED_WARMUP_STEPS
 from lealla_tf.recipe.report import format_summary
+from lealla_tf.recipe.settings import DEFAULT_WORDPIECE_SIZE, RecipeConfig
 from lealla_tf.recipe.stages import StageInterrupted
 
 # === Command line ===

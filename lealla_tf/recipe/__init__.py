@@ -29,10 +29,14 @@ the same --work_dir and flags reuses it, other flags are refused naming them):
 Every stage is a library call returning a dict; `Stages` handles reuse, timing and
 the summary, and each model is loaded once and shared between stages.
 
-Modules: `config` (RecipeConfig and the tuned settings `make main` trains with),
-`stages` (the stage runner and each stage), `planner` (the students' steps
-planned to the time budget), `report` (the summary and headline figures),
-`job` (`run_recipe`); the command line is `lealla_tf.cli.recipe`.
+Modules: `settings` (RecipeConfig and the tuned settings `make main` trains with),
+`job` (`run_recipe`: the checks, the stages in order, the report), `work_dir`
+(whose --work_dir is, its one writer, what --fresh deletes), `stages` (the stage
+runner and the model cache), the stages by subject: `corpus` (vocabulary, sample,
+news set), `training` (the students' configs, training, export) and `evaluations`
+(Tatoeba, news, mining), with the teacher's stages in `lealla_tf.teachers.vectors`;
+`planner` (the students' steps planned to the time budget) and `report` (the
+summary and headline figures). The command line is `lealla_tf.cli.recipe`.
 
 May import: anything in lealla_tf but lealla_tf.cli.
 """

@@ -1,21 +1,20 @@
-"""The main job end to end: `run_recipe(config) -> report`."""
+"""The main job end to end: `run_recipe(config) -> report`: the flags and inputs
+checked before anything runs, each stage run once (`lealla_tf.recipe.stages`)
+with the flags its output depends on (`stage_settings`), and the report."""
 
 import contextlib
 import dataclasses
 import json
 import os
-import shutil
-import uuid
-from typing import Dict, Optional
+from typing import Dict
 
-from lealla_tf.recipe.config import (
-    COMPARISON,
-    STUDENT,
-    STUDENT_ON_TEACHER_PAIRS,
-    TEACHER,
-    RecipeConfig,
-    find_data_dir,
-)
+from lealla_tf.evaluation.plots import plot_per_language, plot_training
+from lealla_tf.evaluation.tatoeba import TATOEBA_PRIMARY_METRIC, per_language
+from lealla_tf.folder_lock import release_folder
+from lealla_tf.machine import machine
+from lealla_tf.parallel_corpus import find_parallel_files, find_tatoeba_languages
+from lealla_tf.recipe.corpus import news_set_stage, sample_stage, vocabulary_stage
+from lealla_tf.recipe.evaluations import evaluate_stage, mine_stage, news_stage
 from lealla_tf.recipe.planner import (
     AFTER_TRAINING_PER_TEACHER_EVALUATION,
     COMPARISON_STEP_RATIO,
@@ -25,149 +24,39 @@ from lealla_tf.recipe.planner import (
     student_run_config,
 )
 from lealla_tf.recipe.report import format_summary, headline
-from lealla_tf.recipe.stages import (
-    Models,
-    Stages,
+from lealla_tf.recipe.settings import (
+    COMPARISON,
+    STUDENT,
+    STUDENT_ON_TEACHER_PAIRS,
+    TEACHER,
+    RecipeConfig,
+    find_data_dir,
+)
+from lealla_tf.recipe.stages import Models, Stages
+from lealla_tf.recipe.training import (
     check_learning_rates,
     check_sentences,
     check_started_precision,
     check_started_rate,
-    choose_teacher_backend,
-    evaluate_stage,
     export_stage,
-    mine_stage,
     mixed_precision,
-    news_set_stage,
-    news_stage,
-    sample_stage,
     started_precision,
     student_loss_weights,
     teacher_in_step,
-    teacher_stage,
-    teacher_vectors_stage,
     train_config,
     train_stage,
     trained_rate,
-    vocabulary_stage,
 )
+from lealla_tf.recipe.work_dir import claim_work_dir
+from lealla_tf.teachers.conversion import get_teacher_spec
+from lealla_tf.teachers.vectors import (
+    choose_teacher_backend,
+    converted_teacher,
+    embed_teacher_vectors,
+)
+from lealla_tf.train.distribution import make_strategy
 
 # === The job ===
-
-JOB_MARKER = ".lealla_tf_main_job"
-# Everything a main job writes in its --work_dir (besides JOB_MARKER and the
-# lock): what --fresh deletes, and all it deletes.
-WORK_DIR_ENTRIES = ("stages", "teacher", "vocab.model", "vocab.txt", "sample", "news",
-                    "pairs_teacher", STUDENT, COMPARISON, "export", "bucc", "report",
-                    JOB_MARKER + ".tmp")
-
-
-def claim_work_dir(work: str, fresh: bool) -> Optional[int]:
-    """Makes `work` this job's, and this job its one writer: returns the
-    descriptor of its lock (`lealla_tf.folder_lock`), which the job releases
-    when it ends; FolderInUseError (naming the pid) while another job writes it.
-
-    A new or empty folder becomes this job's: its `JOB_MARKER` records the
-    folder's own identity (real path, device, inode) and a job id. A folder
-    with a marker (or an older job's stages/) is resumed; so is a copy of a
-    job's folder, its marker rewritten for the copy. `--fresh` deletes what a
-    job writes (`WORK_DIR_ENTRIES`) and nothing else, and only in a folder
-    whose marker records that very folder and that holds nothing a job does
-    not write: an empty or copied marker, or a stages/ folder, proves nothing.
-    A symlink in a stage folder's place is never followed, and --fresh never
-    deletes through a symlinked --work_dir. Each refusal is one line
-    (ValueError) naming the folder."""
-    from lealla_tf.folder_lock import check_folder, hold_folder, release_folder
-
-    subject = f"--work_dir={work}"
-    if fresh and os.path.islink(work):
-        target = os.path.realpath(work)
-        raise ValueError(f"{subject} is a symlink (to {target}): --fresh deletes only a real "
-                         f"folder; pass --work_dir={target}")
-    check_folder(work, subject)
-    _check_work_dir(work, fresh)  # before the lock: a folder refused gets no lock file
-    descriptor = hold_folder(work, subject)
-    try:
-        proven = _check_work_dir(work, fresh)  # again, as its one writer
-        if fresh:
-            for name in WORK_DIR_ENTRIES:
-                path = os.path.join(work, name)
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path)
-                elif os.path.lexists(path):
-                    os.unlink(path)
-        if fresh or not proven:
-            identity = _folder_identity(work)
-            identity["job"] = uuid.uuid4().hex
-            temporary = os.path.join(work, JOB_MARKER + ".tmp")
-            with open(temporary, "w") as f:
-                json.dump(identity, f, indent=2)
-            os.replace(temporary, os.path.join(work, JOB_MARKER))
-    except BaseException:
-        release_folder(descriptor)
-        raise
-    return descriptor
-
-
-def _folder_identity(work: str) -> dict:
-    status = os.stat(work)
-    return {"folder": os.path.realpath(work), "device": status.st_dev,
-            "inode": status.st_ino}
-
-
-def _check_work_dir(work: str, fresh: bool) -> bool:
-    """Whether `work`'s marker proves that a job made this very folder;
-    ValueError for a folder this job may not write, or --fresh not delete."""
-    from lealla_tf.folder_lock import LOCK_FILE
-
-    subject = f"--work_dir={work}"
-    try:
-        names = set(os.listdir(work)) - {LOCK_FILE} if os.path.isdir(work) else set()
-    except OSError as error:
-        raise ValueError(f"{subject} cannot be read: {error.strerror}") from None
-    if not names:
-        return False
-    links = sorted(name for name in names & set(WORK_DIR_ENTRIES)
-                   if os.path.islink(os.path.join(work, name)))
-    if links:
-        raise ValueError(f"{subject}: {links[0]} is a symlink (to "
-                         f"{os.path.realpath(os.path.join(work, links[0]))}); a job writes "
-                         "only folders of its own in its work dir: remove the link, or pass "
-                         "another --work_dir")
-    marker = os.path.join(work, JOB_MARKER)
-    if not os.path.isfile(marker) and "stages" not in names:
-        raise ValueError(f"{subject} holds files that no main job made (no {JOB_MARKER}); "
-                         "pass a new or empty directory"
-                         + (": --fresh deletes only a job's own work dir" if fresh else ""))
-    try:
-        with open(marker) as f:
-            recorded = json.load(f)
-    except (OSError, ValueError):
-        recorded = None
-    here = _folder_identity(work)
-    # The same inode on the same device (a moved folder stays proven), or at
-    # the same path (a device number can change across restarts).
-    proven = (isinstance(recorded, dict) and recorded.get("inode") == here["inode"]
-              and (recorded.get("device") == here["device"]
-                   or recorded.get("folder") == here["folder"]))
-    if not fresh:
-        return proven
-    if not proven:
-        reason = (f"no {JOB_MARKER}, only a stages/ folder" if not os.path.isfile(marker)
-                  else f"its {JOB_MARKER} is empty or not a marker (an older lealla_tf's, "
-                       "or a copy)" if not isinstance(recorded, dict)
-                  else f"its {JOB_MARKER} was made for another folder "
-                       f"({recorded.get('folder')}): a copy")
-        raise ValueError(f"{subject}: --fresh deletes only a folder a main job made, and "
-                         f"nothing proves this one is: {reason}; delete it yourself, or pass "
-                         "another --work_dir")
-    foreign = sorted(names - set(WORK_DIR_ENTRIES) - {JOB_MARKER})
-    if foreign:
-        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-        raise ValueError(f"{subject} holds {foreign[0]}{more}, which no main job writes: "
-                         "--fresh deletes only a job's own files; move it out, or pass "
-                         "another --work_dir")
-    return proven
-
 
 def stage_settings(config: RecipeConfig, data_dir, precision: bool) -> Dict[str, dict]:
     """The flags each stage's output depends on: its own and every earlier
@@ -239,8 +128,6 @@ def check_flags(config: RecipeConfig) -> None:
 def check_inputs(config: RecipeConfig, data_dir) -> None:
     """Every input and flag checked before anything is written: Tatoeba dev has
     complete languages, parallel/ has pair files, the flags agree."""
-    from lealla_tf.parallel_corpus import find_parallel_files, find_tatoeba_languages
-
     if not find_tatoeba_languages(str(data_dir / "tatoeba_dev")):
         raise FileNotFoundError(f"{data_dir / 'tatoeba_dev'} holds no Tatoeba language "
                                 "(tatoeba.<xxx>-eng.<xxx> and tatoeba.<xxx>-eng.eng)")
@@ -256,13 +143,6 @@ def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:
 
 
 def _run_job(config: RecipeConfig, fresh: bool, job: contextlib.ExitStack) -> dict:
-    from lealla_tf.evaluation.plots import plot_per_language, plot_training
-    from lealla_tf.evaluation.retrieval import TATOEBA_PRIMARY_METRIC, per_language
-    from lealla_tf.folder_lock import release_folder
-    from lealla_tf.machine import machine
-    from lealla_tf.teachers.conversion import get_teacher_spec
-    from lealla_tf.train.distribution import make_strategy
-
     data_dir = find_data_dir(config.data_dir)
     get_teacher_spec(config.teacher)
     check_inputs(config, data_dir)
@@ -288,7 +168,7 @@ def _run_job(config: RecipeConfig, fresh: bool, job: contextlib.ExitStack) -> di
     stages, models = Stages(work), Models()
     settings = stage_settings(config, data_dir, mixed_precision(config, paths[STUDENT]))
     stages.check_settings(settings)
-    teacher = stages.run("teacher", lambda: teacher_stage(config, paths["teacher"]),
+    teacher = stages.run("teacher", lambda: converted_teacher(config.teacher, paths["teacher"]),
                          settings["teacher"])
     weights = student_loss_weights(config)
     runs = {STUDENT: (config.objective, weights, config.learning_rate)}
@@ -339,9 +219,10 @@ def _run_job(config: RecipeConfig, fresh: bool, job: contextlib.ExitStack) -> di
         print("teacher vectors: from the teacher pass in each training step (hd); no stage")
         vectors = {"backend": {"backend": "in_step", "model": paths["teacher"]}}
     else:
-        vectors = stages.run("teacher_vectors", lambda: teacher_vectors_stage(
+        vectors = stages.run("teacher_vectors", lambda: embed_teacher_vectors(
             paths["sample"],
-            choose_teacher_backend(config, paths["teacher"], paths["sample"], models),
+            choose_teacher_backend(config.teacher, paths["teacher"], config.teacher_backend,
+                                   config.truncate_teacher, paths["sample"], models.get),
             paths["pairs_teacher"], config.beam_workers, not teacher["multilingual"],
             config.max_seq_length if config.truncate_teacher else None),
             settings["teacher_vectors"])

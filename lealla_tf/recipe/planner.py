@@ -6,7 +6,8 @@ import os
 from typing import Optional
 
 from lealla_tf.configs import TrainConfig
-from lealla_tf.recipe.config import RecipeConfig
+from lealla_tf.recipe.settings import RecipeConfig
+from lealla_tf.train.resolution import validate_train_config
 
 # === Planning the training to the time budget ===
 
@@ -15,7 +16,7 @@ from lealla_tf.recipe.config import RecipeConfig
 # and oneDNN's first pass over new batch shapes); both warm up over
 # PLANNED_WARMUP_STEPS, so the rate before the plan does not depend on it.
 # The first steps pay for new batch shapes (tracing, oneDNN's first pass), so
-# the plan waits for step 50 (benchmarks/results/main_job.json, the step times).
+# the plan waits for step 50 (benchmarks/main_job.py: the report's step times).
 PLAN_AT_STEP, PLAN_SKIP_STEPS, PLANNED_WARMUP_STEPS = 50, 15, 60
 # Steps 16-50 time only the length buckets that came first; at this share of
 # the plan the student times its steps again, over every bucket, and moves the
@@ -25,12 +26,11 @@ REPLAN_AT_FRACTION = 0.5
 PLANNED_EVALUATIONS = 5
 # The plan keeps this share of the budget in hand (the machine's speed drifts).
 PLAN_MARGIN = 0.05
-# The comparison's step (AMS alone, no teacher pass) over the student's (0.52 in
-# a main job on a 2-core Xeon: 0.61 s against 1.19; 0.65 in another, 0.76 s
-# against 1.17, past the first step, which traces: 54 s and 61 s there), and the
-# stages after training (export, evaluations, mining, report) over the teacher's evaluation
-# stage, both measured in the main job's report (benchmarks/results/main_job.json),
-# with a margin: the plan scales them by what this machine measures.
+# The comparison's step (AMS alone, no teacher pass, past its first step, which
+# traces) over the student's, and the stages after training (export,
+# evaluations, mining, report) over the teacher's evaluation stage, both from
+# the main job's report (benchmarks/main_job.py), with a margin: the plan scales
+# them by what this machine measures.
 COMPARISON_STEP_RATIO = 0.6
 AFTER_TRAINING_PER_TEACHER_EVALUATION = 1.2
 # Fewer steps than this and the report says the run was cut short by the budget.
@@ -162,8 +162,6 @@ def student_run_config(train: "TrainConfig", config: RecipeConfig, steps: Option
     follow from them), or a provisional one whose `BudgetPlanner` decides.
     `recorded`: the plan a resumed run made (`plan.json`); its evaluations and
     checkpoints keep the plan's spacing, which a re-plan does not move."""
-    from lealla_tf.configs import validate_train_config
-
     if steps:
         warmup = (config.warmup_steps if config.warmup_steps is not None
                   else (PLANNED_WARMUP_STEPS if not config.train_steps

@@ -1,29 +1,31 @@
 """The main job's report: the one-screen summary and the headline figures."""
 
-from lealla_tf.recipe.config import COMPARISON, STUDENT, STUDENT_ON_TEACHER_PAIRS, TEACHER
+from lealla_tf.evaluation.bucc import (
+    BUCC_AVERAGE_F1,
+    BUCC_GOLD_PAIRS,
+    FEW_GOLD_PAIRS,
+    gold_pairs_note,
+)
+from lealla_tf.evaluation.news import NEWS_PRIMARY_METRIC, length_band_names
+from lealla_tf.evaluation.tatoeba import (
+    TATOEBA_MARGIN_METRIC,
+    TATOEBA_PRIMARY_METRIC,
+    best_and_worst,
+    per_language,
+)
+from lealla_tf.machine import describe
+from lealla_tf.parallel_corpus import describe_corpus_counts
+from lealla_tf.recipe.settings import COMPARISON, STUDENT, STUDENT_ON_TEACHER_PAIRS, TEACHER
 
 # === Report ===
 
 def format_summary(report: dict) -> str:
-    from lealla_tf.evaluation.retrieval import (
-        BUCC_AVERAGE_F1,
-        BUCC_GOLD_PAIRS,
-        TATOEBA_MARGIN_METRIC,
-        TATOEBA_PRIMARY_METRIC,
-        best_and_worst,
-        gold_pairs_note,
-        per_language,
-    )
-    from lealla_tf.parallel_corpus import describe_corpus_counts
-
     lines = ["", "=" * 78, "lealla_tf main job — summary", "=" * 78]
     stages = report["stage_seconds"]
     lines.append("wall time: " + ", ".join(f"{k} {v / 60:.1f}" for k, v in stages.items())
                  + f" (min); total {report['total_seconds'] / 60:.1f} min"
                  + (f" (reused: {', '.join(report['reused'])})" if report["reused"] else ""))
     if report.get("machine"):
-        from lealla_tf.machine import describe
-
         lines.append(f"machine: {describe(report['machine'])}")
     plan = report.get("plan") or {}
     if plan.get("planned"):
@@ -93,8 +95,6 @@ def format_summary(report: dict) -> str:
                  f"max |diff| {export['reload_max_abs_difference']:.1e}")
     news = report.get("news") or {}
     if STUDENT in news and TEACHER in news:
-        from lealla_tf.evaluation.news import NEWS_PRIMARY_METRIC, length_band_names
-
         student, teacher = news[STUDENT], news[TEACHER]
         languages = report["news_set"]["languages"]
         gold = news_gold_pairs(report)
@@ -122,9 +122,6 @@ def format_summary(report: dict) -> str:
 
 def headline(report: dict) -> dict:
     """The report's figures a person quotes, in percent, each on its basis."""
-
-    from lealla_tf.evaluation.news import NEWS_PRIMARY_METRIC
-    from lealla_tf.evaluation.retrieval import FEW_GOLD_PAIRS, TATOEBA_PRIMARY_METRIC
 
     tatoeba = report["tatoeba"]
     figures = {"tatoeba_dev_all_pairs_p_at_1": {

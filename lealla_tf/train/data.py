@@ -1,10 +1,11 @@
 """Training data: parallel pairs -> language-balanced, tokenized batches in tf.data.
 
 Inputs are TSV (`xx<TAB>en`, plain or .gz) or TFRecord pair records (the schema
-is `lealla_tf.mining.shards`'s: `src_raw`, `tgt_raw` and optionally the teacher
+is `lealla_tf.records`': `src_raw`, `tgt_raw` and optionally the teacher
 vectors `teacher_src`, `teacher_tgt`, written by
 `beam_pipelines/embed_corpus.py --pairs`). A file's language comes from its
-name (`lealla_tf.parallel_corpus.language_of`).
+name (`lealla_tf.parallel_corpus.language_of`). Pairs seen in evaluation data
+are dropped in the stream (`lealla_tf.train.decontamination`).
 
 The pair stream is a pure function of the seed: resuming at step k skips
 exactly k global batches (before tokenization, so it is cheap: k batches of
@@ -23,7 +24,15 @@ from google.protobuf.message import DecodeError
 
 from lealla_tf.configs import DataConfig
 from lealla_tf.machine import usable_cpus
-from lealla_tf.mining.shards import (
+from lealla_tf.mining.run_folders import manifest_files, read_manifest
+from lealla_tf.parallel_corpus import (
+    ParallelFile,
+    find_parallel_files,
+    language_of,
+    language_sampling_probabilities,
+    read_pairs,
+)
+from lealla_tf.records import (
     PAIR_SOURCE,
     PAIR_TARGET,
     PAIR_TEACHER_SOURCE,
@@ -31,14 +40,7 @@ from lealla_tf.mining.shards import (
     pair_example,
     pair_features,
 )
-from lealla_tf.parallel_corpus import (
-    ParallelFile,
-    find_parallel_files,
-    find_tatoeba_languages,
-    language_of,
-    language_sampling_probabilities,
-    read_tatoeba,
-)
+from lealla_tf.train.decontamination import Decontaminator
 
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecord.gz", ".tfrecords")
 SOURCE, TARGET = PAIR_SOURCE, PAIR_TARGET
@@ -50,8 +52,6 @@ def find_training_files(patterns: Sequence[str]) -> List[ParallelFile]:
     if isinstance(patterns, str):
         patterns = [p for p in patterns.split(",") if p]
     records, others, empty = [], [], []
-    from lealla_tf.mining.shards import manifest_files, read_manifest
-
     for pattern in patterns:
         if tf.io.gfile.isdir(pattern) and read_manifest(pattern) is not None:
             # A pipeline output: only the files of its last complete run.
@@ -97,8 +97,6 @@ def count_pairs(path: str) -> int:
         except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
             raise ValueError(f"{path}: corrupt or truncated TFRecord file "
                              f"({error.message.splitlines()[0]})") from None
-    from lealla_tf.parallel_corpus import read_pairs
-
     try:
         return sum(1 for _ in read_pairs(path))
     except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as error:
@@ -115,57 +113,6 @@ def language_sizes(files: List[ParallelFile]) -> Dict[str, int]:
                          + ", ".join(f.path for f in files[:5])
                          + (f" and {len(files) - 5} more" if len(files) > 5 else ""))
     return dict(sizes)
-
-
-def normalize_for_matching(strings):
-    """The form in which sentences are compared for decontamination."""
-    import tensorflow_text as text
-
-    return tf.strings.strip(text.case_fold_utf8(strings))
-
-
-def evaluation_sentences(paths: Sequence[str]) -> List[str]:
-    """Every sentence of evaluation files or Tatoeba directories."""
-    from lealla_tf.parallel_corpus import open_text
-
-    sentences = []
-    for path in paths:
-        if tf.io.gfile.isdir(path):
-            for language in find_tatoeba_languages(path):
-                source, english = read_tatoeba(path, language)
-                sentences += source + english
-        else:
-            with open_text(path) as f:
-                sentences += [line.rstrip("\n") for line in f]
-    return sentences
-
-
-class Decontaminator:
-    """Drops pairs whose source or target occurs in evaluation data.
-
-    Sentences are compared case-folded and stripped; the lookup is an in-graph
-    hash table, so it runs inside tf.data.
-    """
-
-    def __init__(self, paths: Sequence[str]):
-        sentences = evaluation_sentences(paths)
-        keys = normalize_for_matching(tf.constant(sentences or [""])) if sentences else None
-        self.size = 0 if keys is None else int(tf.size(tf.unique(keys).y))
-        if keys is None:
-            self._table = None
-        else:
-            unique = tf.unique(keys).y
-            self._table = tf.lookup.StaticHashTable(
-                tf.lookup.KeyValueTensorInitializer(unique, tf.ones_like(unique, tf.int32)),
-                default_value=0)
-
-    def keep(self, source, target):
-        """True where neither side is an evaluation sentence."""
-        if self._table is None:
-            return tf.ones_like(source, tf.bool) if source.shape.rank else tf.constant(True)
-        hits = (self._table.lookup(normalize_for_matching(source))
-                + self._table.lookup(normalize_for_matching(target)))
-        return tf.equal(hits, 0)
 
 
 def _tsv_pairs(paths: List[str]):
@@ -366,7 +313,7 @@ def tokenize_batches(pairs, batch_size: int, tokenizer, teacher=None, length_buc
 
     Returns a dataset of dicts: `source`, `target` (BERT input dicts), `language`
     (the source side's language index) and what
-    the teacher's step needs (`lealla_tf.train.teacher_sources.Teacher.batch_features`:
+    the teacher's step needs (`lealla_tf.teachers.sources.Teacher.batch_features`:
     precomputed vectors, or its own tokenization of the sentences).
     """
     def tokenize(batch):
@@ -437,10 +384,9 @@ def input_pipeline_options(cpu_count: Optional[int] = None) -> tf.data.Options:
     """tf.data options for a training input pipeline on this host.
 
     On a host with few cores, tf.data's own thread pool and its autotuner
-    compete with the training step for the same cores (on 2 cores they slowed
-    the step by about a third: benchmarks/train_throughput.py); there the
-    pipeline runs on one private thread, without autotuning. Larger hosts keep
-    TensorFlow's defaults.
+    compete with the training step for the same cores and slow it (docs/benchmarks.md,
+    oneDNN and the input pipeline); there the pipeline runs on one private
+    thread, without autotuning. Larger hosts keep TensorFlow's defaults.
     """
     options = tf.data.Options()
     if (cpu_count or usable_cpus()) <= FEW_CORES:
@@ -448,14 +394,6 @@ def input_pipeline_options(cpu_count: Optional[int] = None) -> tf.data.Options:
         options.threading.private_threadpool_size = 1
         options.threading.max_intra_op_parallelism = 1
     return options
-
-
-def trim_to_longest(inputs):
-    """Cuts fixed-length BERT inputs (a LaBSE/2 preprocessor's 128) to the batch's
-    longest row: same result, a fraction of the compute."""
-    longest = tf.maximum(tf.reduce_max(tf.reduce_sum(tf.cast(inputs["input_mask"], tf.int32),
-                                                     axis=1)), 1)
-    return {name: tf.cast(value[:, :longest], tf.int32) for name, value in inputs.items()}
 
 
 def write_pairs_tfrecord(path: str, pairs, teacher_source=None, teacher_target=None) -> int:

@@ -6,8 +6,10 @@ GCE metadata server; so the flag is checked first and a clear error replaces the
 hang. Nothing here opens a connection unless the user passed `--tpu`.
 """
 
+import json
 import os
 import socket
+import threading
 import urllib.parse
 from typing import NamedTuple, Optional
 
@@ -94,8 +96,6 @@ def _within(seconds: float, function, message: str):
     TensorFlow's cluster connection has no timeout of its own; a peer that
     speaks gRPC but is not a TPU worker would otherwise hang the run forever.
     """
-    import threading
-
     outcome = {}
 
     def target():
@@ -159,8 +159,6 @@ def multi_worker_strategy() -> tf.distribute.Strategy:
     validated first, so a missing or malformed TF_CONFIG is a message, not a
     hang waiting for peers.
     """
-    import json
-
     raw = os.environ.get("TF_CONFIG", "")
     if not raw:
         raise ValueError("--strategy=multi_worker needs TF_CONFIG, e.g. "

@@ -12,20 +12,21 @@ from the teacher's token embeddings instead of random ones:
 - "teacher_select": the embeddings and the layers selected from the teacher's
   (weight selection, Xu et al. 2024, "Initializing models with larger ones"):
   the student keeps d of the teacher's hidden coordinates (those with the
-  largest mean activation, which keeps BERT's outlier dimensions), its first
+  largest mean activation, which keeps BERT's outlier dimensions:
+  `lealla_tf.teachers.selection.selected_coordinates`), its first
   heads and evenly spaced dimensions of each, and the feed-forward units with
   the largest weight norms. A deeper student puts teacher layer i at student
   layer floor(i * L_student / L_teacher); the layers in between keep their
   random initialisation except for zero output projections and layer norms
   set to hand their input on (`pass_through_norm`), and learn from there. A
-  shallower student takes evenly spaced teacher layers. Every segment starts as
+  shallower student takes evenly spaced teacher layers
+  (`lealla_tf.teachers.selection.layer_sources`). Every segment starts as
   the teacher's first; a [CLS] pooler or output projection stays random. Needs a
   student no wider than the teacher in each of these, without bottleneck or
   recurrence, and a teacher with the same activation works best.
 
-Rows are matched by piece text: a SentencePiece piece to the same piece; a
-WordPiece token `t` to the teacher's word-initial `▁t`, `##t` to `t`. Tokens the
-teacher lacks keep their random initialisation; the match rate is reported.
+Rows are matched by piece text (`lealla_tf.teachers.selection.match_rows`). Tokens
+the teacher lacks keep their random initialisation; the match rate is reported.
 """
 
 import os
@@ -33,29 +34,20 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-WORD_START = "\u2581"
-
-
-def teacher_pieces(teacher_dir: str) -> List[str]:
-    """The pieces, in id order, of a converted teacher's SentencePiece vocabulary."""
-    from lealla_tf.teachers.conversion import SENTENCEPIECE_FILE
-    from lealla_tf.tokenizers.pruning import read_model_proto
-    from lealla_tf.tokenizers.sentencepiece_model import parse_model
-
-    model_file = os.path.join(teacher_dir, SENTENCEPIECE_FILE)
-    if not os.path.exists(model_file):
-        raise FileNotFoundError(
-            f"{model_file} not found: --embedding_init_source must be a teacher converted by "
-            "export/convert_teacher.py with a SentencePiece vocabulary (multilingual-e5-small)")
-    return [p.piece for p in parse_model(read_model_proto(model_file)).pieces]
+from lealla_tf.models.checkpoint_conversion import read_saved_model_variables
+from lealla_tf.teachers.selection import (
+    layer_sources,
+    match_rows,
+    selected_coordinates,
+    student_pieces,
+    teacher_pieces,
+)
 
 
 def teacher_vocabulary_and_table(teacher_dir: str
                                  ) -> Tuple[List[str], np.ndarray, Dict[str, np.ndarray]]:
     """(pieces in id order, token embedding table [vocabulary, D], every encoder
     variable by name) of a converted teacher."""
-    from lealla_tf.models.checkpoint_conversion import read_saved_model_variables
-
     pieces = teacher_pieces(teacher_dir)
     variables = read_saved_model_variables(os.path.join(teacher_dir, "encoder"))
     tables = [v for name, v in variables.items() if name.endswith("token_embedding/embeddings")]
@@ -63,37 +55,6 @@ def teacher_vocabulary_and_table(teacher_dir: str
         raise ValueError(f"{teacher_dir}/encoder: expected one token embedding table, found "
                          f"{len(tables)}")
     return pieces, np.asarray(tables[0], np.float32), variables
-
-
-def student_pieces(tokenizer) -> List[str]:
-    """The student's vocabulary as strings, in id order."""
-    if tokenizer.kind == "sentencepiece":
-        from lealla_tf.tokenizers.pruning import read_model_proto
-        from lealla_tf.tokenizers.sentencepiece_model import parse_model
-
-        return [p.piece for p in parse_model(read_model_proto(
-            tokenizer.vocab_file.asset_path.numpy().decode())).pieces]
-    from lealla_tf.tokenizers.tokenizer import read_wordpiece_vocabulary
-
-    return read_wordpiece_vocabulary(tokenizer.vocab_file.asset_path.numpy().decode())
-
-
-def match_rows(student: List[str], teacher: List[str]) -> np.ndarray:
-    """For each student token, the teacher row with the same piece, or -1."""
-    index: Dict[str, int] = {}
-    for i, piece in enumerate(teacher):
-        index.setdefault(piece, i)
-    rows = []
-    for token in student:
-        if token in index:
-            rows.append(index[token])
-        elif token.startswith("##") and token[2:] in index:
-            rows.append(index[token[2:]])
-        elif WORD_START + token in index:
-            rows.append(index[WORD_START + token])
-        else:
-            rows.append(-1)
-    return np.asarray(rows, np.int64)
 
 
 def pca(table: np.ndarray, dimension: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -115,8 +76,8 @@ def initialize_token_embeddings(encoder, tokenizer, teacher_dir: str, mode: str)
     teacher's variance the projection keeps, for "teacher_select" the kept
     hidden coordinates and each student layer's teacher layer.
     """
-    teacher_pieces, table, variables = teacher_vocabulary_and_table(teacher_dir)
-    rows = match_rows(student_pieces(tokenizer), teacher_pieces)
+    pieces, table, variables = teacher_vocabulary_and_table(teacher_dir)
+    rows = match_rows(student_pieces(tokenizer), pieces)
     matched = rows >= 0
     if not matched.any():
         raise ValueError(f"no token of the student's vocabulary is in {teacher_dir}'s "
@@ -161,73 +122,6 @@ def _teacher_layer_count(variables: Dict[str, np.ndarray]) -> int:
     return len(layers)
 
 
-def teacher_hidden_ranking(teacher_dir: str, token_rows: np.ndarray, sequences: int = 64,
-                           length: int = 16, seed: int = 0, encoder=None) -> np.ndarray:
-    """The teacher's hidden coordinates, most active first.
-
-    Mean |activation| over every layer's output, on `sequences` random
-    sequences of `token_rows` (the student's pieces): BERT-style models carry
-    a few coordinates of much larger magnitude that the others depend on, and
-    random text finds the same ones as real sentences (110 of the top 128
-    agree on multilingual-e5-small). `encoder`: the teacher's encoder module,
-    when the caller has loaded it already.
-    """
-    import tensorflow as tf
-
-    if encoder is None:
-        encoder = tf.saved_model.load(os.path.join(teacher_dir, "encoder"))
-    rng = np.random.default_rng(seed)
-    ids = rng.choice(token_rows, size=(sequences, length)).astype(np.int32)
-    inputs = {"input_word_ids": tf.constant(ids), "input_mask": tf.ones_like(ids),
-              "input_type_ids": tf.zeros_like(ids)}
-    outputs = encoder(inputs)["encoder_outputs"]
-    magnitude = np.mean([np.abs(o.numpy()).mean(axis=(0, 1)) for o in outputs], axis=0)
-    return np.argsort(-magnitude, kind="stable")
-
-
-def selected_coordinates(teacher_dir: str, rows: np.ndarray, width: int,
-                         encoder=None) -> np.ndarray:
-    """The `width` teacher hidden coordinates a student of that width keeps (sorted):
-    the most active ones on the student's matched pieces (`rows >= 0`)."""
-    return np.sort(teacher_hidden_ranking(teacher_dir, rows[rows >= 0],
-                                          encoder=encoder)[:width])
-
-
-def distilled_layer_pairs(student_layers: int, teacher_layers: int) -> List[Tuple[int, int]]:
-    """(student layer, teacher layer) whose outputs correspond under `layer_sources`.
-
-    A student layer's output corresponds to the teacher layer it started from,
-    or, when pass-through layers follow it, the last of those (a deeper student:
-    teacher layer i placed at student layer j is matched at the layer before the
-    next placed one, and the last teacher layer at the student's last).
-    """
-    sources = layer_sources(student_layers, teacher_layers)
-    pairs = []
-    for j, source in enumerate(sources):
-        if source is None:
-            continue
-        end = j
-        while end + 1 < student_layers and sources[end + 1] is None:
-            end += 1
-        pairs.append((end, source))
-    return pairs
-
-
-def layer_sources(student_layers: int, teacher_layers: int) -> List[Optional[int]]:
-    """For each student layer, the teacher layer it starts from, or None (a pass-through layer).
-
-    A deeper student spreads the teacher's layers evenly (the ones in between
-    start as pass-through layers); a shallower one takes evenly spaced teacher
-    layers.
-    """
-    if student_layers >= teacher_layers:
-        sources: List[Optional[int]] = [None] * student_layers
-        for i in range(teacher_layers):
-            sources[int(np.floor(i * student_layers / teacher_layers))] = i
-        return sources
-    return [int(np.floor(j * teacher_layers / student_layers)) for j in range(student_layers)]
-
-
 def pass_through_norm(gamma: np.ndarray, beta: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """The layer norm weights under which a layer with zero output projections
     hands its input on, as nearly as a layer norm can.
@@ -263,8 +157,6 @@ def select_teacher_weights(encoder, rows: np.ndarray, teacher_dir: str,
                            variables: Optional[Dict[str, np.ndarray]] = None) -> dict:
     """"teacher_select" (see the module docstring); `rows`: `match_rows`'s output;
     `variables`: the teacher encoder's, when the caller has read them already."""
-    from lealla_tf.models.checkpoint_conversion import read_saved_model_variables
-
     if encoder.embedding_projection is not None or encoder.num_unique_layers:
         raise ValueError("teacher_select needs an encoder without embedding bottleneck or "
                          "parameter recurrence")

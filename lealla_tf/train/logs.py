@@ -8,7 +8,9 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 
-from lealla_tf.evaluation.retrieval import TATOEBA_MEAN_COSINE, TATOEBA_PRIMARY_METRIC
+from lealla_tf.evaluation.tatoeba import TATOEBA_MEAN_COSINE, TATOEBA_PRIMARY_METRIC
+from lealla_tf.inference import formats
+from lealla_tf.mining.margins import collapse_warning, mean_cosine
 
 
 class RunLogs:
@@ -42,7 +44,8 @@ class RunLogs:
         return metrics
 
     def flush(self) -> None:
-        self.train.flush()
+        if not self.train.closed:
+            self.train.flush()
 
     def close(self) -> None:
         self.train.close()
@@ -75,12 +78,10 @@ def collapse_check(evaluations: list, embed_function: Callable, model_dir: str) 
     """What the summary says about a model that maps every sentence to one point:
     `collapse_warning` (None when it does not), measured from the spread of the
     last Tatoeba evaluation's English side; a run without one (no --tatoeba_dir)
-    embeds the export's check sentences (`lealla_tf.inference.export.
+    embeds the export's check sentences (`lealla_tf.inference.formats.
     SPREAD_SENTENCES`) with `embed_function()`'s function, strings -> vectors, and
     adds their `mean_cosine`, so the summary and the export agree. Empty when
     there is nothing to measure with (`embed_function()` gives None)."""
-    from lealla_tf.mining.margins import collapse_warning, mean_cosine
-
     what = f"the model in {model_dir}"
     if evaluations:
         return {"collapse_warning": collapse_warning(
@@ -88,9 +89,7 @@ def collapse_check(evaluations: list, embed_function: Callable, model_dir: str) 
     embed = embed_function()
     if not embed:
         return {}
-    from lealla_tf.inference.export import SPREAD_SENTENCES
-
-    cosine = mean_cosine(np.asarray(embed(tf.constant(SPREAD_SENTENCES))))
+    cosine = mean_cosine(np.asarray(embed(tf.constant(formats.SPREAD_SENTENCES))))
     return {"mean_cosine": cosine, "collapse_warning": collapse_warning(cosine, what)}
 
 

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from lealla_tf.configs import TrainConfig, read_json
 from lealla_tf.models import kernels
+from lealla_tf.models.encoder import build_encoder
 from lealla_tf.models.model_dir import CONFIG_FILE, encoder_config_of, latest_checkpoint
 
 
@@ -42,8 +43,6 @@ class EncoderStudent:
     kind = "encoder"
 
     def __init__(self, config: TrainConfig):
-        from lealla_tf.models.encoder import build_encoder
-
         self.config = config.encoder
         self.encoder = build_encoder(
             config.encoder, dtype="mixed_bfloat16" if config.mixed_precision else None)

@@ -48,21 +48,24 @@ from lealla_tf.losses.objectives import (
     parse_objective,
     terms_needing,
 )
+from lealla_tf.teachers.layers import TeacherLayers
+from lealla_tf.teachers.selection import student_pieces
+from lealla_tf.teachers.sources import CenteredTeacher, PrecomputedTeacher
 from lealla_tf.train.data import fixed_lengths, pair_dataset, tokenize_batches
 from lealla_tf.train.distribution import is_tpu_strategy, resolve_jit_compile
 from lealla_tf.train.heads import DistillationHeads
+from lealla_tf.train.initialization import initialize_token_embeddings
 from lealla_tf.train.students import build_student
-from lealla_tf.train.teacher_sources import CenteredTeacher, PrecomputedTeacher
 
 
 class DistillationTask:
     """Student, teacher, heads and terms of a resolved `TrainConfig`.
 
     Args:
-        config: a config resolved by `lealla_tf.configs.resolve_train_config`.
+        config: a config resolved by `lealla_tf.train.resolution.resolve_train_config`.
         strategy: the tf.distribute strategy (student and heads are built in its scope).
         tokenizer: the student's `Tokenizer`.
-        teacher: a `lealla_tf.train.teacher_sources.Teacher`, or None.
+        teacher: a `lealla_tf.teachers.sources.Teacher`, or None.
         files: the training files (`lealla_tf.train.data.find_training_files`).
         sizes: pairs per language (counted once by the caller), or None.
 
@@ -127,8 +130,6 @@ class DistillationTask:
             self.student.initialize_from(self.config.init_from)
             done["init_from"] = self.config.init_from
         if self.config.embedding_init != "random":
-            from lealla_tf.train.initialization import initialize_token_embeddings
-
             done["embedding_init"] = initialize_token_embeddings(
                 self.student.encoder, self.tokenizer, self.config.embedding_init_source,
                 self.config.embedding_init)
@@ -298,12 +299,9 @@ def scale_gradient(gradient, factor):
 
 def build_teacher_layers(config: TrainConfig, tokenizer):
     """The frozen teacher's layer outputs on the student's tokens
-    (`lealla_tf.train.heads.TeacherLayers`), from `embedding_init_source` (or the
+    (`lealla_tf.teachers.layers.TeacherLayers`), from `embedding_init_source` (or the
     teacher's path); None without a teacher directory or an encoder student.
     ValueError when the student's vocabulary is not the teacher's pieces."""
-    from lealla_tf.train.heads import TeacherLayers
-    from lealla_tf.train.initialization import student_pieces
-
     source = config.embedding_init_source or config.teacher.path
     if not source or config.student != "encoder":
         return None

@@ -25,6 +25,7 @@ checkpoints in model_dir, write their own checkpoints and logs to a temporary
 directory (removed at the end), and all stop at the same step.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -38,10 +39,15 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from lealla_tf.configs import TrainConfig
-from lealla_tf.evaluation.retrieval import TATOEBA_MEAN_COSINE, TATOEBA_PRIMARY_METRIC
+from lealla_tf.evaluation.tatoeba import (
+    TATOEBA_MEAN_COSINE,
+    TATOEBA_PRIMARY_METRIC,
+    evaluate_tatoeba,
+)
 from lealla_tf.models.model_dir import CHECKPOINT_DIR
+from lealla_tf.progress import progress_bar
 from lealla_tf.train.distribution import any_worker, is_tpu_strategy, worker_role
-from lealla_tf.train.logs import RunLogs, truncate_log
+from lealla_tf.train.logs import RunLogs, collapse_check, truncate_log
 from lealla_tf.train.optimizers import FusedAdamW
 from lealla_tf.train.schedules import WarmupLinearDecay
 from lealla_tf.train.task import scale_gradient
@@ -198,8 +204,6 @@ class Trainer:
         embed = self._embed
         if not embed:
             return None
-        from lealla_tf.evaluation.retrieval import evaluate_tatoeba
-
         return evaluate_tatoeba(embed, self.config.tatoeba_dir,
                                 max_pairs=self.config.eval_max_pairs or None, progress=False)
 
@@ -223,8 +227,6 @@ class Trainer:
         "time_budget_minutes": m]}, n' past the current step): the rate decays
         to n' from there and `plan.json` records it.
         """
-        from lealla_tf.progress import progress_bar as tqdm
-
         config = self.config
         if planner is not None and self.role.workers > 1:
             raise ValueError("a run planning its own length runs in one process; give "
@@ -254,8 +256,8 @@ class Trainer:
             logs.evaluation(0, self.evaluate(), evaluations)
             evaluation_seconds = time.time() - evaluated
         step_seconds, plan, first_step_start = [], None, None
-        bar = tqdm(total=config.train_steps, initial=steps_done, desc="training", unit="step",
-                   disable=not self.progress, dynamic_ncols=True)
+        bar = progress_bar(total=config.train_steps, initial=steps_done, desc="training",
+                           unit="step", disable=not self.progress, dynamic_ncols=True)
         window_start, window_steps = time.time(), 0
         try:
             while steps_done < config.train_steps:
@@ -323,18 +325,23 @@ class Trainer:
                     if metrics:
                         bar.write(f"step {steps_done}: Tatoeba P@1 "
                                   f"{100 * metrics[TATOEBA_PRIMARY_METRIC]:.2f}")
+        except BaseException:
+            logs.close()  # a failed step leaves no open log behind
+            raise
         finally:
             bar.close()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             logs.flush()
-        latest = self.manager.latest_checkpoint
-        if latest is None or int(latest.rsplit("-", 1)[1]) != steps_done:
-            self.manager.save(checkpoint_number=steps_done)
-        if config.eval_every and steps_done > start_step and (
-                not evaluations or evaluations[-1]["step"] != steps_done):
-            logs.evaluation(steps_done, self.evaluate(), evaluations)
-        logs.close()
+        try:
+            latest = self.manager.latest_checkpoint
+            if latest is None or int(latest.rsplit("-", 1)[1]) != steps_done:
+                self.manager.save(checkpoint_number=steps_done)
+            if config.eval_every and steps_done > start_step and (
+                    not evaluations or evaluations[-1]["step"] != steps_done):
+                logs.evaluation(steps_done, self.evaluate(), evaluations)
+        finally:
+            logs.close()
         checkpoint = self.manager.latest_checkpoint
         if not self.role.chief:  # report the chief's checkpoint; drop this worker's files
             checkpoint = os.path.join(self.model_dir, CHECKPOINT_DIR, os.path.basename(checkpoint))
@@ -352,8 +359,6 @@ class Trainer:
                    "jit_compile": self.task.jit_compile,
                    "data": self.task.data_info, "initialization": self.initialization}
         if self.role.chief:  # a collapsed model is named, with or without Tatoeba
-            from lealla_tf.train.logs import collapse_check
-
             summary.update(collapse_check(evaluations, self.task.embed_function,
                                           self.model_dir))
             with open(os.path.join(self.model_dir, "train_summary.json"), "w") as f:
@@ -362,8 +367,6 @@ class Trainer:
 
     def _take_plan(self, plan: dict, steps_done: int) -> TrainConfig:
         """The run's settings once its planner decided its length."""
-        import dataclasses
-
         if plan["train_steps"] < steps_done or (
                 steps_done >= self.config.optimizer.warmup_steps):
             raise ValueError(f"a plan of {plan['train_steps']} steps came at step {steps_done}: "
@@ -379,8 +382,6 @@ class Trainer:
         moves the end: only `train_steps` (and the time guard) may change, to a
         step after this one; the rate from here decays to the new end, and
         `plan.json` records it, so a run resumed after this step keeps it."""
-        import dataclasses
-
         changed = set(replan) - {"train_steps", "time_budget_minutes"}
         if changed or replan["train_steps"] <= steps_done:
             raise ValueError(f"a re-plan at step {steps_done} may set only a later "

@@ -33,7 +33,7 @@ def main(out: str, argv) -> None:
     import tensorflow as tf
 
     from lealla_tf.cli.train import build_parser, config_from_flags
-    from lealla_tf.train.run import build_trainer
+    from lealla_tf.train.launch import build_trainer
 
     args = build_parser().parse_args(argv)
     trainer = build_trainer(config_from_flags(args), args.model_dir, args.vocab_file, strategy,

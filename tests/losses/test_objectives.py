@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lealla_tf.configs import EncoderConfig, LossConfig, TrainConfig, resolve_train_config
+from lealla_tf.configs import EncoderConfig, LossConfig, TrainConfig
 from lealla_tf.losses import functions as losses
 from lealla_tf.losses import objectives
 from lealla_tf.losses.objectives import (
@@ -17,6 +17,7 @@ from lealla_tf.losses.objectives import (
     compute_terms,
     parse_objective,
 )
+from lealla_tf.train.resolution import resolve_train_config
 
 
 def inputs(rng, rows=6, width=4, teacher=5):
@@ -83,7 +84,7 @@ def test_a_new_term_is_one_row(monkeypatch, sentence_vocab_file, tiny_parallel_d
                     default_weight=lambda d: 2.0, description="1 - cos(x, y)")
     monkeypatch.setitem(objectives.OBJECTIVES, "alignment", row)
     from lealla_tf.configs import DataConfig, OptimizerConfig, TokenizerConfig
-    from lealla_tf.train.run import train
+    from lealla_tf.train.launch import train
 
     vocabulary = len(open(sentence_vocab_file, encoding="utf-8").read().split("\n")) - 1
     config = TrainConfig(

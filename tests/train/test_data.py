@@ -8,6 +8,7 @@ from conftest import write_pairs
 
 from lealla_tf.configs import DataConfig
 from lealla_tf.parallel_corpus import language_sampling_probabilities
+from lealla_tf.teachers.sources import PrecomputedTeacher
 from lealla_tf.tokenizers.tokenizer import Tokenizer
 from lealla_tf.train.data import (
     find_training_files,
@@ -16,7 +17,6 @@ from lealla_tf.train.data import (
     tokenize_batches,
     write_pairs_tfrecord,
 )
-from lealla_tf.train.teacher_sources import PrecomputedTeacher
 
 
 def take(dataset, count):
@@ -198,7 +198,8 @@ def test_bucketed_batches_resume_at_the_same_batch(tmp_path):
 
 
 def test_negative_length_buckets_are_refused(tmp_path):
-    from lealla_tf.configs import TrainConfig, validate_train_config
+    from lealla_tf.configs import TrainConfig
+    from lealla_tf.train.resolution import validate_train_config
 
     config = TrainConfig(data=DataConfig(train_data=[str(tmp_path)], length_buckets=-1))
     with pytest.raises(ValueError, match="--length_buckets"):

@@ -18,7 +18,7 @@ from helpers.multi_worker_probe import flatten
 
 from lealla_tf.cli.train import build_parser, config_from_flags
 from lealla_tf.train.distribution import make_strategy, worker_role
-from lealla_tf.train.run import build_trainer
+from lealla_tf.train.launch import build_trainer
 
 WORKERS = 2
 PROBE = str(REPO_ROOT / "tests" / "helpers" / "multi_worker_probe.py")
@@ -193,8 +193,8 @@ def test_chief_checkpoint_resumes_on_both_workers(two_worker_run, teacher_record
                                                   sentence_vocab_file, tmp_path):
     root, model_dir, probes = two_worker_run
     # Only the chief wrote model_dir: one log row per step, no worker files left.
-    steps = [json.loads(line)["step"] for line in open(os.path.join(model_dir,
-                                                                     "train_log.jsonl"))]
+    with open(os.path.join(model_dir, "train_log.jsonl")) as log:
+        steps = [json.loads(line)["step"] for line in log]
     assert steps == [1, 2]
     assert not os.path.exists(str(probes[1]["write_dir"]))
     assert str(probes[0]["write_dir"]) == model_dir
@@ -209,8 +209,8 @@ def test_chief_checkpoint_resumes_on_both_workers(two_worker_run, teacher_record
     for output in outputs:
         assert "steps 2 -> 4" in output, output
         assert f"checkpoint: {os.path.join(model_dir, 'checkpoints', 'ckpt-4')}" in output
-    steps = [json.loads(line)["step"] for line in open(os.path.join(model_dir,
-                                                                     "train_log.jsonl"))]
+    with open(os.path.join(model_dir, "train_log.jsonl")) as log:
+        steps = [json.loads(line)["step"] for line in log]
     assert steps == [1, 2, 3, 4]
     for index in range(WORKERS):  # (TensorFlow's autograph files stay in TMPDIR)
         assert not [n for n in os.listdir(root / f"tmp{index}") if n.startswith("lealla_")]

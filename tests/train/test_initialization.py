@@ -1,21 +1,17 @@
-"""Teacher-initialised students (`lealla_tf.train.initialization`)."""
+"""Teacher-initialised students (`lealla_tf.train.initialization`): the teacher's
+token embeddings by PCA or under a bottleneck, or every weight by weight selection
+(which coordinates and layers it keeps: tests/teachers/test_selection.py)."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from lealla_tf.configs import EncoderConfig
-from lealla_tf.inference.export import export_labse_pair
+from lealla_tf.inference.formats import export_labse_pair
 from lealla_tf.models.encoder import build_encoder
+from lealla_tf.teachers.selection import teacher_hidden_ranking
 from lealla_tf.tokenizers.tokenizer import Tokenizer
-from lealla_tf.train.initialization import (
-    distilled_layer_pairs,
-    layer_sources,
-    match_rows,
-    pca,
-    select_teacher_weights,
-    teacher_hidden_ranking,
-)
+from lealla_tf.train.initialization import pass_through_norm, pca, select_teacher_weights
 
 TEACHER = dict(vocabulary_size=40, num_layers=2, num_heads=4, hidden_dim=16,
                intermediate_dim=32, max_sequence_length=24, pooling="mean", dropout=0.0,
@@ -31,11 +27,11 @@ def teacher_dir(tmp_path_factory, tiny_vocab_file):
     rng = np.random.default_rng(0)
     for weight in teacher.weights:  # BERT-scale random weights, biases included
         weight.assign(rng.normal(scale=0.2, size=weight.shape).astype(np.float32))
-    for layer in [teacher.embeddings_layer_norm] + [
-            t._feedforward_layer_norm for t in teacher.transformer_layers]:
-        gamma, beta = layer.weights
-        gamma.assign(np.ones(gamma.shape, np.float32))
-        beta.assign(np.eye(TEACHER["hidden_dim"], dtype=np.float32)[LOUD] * 8.0)
+    for weight in teacher.weights:  # the embeddings' and each layer's output layer norm
+        if weight.path.endswith(("embeddings_layer_norm/gamma", "feedforward_layer_norm/gamma")):
+            weight.assign(np.ones(weight.shape, np.float32))
+        elif weight.path.endswith(("embeddings_layer_norm/beta", "feedforward_layer_norm/beta")):
+            weight.assign(np.eye(TEACHER["hidden_dim"], dtype=np.float32)[LOUD] * 8.0)
     directory = str(tmp_path_factory.mktemp("teacher"))
     export_labse_pair(teacher, Tokenizer(tiny_vocab_file, max_seq_length=16), directory)
     return directory, teacher
@@ -56,21 +52,6 @@ def sequence_output(encoder, ids):
 
 
 IDS = np.array([[1, 7, 9, 12, 3, 2], [1, 30, 31, 4, 2, 0]], np.int32)
-
-
-def test_layers_spread_evenly_and_the_rest_start_as_pass_through():
-    assert layer_sources(24, 12) == [0, None, 1, None, 2, None, 3, None, 4, None, 5, None,
-                                     6, None, 7, None, 8, None, 9, None, 10, None, 11, None]
-    assert layer_sources(12, 12) == list(range(12))
-    assert layer_sources(3, 2) == [0, 1, None]
-    assert layer_sources(4, 12) == [0, 3, 6, 9]
-
-
-def test_distilled_layers_are_the_last_of_each_pass_through_run():
-    assert distilled_layer_pairs(24, 12) == [(2 * i + 1, i) for i in range(12)]
-    assert distilled_layer_pairs(12, 12) == [(i, i) for i in range(12)]
-    assert distilled_layer_pairs(3, 2) == [(0, 0), (2, 1)]
-    assert distilled_layer_pairs(4, 12) == [(0, 0), (1, 3), (2, 6), (3, 9)]
 
 
 def test_a_student_as_wide_as_the_teacher_is_the_teacher(teacher_dir):
@@ -147,15 +128,6 @@ def test_a_student_with_fewer_heads_takes_the_first_heads_whole(teacher_dir):
     np.testing.assert_array_equal(segments[1], segments[0])
 
 
-def test_teacher_select_and_init_from_do_not_combine():
-    from lealla_tf.configs import TrainConfig, validate_train_config
-
-    config = TrainConfig(embedding_init="teacher_select", embedding_init_source="t",
-                         init_from="some/model")
-    with pytest.raises(ValueError, match="overwrite --init_from"):
-        validate_train_config(config)
-
-
 def test_a_deeper_student_interleaves_pass_through_layers(teacher_dir):
     directory, teacher = teacher_dir
     encoder = student(num_layers=4)
@@ -189,9 +161,7 @@ def test_a_student_the_teacher_cannot_cover_is_a_clear_error(teacher_dir, change
         select_teacher_weights(student(**changes), np.arange(40), directory)
 
 
-def test_rows_match_by_piece_and_pca_keeps_the_leading_variance():
-    teacher = ["<s>", "\u2581dog", "s", "\u2581the"]
-    assert match_rows(["the", "##s", "dog", "cat", "<s>"], teacher).tolist() == [3, 2, 1, -1, 0]
+def test_pca_keeps_the_leading_variance():
     rng = np.random.default_rng(0)
     table = rng.normal(size=(200, 6)) * np.array([5.0, 3.0, 1.0, 0.1, 0.1, 0.1])
     mean, components = pca(table.astype(np.float32), 2)
@@ -226,3 +196,20 @@ def test_pass_through_layers_hand_their_input_on(teacher_dir):
     standardised = distance(sequence_output(encoder, IDS))
     assert kept < 0.25, kept
     assert standardised > 2.5 * kept, (kept, standardised)
+
+
+def test_pass_through_norm_keeps_the_spread_and_offset_of_the_norm_before():
+    """For y = gamma z + beta with z standardised, y's mean over coordinates is about
+    mean(beta) and its variance about mean(gamma^2) + var(beta)."""
+    rng = np.random.default_rng(3)
+    gamma = rng.uniform(0.5, 2.0, size=64).astype(np.float32)
+    beta = rng.normal(size=64).astype(np.float32)
+    scale, offset = pass_through_norm(gamma, beta)
+    assert scale.shape == gamma.shape and offset.shape == beta.shape
+    np.testing.assert_allclose(scale, np.sqrt(np.mean(gamma ** 2) + np.var(beta)), rtol=1e-6)
+    np.testing.assert_allclose(offset, np.mean(beta), rtol=1e-6)
+    z = rng.normal(size=(20000, 64))
+    z = (z - z.mean(axis=1, keepdims=True)) / z.std(axis=1, keepdims=True)
+    y = gamma * z + beta  # the previous layer norm's output, token by token
+    np.testing.assert_allclose(y.std(axis=1).mean(), scale[0], rtol=0.05)
+    np.testing.assert_allclose(y.mean(axis=1).mean(), offset[0], atol=0.05)

@@ -29,7 +29,7 @@ def test_a_collapsed_student_is_named_in_the_summary_without_a_tatoeba_dir(
     assert "has collapsed" in summary["collapse_warning"]
     assert str(tmp_path) in summary["collapse_warning"]
     assert summary["collapse_warning"] in format_summary(summary)
-    written = json.load(open(tmp_path / "train_summary.json"))
+    written = json.loads((tmp_path / "train_summary.json").read_text())
     assert written["collapse_warning"] == summary["collapse_warning"]
 
 
@@ -59,3 +59,14 @@ def test_collapse_check_reads_the_last_evaluation_or_embeds_the_check_sentences(
     assert check["mean_cosine"] > 0.999 and "the model in m has collapsed" in \
         check["collapse_warning"]
     assert logs.collapse_check([], lambda: None, "m") == {}  # nothing can embed strings
+
+
+def test_the_logs_close_and_a_late_flush_is_harmless(tmp_path):
+    """The trainer closes the logs when a step fails and flushes them on its way
+    out: the flush after the close must not raise over the step's own error."""
+    run = logs.RunLogs(str(tmp_path), tf.summary.create_noop_writer())
+    run.evaluation(0, {"tatoeba/average_p_at_1": 0.5}, [])
+    run.close()
+    run.flush()
+    assert run.train.closed and run.eval.closed
+    assert json.loads((tmp_path / "eval_log.jsonl").read_text())["step"] == 0

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import Trainer, tiny_config, vocab_size
 
-from lealla_tf.configs import validate_train_config
+from lealla_tf.train.resolution import validate_train_config
 from lealla_tf.train.schedules import WarmupLinearDecay
 
 
@@ -37,7 +37,8 @@ def test_decay_fraction_is_checked():
 
 
 def train_log_rates(model_dir):
-    return [json.loads(line)["learning_rate"] for line in open(model_dir / "train_log.jsonl")]
+    return [json.loads(line)["learning_rate"]
+            for line in (model_dir / "train_log.jsonl").read_text().splitlines()]
 
 
 def test_a_cooldown_branch_equals_the_run_that_decays_there(sentence_vocab_file,

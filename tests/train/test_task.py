@@ -87,7 +87,8 @@ def test_compiled_steps_train_as_the_same_steps_op_by_op(
     trainer = run(config, compiled, vocab_file)
     assert trainer.task.compiled
     assert_same_steps(log(compiled), log(op_by_op), trainer.task.terms)
-    summary = json.load(open(os.path.join(compiled, "train_summary.json")))
+    with open(os.path.join(compiled, "train_summary.json")) as f:
+        summary = json.load(f)
     assert summary["jit_compile"] is True and summary["start_step"] == STEPS // 2
 
 
@@ -145,7 +146,8 @@ def test_batches_are_padded_to_a_few_fixed_lengths():
     padded = pad_to_fixed_lengths({"source": inputs(5), "target": inputs(9),
                                    "teacher_target_inputs": inputs(3), "language": tf.zeros([2])},
                                   fixed_lengths(24), pad_id=1)
-    assert padded["source"]["input_word_ids"].shape == padded["target"]["input_mask"].shape == [2, 16]
+    assert padded["source"]["input_word_ids"].shape == [2, 16]
+    assert padded["target"]["input_mask"].shape == [2, 16]
     assert padded["teacher_target_inputs"]["input_word_ids"].shape == [2, 8]
     ids = padded["source"]["input_word_ids"].numpy()
     assert (ids[:, :5] == 7).all() and (ids[:, 5:] == 1).all()

@@ -1,14 +1,26 @@
-"""Teachers: centred vectors (`CenteredTeacher`) and how a run keeps their mean; the
-teacher run in the step on the student's tokens (`InStepTeacher`)."""
+"""Where a step's teacher vectors come from (`lealla_tf.teachers.sources`): centred
+vectors (`CenteredTeacher`) and how a run keeps their mean; the teacher run in the
+step on the student's tokens (`InStepTeacher`); which teacher a config and the
+training records give (`build_teacher`)."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import Trainer, tiny_config, vocab_size
+from conftest import Trainer, tiny_config, tiny_vocabulary, vocab_size
 
-from lealla_tf.configs import TeacherConfig, check_resumable, validate_train_config
+from lealla_tf.configs import TeacherConfig
+from lealla_tf.teachers.layers import TeacherLayers
+from lealla_tf.teachers.selection import match_rows
+from lealla_tf.teachers.sources import (
+    CenteredTeacher,
+    EnglishOnlyTeacher,
+    InStepTeacher,
+    PrecomputedTeacher,
+    build_teacher,
+    trim_to_longest,
+)
 from lealla_tf.train.distribution import make_strategy
-from lealla_tf.train.teacher_sources import CenteredTeacher, EnglishOnlyTeacher, PrecomputedTeacher
+from lealla_tf.train.resolution import validate_train_config
 
 
 def unit(x):
@@ -88,36 +100,13 @@ def test_an_objective_without_teacher_terms_has_nothing_to_centre(
     assert "teacher_center" not in trainer.train()["initialization"]
 
 
-def test_center_pairs_must_be_positive(teacher_records, sentence_vocab_file):
-    config = tiny_config(vocab_size(sentence_vocab_file), teacher_records,
-                         teacher=TeacherConfig(center=True, center_pairs=0))
-    with pytest.raises(ValueError, match="--teacher_center_pairs must be positive"):
-        validate_train_config(config)
-
-
-def test_a_run_written_before_centring_existed_resumes_uncentred():
-    stored = {"teacher": {"path": "", "english_only": False}, "train_steps": 5}
-    requested = {"teacher": {"path": "", "english_only": False, "center": False,
-                             "center_pairs": 2048}, "train_steps": 9}
-    check_resumable(stored, requested)
-    requested["teacher"]["center"] = True
-    with pytest.raises(ValueError, match="teacher.center: False -> True"):
-        check_resumable(stored, requested)
-
-
 def test_the_in_step_teacher_embeds_both_sides_with_the_hd_teacher_pass(teacher):
     """`InStepTeacher`: x^t, y^t are the teacher encoder's unit mean-pooled outputs on
     the student's tokens, mapped to the teacher's ids."""
-    from conftest import tiny_vocabulary
-
-    from lealla_tf.train.heads import TeacherLayers
-    from lealla_tf.train.initialization import match_rows
-    from lealla_tf.train.teacher_sources import InStepTeacher, build_teacher
-
     directory, teacher_encoder, pieces = teacher
     vocabulary = tiny_vocabulary()[::-1]  # other ids than the teacher's for the same pieces
     layers = TeacherLayers(directory, vocabulary, 8, 4, 16)
-    in_step = build_teacher(TeacherConfig(in_step=True), [], layers)
+    in_step = build_teacher(TeacherConfig(in_step=True), layers=layers)
     assert isinstance(in_step, InStepTeacher) and in_step.dimension == 16
     assert in_step.base is in_step and in_step.batch_features({"x": 1}) == {}
     rows = match_rows(vocabulary, pieces)
@@ -136,7 +125,7 @@ def test_the_in_step_teacher_embeds_both_sides_with_the_hd_teacher_pass(teacher)
         expected = teacher_encoder(mapped, training=False)["pooled_output"].numpy()
         np.testing.assert_allclose(got.numpy(), unit(expected), atol=1e-5)
     with pytest.raises(ValueError, match="--embedding_init_source"):
-        build_teacher(TeacherConfig(in_step=True), [], None)
+        build_teacher(TeacherConfig(in_step=True))
 
 
 def test_the_in_step_teacher_trains_fd_ld_and_hd_on_plain_tsvs(
@@ -155,7 +144,7 @@ def test_the_in_step_teacher_trains_fd_ld_and_hd_on_plain_tsvs(
         TrainConfig,
     )
     from lealla_tf.teachers.conversion import SENTENCEPIECE_FILE
-    from lealla_tf.train.run import train
+    from lealla_tf.train.launch import train
 
     directory, _, pieces = teacher
     config = TrainConfig(
@@ -185,3 +174,32 @@ def test_the_in_step_teacher_trains_fd_ld_and_hd_on_plain_tsvs(
     with pytest.raises(ValueError, match="--embedding_init_source"):
         validate_train_config(dataclasses.replace(config, embedding_init="random",
                                                   embedding_init_source=""))
+
+
+def test_precomputed_vectors_make_the_teacher_when_there_is_no_module():
+    """Without a module, the records' vectors are the teacher: both sides, or the
+    English side for an English-only teacher; a both-side objective is never
+    silently given English-side vectors only."""
+    assert build_teacher(TeacherConfig()) is None  # no module, no vectors
+    both = build_teacher(TeacherConfig(), precomputed=(6, True))
+    assert isinstance(both, PrecomputedTeacher) and both.dimension == 6 and both.has_source
+    english = build_teacher(TeacherConfig(english_only=True), precomputed=(6, False))
+    assert isinstance(english, EnglishOnlyTeacher) and english.base.dimension == 6
+    batch = {"teacher_tgt": tf.ones([2, 6]), "teacher_src": tf.zeros([2, 6])}
+    assert set(english.batch_features(batch)) == {"teacher_target"}
+    source, target = english.vectors({"teacher_target": tf.constant([[3.0, 4, 0, 0, 0, 0]])})
+    np.testing.assert_allclose(source.numpy(), [[0.6, 0.8, 0, 0, 0, 0]], atol=1e-6)
+    assert source is target  # x^t = y^t = T(en)
+    with pytest.raises(ValueError, match="English side only.*--teacher_english_only"):
+        build_teacher(TeacherConfig(), precomputed=(6, False))
+
+
+def test_fixed_length_inputs_are_cut_to_the_longest_row():
+    mask = tf.constant([[1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0]])
+    inputs = {"input_word_ids": mask * 7, "input_mask": mask, "input_type_ids": mask * 0}
+    trimmed = trim_to_longest(inputs)
+    assert {name: value.shape.as_list() for name, value in trimmed.items()} == {
+        name: [2, 3] for name in inputs}
+    assert trimmed["input_word_ids"].dtype == tf.int32
+    empty = trim_to_longest({"input_mask": tf.zeros([2, 4], tf.int32)})
+    assert empty["input_mask"].shape.as_list() == [2, 1]  # never cut to nothing

@@ -1,31 +1,42 @@
-"""Training as one library call: `train(config, model_dir, vocab_file) -> summary`.
+"""Launching a training run, as one library call: `train(config, model_dir,
+vocab_file) -> summary`.
 
-What `python -m lealla_tf.train` and the main job both call. It finds and checks
-the data (every file readable, at least one well-formed pair) BEFORE anything is
-written, builds the teacher, resolves the config's defaults from the tokenizer
-and the teacher (`lealla_tf.configs.resolve_train_config`), refuses to resume a
-model directory with other settings, takes the model directory's one-writer
-lock, writes `config.json`, and runs the `DistillationTask` with a `Trainer`.
+What `python -m lealla_tf.train` and the main job both call: everything before
+the first step, then the `Trainer` (`lealla_tf.train.trainer`, which runs the
+steps). It finds and checks the data (every file readable, at least one
+well-formed pair) BEFORE anything is written, builds the teacher, resolves the
+config's defaults from the tokenizer and the teacher
+(`lealla_tf.train.resolution.resolve_train_config`), refuses to resume a model
+directory with other settings, takes the model directory's one-writer lock,
+writes `config.json`, and runs the `DistillationTask` with a `Trainer`.
 """
 
 import contextlib
+import hashlib
 import os
 from typing import Optional
 
-from lealla_tf.configs import (
-    TrainConfig,
-    check_resumable,
-    config_to_dict,
-    resolve_train_config,
-    validate_train_config,
+import keras
+import tensorflow as tf
+
+from lealla_tf.configs import TrainConfig, config_to_dict
+from lealla_tf.folder_lock import check_folder, hold_folder, release_folder
+from lealla_tf.models.model_dir import (
+    CONFIG_FILE,
+    build_tokenizer,
+    latest_checkpoint,
+    read_model_config,
+    write_model_config,
 )
+from lealla_tf.teachers.sources import build_teacher
+from lealla_tf.train.data import find_training_files, language_sizes, precomputed_teacher_layout
+from lealla_tf.train.distribution import worker_role
+from lealla_tf.train.resolution import check_resumable, resolve_train_config, validate_train_config
+from lealla_tf.train.task import DistillationTask, build_teacher_layers
+from lealla_tf.train.trainer import Trainer
 
 
 def file_sha256(path: str) -> str:
-    import hashlib
-
-    import tensorflow as tf
-
     digest = hashlib.sha256()
     with tf.io.gfile.GFile(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -35,8 +46,6 @@ def file_sha256(path: str) -> str:
 
 def model_vocab_file(model_dir: str) -> Optional[str]:
     """The vocabulary inside an existing model directory, or None for a new one."""
-    from lealla_tf.models.model_dir import CONFIG_FILE, read_model_config
-
     if not os.path.exists(os.path.join(model_dir, CONFIG_FILE)):
         return None
     return os.path.join(model_dir, read_model_config(model_dir)["tokenizer"]["vocab_file"])
@@ -45,8 +54,6 @@ def model_vocab_file(model_dir: str) -> Optional[str]:
 def check_model_dir(model_dir: str) -> None:
     """ValueError when `model_dir` cannot be a model directory: it is a file, or
     it cannot be created (a local path under a file or in a read-only place)."""
-    from lealla_tf.folder_lock import check_folder
-
     check_folder(model_dir, f"--model_dir={model_dir}")
 
 
@@ -54,13 +61,6 @@ def prepare(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = Non
             strategy=None):
     """Everything `train` does before the first step; returns
     (resolved config, tokenizer, teacher, files, sizes, strategy, vocab file)."""
-    import tensorflow as tf
-
-    from lealla_tf.models.model_dir import build_tokenizer, latest_checkpoint, read_model_config
-    from lealla_tf.train.data import find_training_files, language_sizes
-    from lealla_tf.train.task import build_teacher_layers
-    from lealla_tf.train.teacher_sources import build_teacher
-
     check_model_dir(model_dir)
     validate_train_config(config)
     existing_vocab = model_vocab_file(model_dir)
@@ -78,7 +78,10 @@ def prepare(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = Non
     tokenizer = build_tokenizer(config.tokenizer, vocab_file)
     with strategy.scope():
         layers = build_teacher_layers(config, tokenizer) if config.teacher.in_step else None
-        teacher = build_teacher(config.teacher, files, layers)
+        # Only a teacher that reads the records needs their vectors' layout.
+        reads_records = not (config.teacher.in_step or config.teacher.hub)
+        teacher = build_teacher(config.teacher, precomputed_teacher_layout(files)
+                                if reads_records else None, layers)
     resolved = resolve_train_config(config, tokenizer.vocab_size,
                                     teacher.dimension if teacher else None)
     resolved.vocab_sha256 = file_sha256(vocab_file)
@@ -102,14 +105,6 @@ def build_trainer(config: TrainConfig, model_dir: str, vocab_file: Optional[str]
     anything (`lealla_tf.folder_lock`; FolderInUseError naming the pid of a run
     writing it already) and `writer` releases it when it closes.
     """
-    import keras
-
-    from lealla_tf.folder_lock import hold_folder, release_folder
-    from lealla_tf.models.model_dir import write_model_config
-    from lealla_tf.train.distribution import worker_role
-    from lealla_tf.train.task import DistillationTask
-    from lealla_tf.train.trainer import Trainer
-
     # One seed fixes initialisation, dropout and the data order: two runs of the
     # same command train the same model. It is set before anything is built.
     keras.utils.set_random_seed(config.data.seed)
@@ -136,7 +131,7 @@ def train(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = None,
 
     Args:
         config: a `TrainConfig`; None fields are resolved (see
-            `lealla_tf.configs.resolve_train_config`).
+            `lealla_tf.train.resolution.resolve_train_config`).
         model_dir: new, or one written by an earlier run with the same settings.
         vocab_file: the student's vocabulary (required for a new model_dir).
         strategy: a tf.distribute strategy (default: the current one). With a

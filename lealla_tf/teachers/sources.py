@@ -10,7 +10,7 @@
 - `PrecomputedTeacher`: vectors stored with the pairs (TFRecords written by
   `beam_pipelines/embed_corpus.py --pairs`).
 - `InStepTeacher`: the frozen teacher encoder the hd term already runs on the
-  student's own tokens (`lealla_tf.train.heads.TeacherLayers`); its vectors are that
+  student's own tokens (`lealla_tf.teachers.layers.TeacherLayers`); its vectors are that
   pass's mean-pooled last layer, so one teacher pass a side serves hd, fd and ld,
   and no pipeline has to precompute vectors (`--teacher_in_step`).
 - `EnglishOnlyTeacher`: wraps either for a monolingual teacher that sees only the
@@ -22,22 +22,29 @@
 """
 
 import os
-from typing import List, Optional
+from typing import Optional, Tuple
 
 import tensorflow as tf
 
 from lealla_tf.configs import TeacherConfig
-from lealla_tf.mining.shards import (
+from lealla_tf.records import (
     PAIR_SOURCE,
     PAIR_TARGET,
     PAIR_TEACHER_SOURCE,
     PAIR_TEACHER_TARGET,
 )
-from lealla_tf.train.data import precomputed_teacher_layout, trim_to_longest
 
 
 def _unit(x):
     return tf.math.l2_normalize(tf.stop_gradient(tf.cast(x, tf.float32)), axis=-1)
+
+
+def trim_to_longest(inputs):
+    """Cuts fixed-length BERT inputs (a LaBSE/2 preprocessor's 128) to the batch's
+    longest row: same result, a fraction of the compute."""
+    longest = tf.maximum(tf.reduce_max(tf.reduce_sum(tf.cast(inputs["input_mask"], tf.int32),
+                                                     axis=1)), 1)
+    return {name: tf.cast(value[:, :longest], tf.int32) for name, value in inputs.items()}
 
 
 class Teacher:
@@ -64,8 +71,8 @@ class HubTeacher(Teacher):
     """A frozen LaBSE/2-format module; its vectors are L2-normalised `default` outputs."""
 
     def __init__(self, config: TeacherConfig):
-        import tensorflow_hub as hub
-        import tensorflow_text  # noqa: F401  (the preprocessor's ops)
+        import tensorflow_hub as hub  # noqa: PLC0415 - heavy; only a hub teacher needs it
+        import tensorflow_text  # noqa: F401, PLC0415 - heavy; the preprocessor's ops
 
         encoder = config.encoder or os.path.join(config.path, "encoder")
         preprocessor = config.preprocessor or os.path.join(config.path, "preprocessor")
@@ -117,7 +124,7 @@ class PrecomputedTeacher(Teacher):
 
 
 class InStepTeacher(Teacher):
-    """The teacher encoder of `layers` (a `lealla_tf.train.heads.TeacherLayers`), run in
+    """The teacher encoder of `layers` (a `lealla_tf.teachers.layers.TeacherLayers`), run in
     the step on the student's tokens of each side: x^t, y^t are its L2-normalised
     `default` (mean-pooled) outputs. The student's tokens are the teacher's pieces
     (a pruned copy of its vocabulary), without the module's text prefix (e5's
@@ -166,12 +173,12 @@ class EnglishOnlyTeacher(Teacher):
 class CenteredTeacher(Teacher):
     """Another teacher's vectors, centred: u = (v - mu) / ||v - mu||.
 
-    Sentence encoders trained contrastively are anisotropic. multilingual-e5's
-    unit vectors of the main job's sample have a mean of norm 0.88, so two
-    unrelated sentences have cosine 0.77 and translations 0.87. Feature
-    distillation's squared distance and logit distillation's cosine matrix
-    then measure mostly that shared direction; centring keeps what tells
-    sentences apart (translations at cosine 0.40, unrelated pairs at -0.04).
+    Sentence encoders trained contrastively are anisotropic: multilingual-e5's
+    unit vectors share a long mean vector, so two unrelated sentences are
+    nearly as close as two translations. Feature distillation's squared
+    distance and logit distillation's cosine matrix then measure mostly that
+    shared direction; centring keeps what tells sentences apart (the cosines
+    before and after: docs/benchmarks.md, the teacher's anisotropy).
 
     `mean` is a non-trainable variable (created in the strategy's scope, saved
     with the checkpoint): `estimate_mean` sets it once on a fresh run from the
@@ -212,16 +219,19 @@ class CenteredTeacher(Teacher):
         return {"pairs": count, "mean_norm": float(tf.norm(self.mean))}
 
 
-def build_teacher(config: TeacherConfig, files: List, layers=None) -> Optional[Teacher]:
-    """The teacher a config and its training files give (None: no teacher).
+def build_teacher(config: TeacherConfig, precomputed: Optional[Tuple[int, bool]] = None,
+                  layers=None) -> Optional[Teacher]:
+    """The teacher a config gives (None: no teacher).
 
     `config.in_step` runs the encoder of `layers` (a `TeacherLayers`, which the
     caller builds for it) in the step. Otherwise a hub module wins over
-    precomputed vectors. Precomputed vectors must hold the source side
-    (`teacher_src`) unless `english_only` is set, so that a both-side objective
-    never silently trains against zeros.
+    precomputed vectors, whose layout in the training records is `precomputed`:
+    (dimension, has the source side), or None for records without any
+    (`lealla_tf.train.data.precomputed_teacher_layout`). Precomputed vectors
+    must hold the source side (`teacher_src`) unless `english_only` is set, so
+    that a both-side objective never silently trains against zeros.
     """
-    if config.in_step:  # its other settings: `lealla_tf.configs.validate_train_config`
+    if config.in_step:  # its other settings: `lealla_tf.train.resolution.validate_train_config`
         if layers is None:
             raise ValueError("--teacher_in_step runs the converted teacher on the student's "
                              "tokens: it needs --embedding_init_source=<converted teacher with a "
@@ -230,10 +240,9 @@ def build_teacher(config: TeacherConfig, files: List, layers=None) -> Optional[T
     if config.hub:
         teacher = HubTeacher(config)
     else:
-        layout = precomputed_teacher_layout(files)
-        if layout is None:
+        if precomputed is None:
             return None
-        dimension, has_source = layout
+        dimension, has_source = precomputed
         if not has_source and not config.english_only:
             raise ValueError(
                 "the training TFRecords hold teacher vectors of the English side only "

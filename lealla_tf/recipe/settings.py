@@ -1,11 +1,15 @@
-"""The main job's settings: `RecipeConfig`, its tuned constants and names, and
-where it finds the data."""
+"""The main job's settings: `RecipeConfig` (its flags, `python -m lealla_tf.recipe`),
+the tuned constants it defaults to, the names of the models it trains and
+compares, and where it finds the data. (A training run's own settings are
+`lealla_tf.configs.TrainConfig`, which the job builds for each student:
+`lealla_tf.recipe.training.train_config`.)"""
 
 import dataclasses
 import pathlib
 from typing import Any, Dict, List, Optional
 
 from lealla_tf.evaluation.news import NEWS_LANGUAGES
+from lealla_tf.losses.objectives import parse_objective
 
 DEFAULT_DATA_DIRS = (
     pathlib.Path(__file__).resolve().parents[3] / "shared" / "data",
@@ -37,28 +41,26 @@ def find_data_dir(data_dir=None) -> pathlib.Path:
 
 # The main job's loss weights for a 384-d multilingual teacher (FD on both
 # sides, LD over the global batch, hidden-state distillation), chosen by
-# benchmarks/student_recipe.py; the paper's (`lealla_tf.losses.objectives`) are for
-# LaBSE at batch 8192.
+# benchmarks/recipe_sweep.py (docs/benchmarks.md, the ablation table); the
+# paper's (`lealla_tf.losses.objectives`) are for LaBSE at batch 8192.
 RECIPE_LOSS_WEIGHTS = {"fd": 1.0, "ld": 1e4, "hd": 300.0}
 
 
 def recipe_loss_weights(objective: str) -> Dict[str, float]:
     """The main job's weights of the terms `objective` has (the others keep the
     objectives table's defaults)."""
-    from lealla_tf.losses.objectives import parse_objective
-
     terms = parse_objective(objective)
     return {t: w for t, w in RECIPE_LOSS_WEIGHTS.items() if t in terms}
 
 
-# The main job's peak learning rate. On its student (weight selection from the
-# teacher, AMS + FD + LD + HD, 200 steps x 64) all-pairs Tatoeba dev P@1 went
-# 37.48 / 40.95 / 41.83 / 38.40 at 5e-4 (the paper's rate for d < 384, the
-# default before) / 1e-3 / 2e-3 / 4e-3 (benchmarks/results/recipe_sweep.json).
+# The main job's peak learning rate: the best of 5e-4 (the paper's rate for
+# d < 384, the default before), 1e-3, 2e-3 and 4e-3 on its student (weight
+# selection from the teacher, AMS + FD + LD + HD, 200 steps x 64), chosen by
+# benchmarks/recipe_sweep.py (its learning-rate rows).
 RECIPE_LEARNING_RATE = 2e-3
 # The comparison's (AMS alone from weight selection, same steps and data): at
-# 2e-3 it falls apart (first 50 pairs a language: 29.0 at step 100, against 50.4
-# at 5e-4), so it keeps its own best rate (benchmarks/results/recipe_sweep.json).
+# the student's rate it falls apart, so it keeps its own best rate
+# (benchmarks/recipe_sweep.py, its ams_lr rows).
 COMPARISON_LEARNING_RATE = 5e-4
 
 # The students' dropout: a run sees each pair about once and distils from a
@@ -93,7 +95,7 @@ class RecipeConfig:
         vocab_size: the pruned vocabulary's cap on pieces (None or 0: every
             piece of the teacher's the corpus uses; a cap makes the corpus'
             rarer words fall back to smaller pieces, and the in-step teacher
-            and the student learn less: benchmarks/student_recipe.py's
+            and the student learn less: docs/benchmarks.md, the
             `select_lealla_hd300_all_pieces` row), or the WordPiece size
             (None or 0: `DEFAULT_WORDPIECE_SIZE`).
         sample_pairs: language-balanced training pairs (Tatoeba dev and the
@@ -121,8 +123,8 @@ class RecipeConfig:
         max_seq_length: the students' tokens a sentence in training (the
             exports take 128; positions past this keep the teacher's, from the
             weight selection). News and web sentences run 25-90 tokens: 64 keeps
-            most of each (9-25 % of ebible / NTREX / TICO-19 pairs run longer)
-            at 0.68x the step time of 128 (benchmarks/results/main_step.json).
+            most of each, in a shorter step than 128's (benchmarks/training_step.py,
+            its job and length_128 rows).
         length_buckets: see `DataConfig.length_buckets` (buckets double in
             width, so 6 spans 32 bytes to 512+).
         teacher_eval_pairs: the teacher is evaluated on the first this many
@@ -201,6 +203,6 @@ class RecipeConfig:
     beam_workers: int = 2
     strategy: str = "default"
     tpu: str = ""
-    # None: bfloat16 where the CPU computes it natively (lealla_tf.recipe.stages.mixed_precision)
+    # None: bfloat16 where the CPU computes it natively (lealla_tf.recipe.training.mixed_precision)
     mixed_precision: Optional[bool] = None
     seed: int = 0

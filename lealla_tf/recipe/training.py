@@ -1,0 +1,229 @@
+"""The main job's students: their `TrainConfig` (`train_config`), the checks
+that a student resumes at the rate and in the precision it started with,
+training to the plan (`train_stage`), and the export, reloaded in a fresh
+process and compared with the in-memory student (`export_stage`)."""
+
+import math
+import os
+import shutil
+from typing import Dict, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from lealla_tf.configs import (
+    DataConfig,
+    LossConfig,
+    OptimizerConfig,
+    TeacherConfig,
+    TokenizerConfig,
+    TrainConfig,
+)
+from lealla_tf.inference.formats import export_model_dir
+from lealla_tf.inference.reload_check import reload_in_fresh_process
+from lealla_tf.losses.objectives import OBJECTIVES, TEACHER_LAYERS, parse_objective, terms_needing
+from lealla_tf.machine import bfloat16_arithmetic
+from lealla_tf.models.model_dir import (
+    CONFIG_FILE,
+    latest_checkpoint,
+    load_encoder,
+    load_tokenizer,
+    read_model_config,
+)
+from lealla_tf.models.presets import get_preset
+from lealla_tf.parallel_corpus import read_tatoeba
+from lealla_tf.recipe.planner import BUDGET_PLAN_FILE, BudgetPlanner, read_plan
+from lealla_tf.recipe.settings import RecipeConfig, recipe_loss_weights
+from lealla_tf.recipe.stages import Models, StageInterrupted
+from lealla_tf.train import launch
+from lealla_tf.train.resolution import validate_train_config
+
+
+def student_loss_weights(config: RecipeConfig) -> Dict[str, float]:
+    """The student's per-term weights: `--loss_weights`, or the recipe's for its
+    objective's terms (`RECIPE_LOSS_WEIGHTS`)."""
+    return (config.loss_weights if config.loss_weights is not None
+            else recipe_loss_weights(config.objective))
+
+
+def check_learning_rates(config: RecipeConfig) -> None:
+    """ValueError naming the flag of a peak rate that is negative or not a number
+    (0 is kept as given: a student that does not move)."""
+    for flag, rate in (("--learning_rate", config.learning_rate),
+                       ("--comparison_learning_rate", config.comparison_learning_rate)):
+        if rate is not None and not (math.isfinite(rate) and rate >= 0):
+            raise ValueError(f"{flag} must be a finite rate >= 0, got {rate!r}")
+
+
+def teacher_in_step(config: RecipeConfig, student_dir: Optional[str] = None) -> bool:
+    """Whether the main job's students take their fd/ld targets from the teacher
+    run in the step (the pass the hd term runs), skipping the teacher-vectors
+    stage. A student already started in `student_dir` keeps what it was started
+    with (an older job's trained on Beam vectors), so it resumes and reports
+    what it trained on."""
+    if student_dir and os.path.exists(os.path.join(student_dir, CONFIG_FILE)):
+        return bool(read_model_config(student_dir)["teacher"].get("in_step", False))
+    return config.teacher_in_step and bool(
+        terms_needing(parse_objective(config.objective), TEACHER_LAYERS))
+
+
+def mixed_precision(config: RecipeConfig, run_dir: Optional[str] = None) -> bool:
+    """Whether a run trains in bfloat16: `--mixed_precision` / `--no_mixed_precision`,
+    else as the run in `run_dir` was started (a run keeps its precision), else
+    where this CPU multiplies bfloat16 natively (`lealla_tf.machine`): there the
+    main job's student scores about as it does in float32 and trains faster
+    (benchmarks/recipe_sweep.py, its float32 and bfloat16 rows)."""
+    if config.mixed_precision is not None:
+        return config.mixed_precision
+    recorded = trained_precision(run_dir) if run_dir else None
+    return bfloat16_arithmetic() if recorded is None else recorded
+
+
+def train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_dir: str, data: str,
+                 objective: str, loss_weights: dict, in_step: bool = False):
+    """The student's `TrainConfig` for the main job; `in_step`: a student whose
+    objective needs teacher vectors gets them from the teacher run in the step
+    (`data` is then plain TSV pairs)."""
+    encoder = get_preset(config.preset).encoder.replace(pooling=config.pooling,
+                                                        **{"dropout": config.dropout,
+                                                           **config.encoder_overrides})
+    embedding_init = config.embedding_init
+    sentencepiece = "sentencepiece" in str(teacher.get("tokenizer"))
+    if embedding_init != "random" and not sentencepiece:
+        raise ValueError(f"--embedding_init={embedding_init} needs a SentencePiece teacher")
+    layered = bool(terms_needing(parse_objective(objective), TEACHER_LAYERS))
+    if layered and not sentencepiece:
+        raise ValueError(f"--objective={objective}: hidden-state distillation (hd) needs a "
+                         "SentencePiece teacher (multilingual-e5-small); drop '+hd'")
+    if layered and config.vocabulary != "teacher_pruned":
+        raise ValueError(f"--objective={objective}: hidden-state distillation (hd) needs the "
+                         "student to read the teacher's tokens (--vocabulary=teacher_pruned); "
+                         "drop '+hd'")
+    in_step = in_step and any(OBJECTIVES[t].needs_teacher for t in parse_objective(objective))
+    train = TrainConfig(
+        preset=config.preset, encoder=encoder,
+        tokenizer=TokenizerConfig(max_seq_length=config.max_seq_length),
+        # The sample already holds languages at n^language_alpha: the stream
+        # draws them as the sample has them (alpha 1), so the temperature
+        # applies once and no language's pairs repeat before the others'.
+        data=DataConfig(train_data=[data], language_alpha=1.0,
+                        decontaminate=[str(data_dir / "tatoeba_dev")],
+                        length_buckets=config.length_buckets, seed=config.seed),
+        teacher=TeacherConfig(english_only=not teacher["multilingual"],
+                              center=config.teacher_center, in_step=in_step),
+        loss=LossConfig(objective=objective, scale=config.scale, margin=config.margin,
+                        weights=dict(loss_weights)),
+        optimizer=OptimizerConfig(
+            learning_rate=config.learning_rate, decay_fraction=config.decay_fraction,
+            clip_norm=config.clip_norm,
+            warmup_steps=(config.warmup_steps if config.warmup_steps is not None
+                          else max(1, config.train_steps // 10))),
+        embedding_init=embedding_init,
+        embedding_init_source=(teacher_dir if embedding_init != "random" or layered or in_step
+                               else ""),
+        # --train_steps 0 (planned): a placeholder until `student_run_config`
+        global_batch_size=config.global_batch_size, train_steps=max(1, config.train_steps),
+        checkpoint_every=max(1, config.train_steps // 5), log_every=10,
+        keep_checkpoints=config.keep_checkpoints,
+        eval_every=config.eval_every, tatoeba_dir=str(data_dir / "tatoeba_dev"),
+        eval_max_pairs=config.eval_max_pairs, mixed_precision=config.mixed_precision)
+    validate_train_config(train)
+    return train
+
+
+def trained_rate(model_dir: str) -> Optional[float]:
+    """The peak rate a student in `model_dir` was trained at (its config.json),
+    or None when it has none."""
+    if not os.path.exists(os.path.join(model_dir, CONFIG_FILE)):
+        return None
+    return read_model_config(model_dir)["optimizer"]["learning_rate"]
+
+
+def check_started_rate(model_dir: str, rate: Optional[float], flag: str) -> None:
+    """A student already started in `model_dir` (a checkpoint there) resumes only
+    at the rate it started with: ValueError in one line naming it and the flag,
+    instead of the trainer's list of differing settings (the default rates of the
+    main job changed at 36830e7; a work dir begun before resumes with --fresh or
+    its old rate)."""
+    started = trained_rate(model_dir)
+    if started is None or rate is None or started == rate or latest_checkpoint(model_dir) is None:
+        return
+    raise ValueError(f"the student in {model_dir} was started at peak rate {started:g}, not "
+                     f"{rate:g}: pass {flag}={started:g} to resume it, or --fresh to start over")
+
+
+def trained_precision(model_dir: str) -> Optional[bool]:
+    """Whether a student in `model_dir` was trained in bfloat16 (its config.json),
+    or None when it has none."""
+    if not os.path.exists(os.path.join(model_dir, CONFIG_FILE)):
+        return None
+    return bool(read_model_config(model_dir).get("mixed_precision", False))
+
+
+def started_precision(model_dir: str) -> Optional[bool]:
+    """Whether the run started in `model_dir` (a checkpoint there) trains in
+    bfloat16; None when nothing was started there."""
+    recorded = trained_precision(model_dir)
+    return None if recorded is None or latest_checkpoint(model_dir) is None else recorded
+
+
+def check_started_precision(model_dir: str, wanted: Optional[bool]) -> None:
+    """A run already started resumes only in its own precision: ValueError in one
+    line naming it and the flags, instead of the trainer's list of differing
+    settings."""
+    started = started_precision(model_dir)
+    if started is None or wanted is None or started == wanted:
+        return
+    name = {True: "bfloat16", False: "float32"}
+    raise ValueError(f"the student in {model_dir} was started in {name[started]}, not "
+                     f"{name[wanted]}: pass --{'' if started else 'no_'}mixed_precision (or "
+                     "neither) to resume it, or --fresh to start over")
+
+
+def train_stage(train: "TrainConfig", model_dir: str, vocab_file: str, strategy,
+                planner: Optional["BudgetPlanner"] = None) -> dict:
+    """Trains (with `planner`, a run that decides its own length); a run stopped
+    by a signal (Ctrl-C, SIGTERM) raises `StageInterrupted` instead of passing a
+    half-trained student on to export and evaluation."""
+    result = launch.train(train, model_dir, vocab_file, strategy, planner=planner)
+    plan = read_plan(model_dir)  # the steps this run, or the run it resumed, planned
+    target = plan["train_steps"] if plan else train.train_steps
+    if result["final_step"] < target and not result["reason"].startswith(
+            "time budget"):  # a signal; the plan's time guard ends the stage as planned
+        raise StageInterrupted(
+            f"training {model_dir} {result['reason']} at step {result['final_step']} of "
+            f"{target}; its checkpoint is saved: rerun the same command to resume")
+    result["plan"] = read_plan(model_dir, BUDGET_PLAN_FILE) or {
+        "train_steps": target, "planned": False}
+    return result
+
+
+def check_sentences(tatoeba_dir: str):
+    sentences = []
+    for language in ("deu", "rus", "cmn", "kab", "fra"):
+        try:
+            source, english = read_tatoeba(tatoeba_dir, language)
+            sentences += source[:20] + english[:4]
+        except FileNotFoundError:
+            continue
+    return sentences or ["The dog is nice.", "Der Hund ist nett."]
+
+
+def export_stage(model_dir: str, export_path: str, sentences, models: Models) -> dict:
+    """Exports the LEALLA format, reloads it with hub.KerasLayer in a fresh process,
+    and compares with the in-memory encoder (restored once, for both)."""
+    if os.path.exists(export_path):
+        shutil.rmtree(export_path)
+    encoder, tokenizer = load_encoder(model_dir), load_tokenizer(model_dir)
+    summary = export_model_dir(model_dir, export_path, "lealla", encoder=encoder,
+                               tokenizer=tokenizer)
+    reloaded = reload_in_fresh_process(export_path, sentences, "hub_keras_layer")["batch"]
+    expected = encoder(tokenizer(tf.constant(sentences)))["sentence_embedding"].numpy()
+    summary["reload_max_abs_difference"] = float(np.abs(reloaded - expected).max())
+    summary["reload_sentences"] = len(sentences)
+    if summary.get("collapse_warning"):
+        print(summary["collapse_warning"])
+    print(f"exported {summary['bytes']['model'] / 1e6:.1f} MB; hub.KerasLayer reload in a fresh "
+          f"process matches the in-memory model to {summary['reload_max_abs_difference']:.1e} "
+          f"on {len(sentences)} sentences")
+    return summary
