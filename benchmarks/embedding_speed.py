@@ -39,7 +39,7 @@ first --max_pairs pairs of every language (0: all).
 
 `forward_parts`: `LeallaEncoder.forward` at inference with the batch cut into
 each of --parts independent parts (the first the reference; what chose
-`lealla_tf.models.encoder.INFERENCE_PARTS`), random --part_presets encoders (a
+`lealla_tf.models.forward_pass.INFERENCE_PARTS`), random --part_presets encoders (a
 1,000-piece vocabulary: the lookup is not what is timed) on --part_shapes
 batches (sentences x tokens: about the pipelines' 4,096-token batches of short
 and of long sentences), the parts' functions called in turn, the fastest of
@@ -455,7 +455,7 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(run_child(json.loads(args.child), args.sentences_file)))
         return 0
-    from lealla_tf.recipe.config import find_data_dir
+    from lealla_tf.recipe.settings import find_data_dir
 
     data_dir = find_data_dir(args.data_dir)
     sets = sentence_sets(data_dir, args.num_sentences, args.num_long)

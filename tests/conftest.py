@@ -183,7 +183,7 @@ def dead_pid() -> int:
 
 def assert_one_line_stderr(code, stderr, *needles):
     """Exit code 2 and ONE line on stderr, `error: ...`, holding every needle; no
-    traceback (the command lines' convention, tests/cli/test_bad_inputs.py)."""
+    traceback (the command lines' convention, tests/cli/)."""
     import re
 
     assert code == 2, stderr[-2000:]
@@ -195,6 +195,33 @@ def assert_one_line_stderr(code, stderr, *needles):
     assert "Traceback" not in stderr
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
+
+
+def assert_one_line_error(capsys, code, *needles):
+    """`assert_one_line_stderr` of what a command line's `main` printed (capsys)."""
+    assert_one_line_stderr(code, capsys.readouterr().err, *needles)
+
+
+@pytest.fixture(scope="module")
+def exported_model(tmp_path_factory, sentence_vocab_file):
+    """A one-layer model directory and its LEALLA-format export:
+    {"model_dir": path, "export": path}, for the command lines to read."""
+    from lealla_tf.configs import EncoderConfig, TokenizerConfig
+    from lealla_tf.inference.formats import export_lealla_model
+    from lealla_tf.models.encoder import build_encoder
+    from lealla_tf.models.model_dir import save_encoder_checkpoint, write_model_config
+    from lealla_tf.tokenizers.tokenizer import Tokenizer
+
+    root = tmp_path_factory.mktemp("exported")
+    tokenizer = Tokenizer(sentence_vocab_file)
+    encoder = build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
+                                          num_heads=2, hidden_dim=8, intermediate_dim=8,
+                                          pooling="mean"))
+    write_model_config(str(root / "model"), encoder.encoder_config,
+                       TokenizerConfig(max_seq_length=16), source_vocab_file=sentence_vocab_file)
+    save_encoder_checkpoint(str(root / "model"), encoder)
+    return {"model_dir": str(root / "model"),
+            "export": export_lealla_model(encoder, tokenizer, str(root / "export"))}
 
 
 # Inputs a tokenizer (and every model that embeds through one) must survive.
@@ -301,7 +328,7 @@ def vocab_size(path):
 
 
 def Trainer(config, model_dir, strategy, vocab_file, progress=True):
-    from lealla_tf.train.run import build_trainer
+    from lealla_tf.train.launch import build_trainer
 
     return build_trainer(config, model_dir, vocab_file, strategy, progress)
 
@@ -313,7 +340,7 @@ SPECIAL_PIECES = ["<s>", "<pad>", "</s>", "<unk>"]
 def teacher_pieces_for(student):
     """XLM-R's special pieces, then a piece for every student WordPiece token
     (`match_rows`'s rules)."""
-    from lealla_tf.train.initialization import WORD_START
+    from lealla_tf.teachers.selection import WORD_START
 
     pieces = [t[2:] if t.startswith("##") else WORD_START + t for t in student]
     return SPECIAL_PIECES + list(dict.fromkeys(pieces))
@@ -326,7 +353,7 @@ def teacher(tmp_path_factory, tiny_vocab_file):
     import numpy as np
 
     from lealla_tf.configs import EncoderConfig
-    from lealla_tf.inference.export import export_labse_pair
+    from lealla_tf.inference.formats import export_labse_pair
     from lealla_tf.models.encoder import build_encoder
     from lealla_tf.teachers.conversion import SENTENCEPIECE_FILE
     from lealla_tf.tokenizers import sentencepiece_model as spm_model
@@ -363,7 +390,7 @@ def corpus_model(tmp_path_factory, sentence_vocab_file):
     """An exported one-layer LEALLA model (its path) and each of CORPUS_SENTENCES'
     vectors as the encoder computes them."""
     from lealla_tf.configs import EncoderConfig
-    from lealla_tf.inference.export import export_lealla_model
+    from lealla_tf.inference.formats import export_lealla_model
     from lealla_tf.models.encoder import build_encoder
     from lealla_tf.tokenizers.tokenizer import Tokenizer
 
@@ -393,12 +420,8 @@ def dask_cluster():
 def write_embedding_output(directory, vectors, shards=3, prefix="s"):
     """An embed_corpus-style output (manifest, gzip'd TFRecord shards) of `vectors`,
     with ids `<prefix>:<row>` and texts `text <prefix> <row>`, rows dealt to shards."""
-    from lealla_tf.mining.shards import (
-        commit_run,
-        embedding_example,
-        new_run_directory,
-        write_tfrecord,
-    )
+    from lealla_tf.mining.run_folders import commit_run, new_run_directory
+    from lealla_tf.records import embedding_example, write_tfrecord
 
     os.makedirs(directory, exist_ok=True)
     run_dir = new_run_directory(str(directory))

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter)
     add = parser.add_argument
     add("--preset", default="lealla_small",
-        help="an encoder preset (python -m lealla_tf.models.presets) or dimension_reduction "
+        help="an encoder preset (lealla-presets lists them) or dimension_reduction "
              "(Section 3.2: frozen teacher + dense layer to --reduction_dim, 5k steps)")
     add("--encoder_overrides", default="",
         help="change preset fields, e.g. num_layers=4,embedding_dim=64,num_unique_layers=2")
@@ -183,8 +183,8 @@ def main(argv=None) -> int:
             check_tpu_flag(args.tpu)
         config = config_from_flags(args)
         from lealla_tf.train.distribution import make_strategy
+        from lealla_tf.train.launch import train
         from lealla_tf.train.logs import format_summary
-        from lealla_tf.train.run import train
 
         strategy = make_strategy(args.strategy, args.tpu or None)
         summary = train(config, args.model_dir, args.vocab_file, strategy,
