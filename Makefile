@@ -16,7 +16,8 @@ export TF_CPP_MIN_LOG_LEVEL ?= 3
 export KERAS_HOME ?= $(CURDIR)/.keras
 export HF_HUB_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
-# oneDNN kernels (off by default on this AMD CPU): 1.54x faster training steps at 64 x 32.
+# oneDNN kernels (off by default on AMD CPUs): faster training steps here
+# (docs/benchmarks.md, "oneDNN and the input pipeline").
 export TF_ENABLE_ONEDNN_OPTS ?= 1
 
 .PHONY: setup main test speed clean
@@ -34,7 +35,9 @@ setup: $(STAMP)
 main: $(STAMP)
 	$(BIN)/python -m lealla_tf.recipe $(MAIN_FLAGS)
 
+# The linter first (ruff.toml), then the suite.
 test: $(STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q $(PYTEST_FLAGS)
 
 speed: $(STAMP)

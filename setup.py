@@ -67,7 +67,8 @@ CONSOLE_SCRIPTS = [f"{name} = lealla_tf.cli.scripts:main" for name in (
 setup(
     name="lealla_tf",
     version="0.1.0",
-    description="LEALLA: lightweight language-agnostic sentence embeddings by distillation (TF2/Keras)",
+    description=("LEALLA: lightweight language-agnostic sentence embeddings by distillation "
+                 "(TF2/Keras)"),
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     license="Apache-2.0",

@@ -165,14 +165,60 @@ def files_under_tests():
 
 def test_test_folders_mirror_the_subpackages():
     """tests/<subpackage>/ holds the tests of lealla_tf/<subpackage>/; helpers/ holds
-    scripts the tests run. No __init__.py: pytest imports test files by basename
-    (prepend mode), so a basename may appear once in the whole tree."""
+    scripts the tests run, benchmarks/ the tests of benchmarks/. No __init__.py:
+    pytest imports test files by basename (prepend mode), so a basename may
+    appear once in the whole tree."""
     subpackages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
     folders = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"}
-    assert folders - {"helpers"} <= subpackages, folders - {"helpers"} - subpackages
+    others = {"helpers", "benchmarks"}
+    assert folders - others <= subpackages, folders - others - subpackages
     assert not [p for p in files_under_tests() if p.name == "__init__.py"]
     names = collections.Counter(p.name for p in files_under_tests() if p.name != "conftest.py")
     assert not [name for name, count in names.items() if count > 1], names.most_common(3)
+
+
+# Modules with a function or class but no behaviour a test of their own could
+# check (none today); a module of constants only needs no test file.
+NO_BEHAVIOUR = set()
+# A command line whose module name is also a library module's: its tests are
+# tests/cli/test_<name>_command.py (a test basename appears once in the tree).
+COMMAND_TESTS = {"embed_corpus", "mine_bitext"}
+MAX_MODULE_LINES = 450
+
+
+def modules_with_behaviour():
+    """Every module of the package that defines a function or a class."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name in ("__init__.py", "__main__.py") or "__pycache__" in path.parts:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if any(isinstance(node, (ast.FunctionDef, ast.ClassDef)) for node in tree.body):
+            yield path
+
+
+def expected_test_file(module: pathlib.Path) -> pathlib.Path:
+    """tests/<subpackage>/test_<module>.py (tests/test_<module>.py at the top level);
+    a nested subpackage's modules are tested in its subpackage's folder."""
+    relative = module.relative_to(PACKAGE)
+    folder = TESTS / relative.parts[0] if len(relative.parts) > 1 else TESTS
+    name = module.stem
+    if relative.parts[0] == "cli" and name in COMMAND_TESTS:
+        name += "_command"
+    return folder / f"test_{name}.py"
+
+
+def test_every_module_with_behaviour_has_its_test_file():
+    missing = [f"{m.relative_to(PACKAGE.parent)}: {expected_test_file(m).name}"
+               for m in modules_with_behaviour()
+               if m.relative_to(PACKAGE).as_posix() not in NO_BEHAVIOUR
+               and not expected_test_file(m).exists()]
+    assert not missing, missing
+
+
+def test_no_module_is_over_the_line_limit():
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert not long, long
 
 
 def test_no_test_module_imports_another():

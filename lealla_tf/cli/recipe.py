@@ -19,14 +19,14 @@ from lealla_tf.recipe.stages import StageInterrupted
 # === Command line ===
 
 def build_parser():
-    defaults = RecipeConfig()
     from lealla_tf.flags import ArgumentParser, HelpFormatter
 
+    defaults = RecipeConfig()
     parser = ArgumentParser(prog="python -m lealla_tf.recipe", description=__doc__,
-
                             formatter_class=HelpFormatter)
     add = parser.add_argument
-    add("--data_dir", default=None, help="holds parallel/ and tatoeba_dev/ (default ../shared/data)")
+    add("--data_dir", default=None,
+        help="holds parallel/ and tatoeba_dev/ (default ../shared/data)")
     add("--work_dir", default=defaults.work_dir)
     add("--fresh", action="store_true",
         help="delete --work_dir first (only a directory a main job made)")

@@ -44,7 +44,8 @@ def test_every_row_is_complete_and_aliases_resolve():
     assert OBJECTIVES["hd"].heads == (objectives.TEACHER_LAYERS,)
     assert objectives.terms_needing(["ams", "hd", "fd"], objectives.TEACHER_LAYERS) == ["hd"]
     assert objectives.terms_needing(["fd", "mse"], objectives.PROJECTION) == ["fd", "mse"]
-    assert OBJECTIVES["fd"].default_weight(128) == 1e3 and OBJECTIVES["fd"].default_weight(256) == 1e4
+    assert OBJECTIVES["fd"].default_weight(128) == 1e3
+    assert OBJECTIVES["fd"].default_weight(256) == 1e4
     assert OBJECTIVES["ams"].gathers and not OBJECTIVES["ams"].needs_teacher
     assert OBJECTIVES["ld"].gathers and OBJECTIVES["ld"].needs_teacher
 
