@@ -14,7 +14,7 @@ TFRecord --train_data with precomputed teacher vectors. A multilingual teacher g
 both-side targets; --teacher_english_only is for monolingual teachers.
 
 Rerunning the same command resumes from the last checkpoint in --model_dir.
-This module only parses flags; the work is `lealla_tf.train.run.train`.
+This module only parses flags; the work is `lealla_tf.train.launch.train`.
 """
 
 if __name__ == "__main__":  # before TensorFlow and Beam load (lealla_tf.progress)
