@@ -21,7 +21,7 @@ and stopes compute it: cos(x, y) / ((mean cos of x's k nearest + mean cos of y's
 k nearest) / 2), how many times more similar the pair is than the two sentences'
 typical near neighbours (1.0: no better than a neighbour). Their thresholds
 carry over: about 1.04-1.06 for BUCC-style mining; start at --threshold=1.05,
-raise it for precision, or choose it on gold pairs (`mining.best_threshold`).
+raise it for precision, or choose it on gold pairs (`mining.margins.best_threshold`).
 A sentence with a cosine <= 0 among its k nearest has no defined ratio (tiny
 sides, k >= the candidates, unrelated sentences): its candidates are left out
 and counted in the summary. `ratio_shifted` is the ratio of shifted cosines,
