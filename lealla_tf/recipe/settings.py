@@ -41,8 +41,11 @@ def find_data_dir(data_dir=None) -> pathlib.Path:
 
 # The main job's loss weights for a 384-d multilingual teacher (FD on both
 # sides, LD over the global batch, hidden-state distillation), chosen by
-# benchmarks/recipe_sweep.py (docs/benchmarks.md, the ablation table); the
-# paper's (`lealla_tf.losses.objectives`) are for LaBSE at batch 8192.
+# benchmarks that are retired now: fd and ld by loss_weight_sweep.py (`git show
+# 7f8c4f8:benchmarks/results/loss_weight_sweep.json`; docs/design.md,
+# "Differences from the paper"), hd by student_recipe.py (its
+# select_lealla_hd<N> rows, `git show b41a2ce:benchmarks/results/student_recipe.json`);
+# the paper's (`lealla_tf.losses.objectives`) are for LaBSE at batch 8192.
 RECIPE_LOSS_WEIGHTS = {"fd": 1.0, "ld": 1e4, "hd": 300.0}
 
 
@@ -73,7 +76,8 @@ RECIPE_DROPOUT = 0.0
 # language with n pairs in the corpus gets a share of the sample proportional
 # to n^alpha, and training then draws languages in proportion to what the
 # sample holds of each (`train_config`), so no pair repeats. Chosen between 0.3
-# and 0.7 by benchmarks/recipe_sweep.py (docs/benchmarks.md, the ablation table).
+# and 0.7 by benchmarks/recipe_sweep.py (docs/benchmarks.md, "The recipe's
+# levers, screened and confirmed").
 SAMPLE_LANGUAGE_ALPHA = 0.3
 
 DEFAULT_WORDPIECE_SIZE = 32000  # the recipe's own WordPiece vocabulary (--vocabulary=wordpiece)
@@ -95,8 +99,8 @@ class RecipeConfig:
         vocab_size: the pruned vocabulary's cap on pieces (None or 0: every
             piece of the teacher's the corpus uses; a cap makes the corpus'
             rarer words fall back to smaller pieces, and the in-step teacher
-            and the student learn less: docs/benchmarks.md, the
-            `select_lealla_hd300_all_pieces` row), or the WordPiece size
+            and the student learn less: docs/design.md, "The pruned
+            teacher vocabulary"), or the WordPiece size
             (None or 0: `DEFAULT_WORDPIECE_SIZE`).
         sample_pairs: language-balanced training pairs (Tatoeba dev and the
             held-out NTREX news slice excluded); more than a planned run draws,
