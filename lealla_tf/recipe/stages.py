@@ -96,6 +96,11 @@ def _comparable(value):
     return json.loads(json.dumps(value, default=str))
 
 
+# Flags added after stages recorded their settings, with the value every stage
+# made before them trained with: a marker without one matches that value.
+ADDED_FLAGS = {"decay_fraction": 1.0, "clip_norm": 1.0, "scale": 100.0, "margin": 0.3}
+
+
 def check_same_settings(name: str, stored: Optional[dict], wanted: Optional[dict]) -> None:
     """ValueError in one line naming every flag whose value differs from the one
     a finished stage was made with. A marker without settings (an older job's,
@@ -106,6 +111,8 @@ def check_same_settings(name: str, stored: Optional[dict], wanted: Optional[dict
         raise ValueError(f"the work dir's {name} stages were made by an older lealla_tf that "
                          "recorded no flags: pass --fresh or another --work_dir")
     wanted = _comparable(wanted)
+    stored = {**{flag: value for flag, value in ADDED_FLAGS.items() if flag in wanted},
+              **stored}
     differing = [f"--{flag}={stored.get(flag)!r} (now {wanted.get(flag)!r})"
                  for flag in sorted(set(stored) | set(wanted))
                  if stored.get(flag) != wanted.get(flag)]

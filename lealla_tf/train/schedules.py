@@ -31,7 +31,10 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
         total = tf.cast(self.total_steps, tf.float32)
         decay_steps = tf.maximum(
             self.decay_fraction * (total - float(self.warmup_steps)), 1.0)
-        progress = tf.clip_by_value((step - (total - decay_steps)) / decay_steps, 0.0, 1.0)
+        # The decay starts after the warmup (at step 1 without one), or later
+        # with decay_fraction < 1.
+        start = tf.maximum(total - decay_steps, warmup)
+        progress = tf.clip_by_value((step - start) / decay_steps, 0.0, 1.0)
         decayed = self.peak * (1.0 - (1.0 - self.end_fraction) * progress)
         return tf.where(step < warmup, self.peak * (step + 1.0) / warmup, decayed)
 

@@ -53,6 +53,18 @@ def test_every_differing_flag_is_named_in_one_line():
     assert "--a=1 (now 2), --c='x' (now None), --d=None (now 'y')" in message
 
 
+def test_a_stage_made_before_a_flag_existed_matches_the_value_it_trained_with():
+    """The training stage's settings gained --decay_fraction, --clip_norm, --scale
+    and --margin after work dirs recorded theirs: a marker without them matches
+    the values those runs used, and nothing else."""
+    before = {"train_steps": 10}
+    check_same_settings("train_student", before, {"train_steps": 10, "decay_fraction": 1.0,
+                                                  "clip_norm": 1.0, "scale": 100.0,
+                                                  "margin": 0.3})
+    with pytest.raises(ValueError, match=r"--margin=0.3 \(now 0.2\)"):
+        check_same_settings("train_student", before, {"train_steps": 10, "margin": 0.2})
+
+
 def test_a_stage_stopped_by_ctrl_c_leaves_no_marker(tmp_path):
     stages = Stages(str(tmp_path), log=lambda _: None)
 

@@ -19,6 +19,12 @@ def test_warmup_then_linear_decay():
     np.testing.assert_allclose(values, [1e-4, 1e-3, 1e-3, 5.5e-4, 1e-4, 1e-4], rtol=1e-5)
 
 
+def test_without_warmup_the_decay_starts_at_step_1():
+    schedule = WarmupLinearDecay(1e-3, warmup_steps=0, total_steps=100)
+    values = [float(schedule(s)) for s in (0, 1, 51, 101)]
+    np.testing.assert_allclose(values, [1e-3, 1e-3, 5e-4, 0.0], atol=1e-9)
+
+
 def test_warmup_stable_decay_holds_the_peak_then_decays_over_its_fraction():
     # 10 warmup steps, 100 after; the last 20 % of those (steps 90-110) decay.
     schedule = WarmupLinearDecay(1e-3, warmup_steps=10, total_steps=110, decay_fraction=0.2)
