@@ -17,7 +17,7 @@ Two comparisons (--parts picks one), from a finished main job's work directory
   embeddings are cached in --cache_dir, so a rerun computes only what is missing.
 - `in_step`: the vectors the training step takes its FD/LD targets from (the
   teacher's encoder on the student's own pieces, cut at --max_seq_length, no
-  "query: " prefix: `lealla_tf.train.teacher_sources.InStepTeacher`) against the
+  "query: " prefix: `lealla_tf.teachers.sources.InStepTeacher`) against the
   module's on the same text: their cosine on both sides of the first
   --sample_pairs pairs a language of the job's sample, Tatoeba dev P@1 of each
   on the first --tatoeba_pairs pairs a language, and sentences/s of each.

@@ -123,7 +123,7 @@ def grouped(ops: dict, wall_ms: float) -> dict:
 
 
 class Profiler:
-    """A run's planner (`lealla_tf.train.run.train(planner=)`, called after every
+    """A run's planner (`lealla_tf.train.launch.train(planner=)`, called after every
     step) that never plans: it starts TensorFlow's profiler after step `start`
     and stops it after step `stop`."""
 

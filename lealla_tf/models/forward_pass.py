@@ -200,9 +200,10 @@ def plain_norm(layer) -> bool:
 def activate(activation, x):
     """`activation(x)`, computed in float32 when `x` is bfloat16 (then cast back):
     TensorFlow's bfloat16 elementwise kernels are slower than its float32 ones
-    on a CPU (the last lever of the retired `benchmarks/train_throughput.py
-    --levers`, in `git show d674191:benchmarks/results/train_throughput.json`),
-    and it rounds once instead of at every op."""
+    on a CPU (the `float32_activation` lever of the retired
+    `benchmarks/train_throughput.py --levers`, in `git show
+    db0a34d:benchmarks/results/train_levers.json`), and it rounds once instead
+    of at every op."""
     if x.dtype != tf.bfloat16:
         return activation(x)
     return tf.cast(activation(tf.cast(x, tf.float32)), x.dtype)

@@ -69,8 +69,9 @@ def threads_per_worker(options, asked: Optional[int] = None) -> Optional[int]:
     own default, all cores), else, when the local runner starts several worker
     processes (--direct_num_workers=N --direct_running_mode=multi_processing), this
     host's cores shared out among them, so N workers do not each start a pool of
-    every core (the sharing benchmarks/beam_throughput.py chose); else None
-    (TensorFlow's default)."""
+    every core (chosen by benchmarks/beam_throughput.py --workers=2, run before
+    and after the change: commit 1325bec, which made it); else None (TensorFlow's
+    default)."""
     if asked is not None:
         if asked < 0:
             raise ValueError(f"--threads_per_worker must be at least 0 (0: TensorFlow's "

@@ -72,8 +72,8 @@ class TeacherLayers:
     A teacher whose teacher.json records its architecture (every conversion since
     it does) runs as a `LeallaEncoder` rebuilt in this process
     (`teacher_network`): in the training's compute dtype, so bfloat16 under
-    `--mixed_precision` (faster than the SavedModel in float32: docs/benchmarks.md,
-    the teacher in the step), with `lealla_tf.models.kernels`' fused layers;
+    `--mixed_precision` (faster than the SavedModel in float32: docs/design.md,
+    "The in-step teacher"), with `lealla_tf.models.kernels`' fused layers;
     otherwise its SavedModel runs.
 
     Args:
@@ -88,8 +88,8 @@ class TeacherLayers:
             after the student's start token, where the module's tokenizer puts
             them, and their positions are left out of the hd targets. Default:
             none. On the student's pruned-vocabulary pieces the prefix makes the
-            teacher's own retrieval worse, not better (benchmarks/teacher_fidelity.py
-            --parts=in_step).
+            teacher's own retrieval worse, not better (docs/design.md, "The
+            in-step teacher").
     """
 
     def __init__(self, teacher_dir: str, student_pieces, hidden_dim: int, num_layers: int,

@@ -178,7 +178,8 @@ class CenteredTeacher(Teacher):
     nearly as close as two translations. Feature distillation's squared
     distance and logit distillation's cosine matrix then measure mostly that
     shared direction; centring keeps what tells sentences apart (the cosines
-    before and after: docs/benchmarks.md, the teacher's anisotropy).
+    before and after, measured by the retired benchmarks/teacher_anisotropy.py:
+    `git show c3db023:benchmarks/results/teacher_anisotropy.json`).
 
     `mean` is a non-trainable variable (created in the strategy's scope, saved
     with the checkpoint): `estimate_mean` sets it once on a fresh run from the

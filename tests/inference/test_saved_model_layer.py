@@ -1,7 +1,8 @@
 """LeallaSavedModelLayer on a tiny SavedModel with a LEALLA export's signature
 (strings -> {"default": vectors}): the tensor out, the SavedModel's own variables
 tracked under names Keras accepts, training in `fit`, its config. A real export
-in a Keras 3 model: tests/inference/test_export.py."""
+in a Keras 3 model:
+tests/inference/test_formats.py::test_lealla_format_trains_inside_fit_in_both_keras."""
 
 import keras
 import numpy as np

@@ -24,7 +24,7 @@ def news_metrics(f1, gold=None):
 
 
 def tiny_report(news_gold=2, bucc_gold=3, with_metric_counts=True, sample=None):
-    """A report as `lealla_tf.recipe.job.run` assembles it, of a tiny job."""
+    """A report as `lealla_tf.recipe.job.run_recipe` assembles it, of a tiny job."""
     gold = news_gold if with_metric_counts else None
     bucc = {"bucc/deu/f1": 0.6, "bucc/average_f1": 0.6}
     if with_metric_counts:
