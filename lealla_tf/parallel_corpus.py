@@ -12,6 +12,10 @@ files `CorpusCounts`, which `sample_pairs` fills for the main job's summary), an
 refuses a file with no well-formed pair. Faults in a user's file are
 `DataFileError`s (a ValueError) naming the file.
 
+Importing it loads no TensorFlow (`_gfile`): `lealla_tf.recipe.settings` and
+the evaluation sets import it, and `lealla-recipe --help` must answer before
+TensorFlow loads (tests/cli/test_scripts.py).
+
 May import: nothing else of lealla_tf.
 """
 
@@ -25,7 +29,6 @@ import zlib
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
-import tensorflow as tf
 
 # ISO 639-1 -> 639-3 for the two-letter codes TICO-19 and others use.
 ISO_639_1_TO_3 = {
@@ -54,6 +57,13 @@ _LANGUAGE_CODE = re.compile(r"^[a-z][a-z0-9]{1,7}$")
 # Inside a directory only files named like pair files are taken, so that a
 # COUNTS.tsv or README beside them is not read as sentence pairs.
 _PAIR_FILE_SUFFIXES = ("-eng.tsv.gz", "-eng.tsv", "_eng.tsv.gz", "_eng.tsv")
+
+
+def _gfile():
+    """TensorFlow's file system (local, gs://, s3://), loaded on first use."""
+    import tensorflow as tf  # noqa: PLC0415 - heavy; importing this module stays light
+
+    return tf.io.gfile
 
 
 class DataFileError(ValueError):
@@ -214,12 +224,12 @@ def find_parallel_files(patterns: Sequence[str]) -> List[ParallelFile]:
         patterns = [p for p in patterns.split(",") if p]
     found, empty = [], []
     for pattern in patterns:
-        if tf.io.gfile.isdir(pattern):
+        if _gfile().isdir(pattern):
             matches = [os.path.join(root, name)
-                       for root, _, names in tf.io.gfile.walk(pattern)
+                       for root, _, names in _gfile().walk(pattern)
                        for name in names if name.endswith(_PAIR_FILE_SUFFIXES)]
         else:
-            matches = tf.io.gfile.glob(pattern)
+            matches = _gfile().glob(pattern)
         if not matches:
             empty.append(pattern)
         found.extend(matches)
@@ -235,7 +245,7 @@ def open_bytes(path: str):
         return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
     # Remote file systems (gs://, s3://) through TensorFlow; GFile is not an
     # io.RawIOBase, so read it whole (parallel files are shards of MBs).
-    with tf.io.gfile.GFile(path, "rb") as f:
+    with _gfile().GFile(path, "rb") as f:
         raw = io.BytesIO(f.read())
     return gzip.GzipFile(fileobj=raw) if path.endswith(".gz") else raw
 
@@ -311,7 +321,7 @@ def find_tatoeba_languages(tatoeba_dir: str) -> List[str]:
     without a word.
     """
     found = {}
-    for path in tf.io.gfile.glob(os.path.join(tatoeba_dir, "tatoeba.*-eng.*")):
+    for path in _gfile().glob(os.path.join(tatoeba_dir, "tatoeba.*-eng.*")):
         match = re.match(r"^tatoeba\.([^.]+)-eng\.([^.]+)$", os.path.basename(path))
         if match and match.group(2) in (match.group(1), "eng"):
             found.setdefault(match.group(1), set()).add(match.group(2))

@@ -53,10 +53,10 @@ import sys
 import time
 from typing import Optional
 
+# The pipeline loads TensorFlow: it is imported where it runs, so that --help and
+# a bad flag answer before (tests/cli/test_scripts.py).
 from lealla_tf.flags import ArgumentParser, HelpFormatter
 from lealla_tf.inference.batching import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
-from lealla_tf.pipelines.corpus_steps import DEAD_LETTER_FILE
-from lealla_tf.pipelines.embed_corpus import embed_corpus
 from lealla_tf.pipelines.options import parse_pipeline_flags
 from lealla_tf.progress import worker_output_filtered
 
@@ -72,6 +72,8 @@ def reading_example(output: str) -> str:
 def format_summary(manifest: dict, output: str, seconds: Optional[float] = None) -> str:
     """The command line's closing summary of a committed run: what was read,
     embedded and dead-lettered, where the output is and how to read it."""
+    from lealla_tf.pipelines.corpus_steps import DEAD_LETTER_FILE
+
     counts = manifest["counts"]
     files = manifest["files"]
     shards = [f for f in files if f.endswith(".tfrecord.gz")]
@@ -135,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
 def run(argv=None, test_pipeline=None, progress: bool = False) -> dict:
     """Parses flags (Beam's own pass through) and calls `embed_corpus`."""
     known, pipeline_args = parse_pipeline_flags(build_parser(), argv)
+    from lealla_tf.pipelines.embed_corpus import embed_corpus
+
     return embed_corpus(known.input, known.model, known.output, known.format, known.pairs,
                         known.english_only, known.num_shards, known.model_batch_size,
                         pipeline_args, test_pipeline, known.max_seq_length,

@@ -61,10 +61,11 @@ import time
 
 from apache_beam.io.filesystems import FileSystems
 
+# The pipeline loads TensorFlow (the shards are TFRecords): it is imported where
+# it runs, so that --help and a bad flag answer before (tests/cli/test_scripts.py).
 from lealla_tf.flags import ArgumentParser, HelpFormatter
 from lealla_tf.folder_lock import FolderInUseError
 from lealla_tf.mining.margins import Margin
-from lealla_tf.pipelines.mine_bitext import DEAD_LETTER_SUFFIX, SUMMARY_SUFFIX, mine_bitext
 from lealla_tf.pipelines.options import parse_pipeline_flags
 from lealla_tf.progress import logged_progress, worker_output_filtered
 
@@ -109,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
 def run(argv=None, test_pipeline=None) -> int:
     """Parses flags (Beam's own pass through) and calls `mine_bitext`."""
     known, pipeline_args = parse_pipeline_flags(build_parser(), argv)
+    from lealla_tf.pipelines.mine_bitext import mine_bitext
+
     return mine_bitext(known.source, known.target, known.output, known.margin, known.retrieval,
                        known.k, known.threshold, known.index, known.with_ids, pipeline_args,
                        test_pipeline, known.memory_budget_gb, known.cache_dir, known.nlist,
@@ -125,6 +128,8 @@ def format_summary(summary: dict, output: str, with_ids: bool = False,
                    seconds=None) -> str:
     """The command line's closing summary: sentences read, pairs mined,
     embeddings dead-lettered, where each output is and how to read it."""
+    from lealla_tf.pipelines.mine_bitext import DEAD_LETTER_SUFFIX, SUMMARY_SUFFIX
+
     took = f" in {seconds:.1f} s" if seconds is not None else ""
     lines = [f"mine_bitext: {summary['pairs']:,} pairs mined from {summary['source_rows']:,} "
              f"source x {summary['target_rows']:,} target sentences{took}",
@@ -154,6 +159,8 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError, FolderInUseError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    from lealla_tf.pipelines.mine_bitext import SUMMARY_SUFFIX
+
     with FileSystems.open(known.output + SUMMARY_SUFFIX) as handle:
         summary = json.loads(handle.read().decode("utf-8"))
     print(format_summary(summary, known.output, known.with_ids, time.time() - started))

@@ -9,12 +9,11 @@ if __name__ == "__main__":  # before TensorFlow and Beam load (lealla_tf.progres
 
 import sys
 
+# What the parser needs, from modules that load no TensorFlow; the job, which
+# does, is imported in main().
 from lealla_tf.configs import EMBEDDING_INITS
-from lealla_tf.recipe.job import run_recipe
 from lealla_tf.recipe.planner import PLANNED_EVALUATIONS, PLANNED_WARMUP_STEPS
-from lealla_tf.recipe.report import format_summary
 from lealla_tf.recipe.settings import DEFAULT_WORDPIECE_SIZE, RecipeConfig
-from lealla_tf.recipe.stages import StageInterrupted
 
 # === Command line ===
 
@@ -160,6 +159,10 @@ def config_from_args(args) -> RecipeConfig:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from lealla_tf.recipe.job import run_recipe
+    from lealla_tf.recipe.report import format_summary
+    from lealla_tf.recipe.stages import StageInterrupted
+
     try:
         report = run_recipe(config_from_args(args), fresh=args.fresh)
     except (FileNotFoundError, ValueError, RuntimeError) as error:

@@ -18,13 +18,6 @@ import time
 
 from lealla_tf.cli.evaluate import check_writable
 from lealla_tf.flags import ArgumentParser, HelpFormatter
-from lealla_tf.tokenizers.vocabulary import (
-    RESERVED_TOKENS,
-    build_vocabulary,
-    check_output,
-    format_report,
-    vocabulary_report,
-)
 
 
 def main(argv=None) -> int:
@@ -50,6 +43,16 @@ def main(argv=None) -> int:
     parser.add_argument("--report_json", default=None,
                         help="where to write the JSON summary (default: next to --output)")
     args = parser.parse_args(argv)
+    # The vocabulary's tools load TensorFlow: after the flags, so that --help and a
+    # bad flag answer before it (tests/cli/test_scripts.py).
+    from lealla_tf.tokenizers.vocabulary import (
+        RESERVED_TOKENS,
+        build_vocabulary,
+        check_output,
+        format_report,
+        vocabulary_report,
+    )
+
     if args.vocab_size <= len(RESERVED_TOKENS):
         parser.error(f"--vocab_size must exceed {len(RESERVED_TOKENS)}")
     inputs = [p for value in args.input for p in value.split(",") if p]

@@ -17,6 +17,10 @@ Two evaluations read the held-out pairs:
 - **P@1 by length band** (`p_at_1_by_length`): each held-out pair's source
   retrieves among all held-out English sentences of its language, and back;
   pairs are grouped by the longer side's token count.
+
+Importing it loads no TensorFlow: `NEWS_LANGUAGES` is a default of
+`lealla-recipe`'s flags, whose --help answers before TensorFlow loads
+(tests/cli/test_scripts.py).
 """
 
 import hashlib

@@ -1,4 +1,8 @@
-"""Planning the students' training to the job's time budget."""
+"""Planning the students' training to the job's time budget.
+
+Importing it loads no TensorFlow: `lealla-recipe`'s flags name its planned
+defaults, and its --help answers before TensorFlow loads (tests/cli/test_scripts.py).
+"""
 
 import dataclasses
 import json

@@ -2,7 +2,12 @@
 the tuned constants it defaults to, the names of the models it trains and
 compares, and where it finds the data. (A training run's own settings are
 `lealla_tf.configs.TrainConfig`, which the job builds for each student:
-`lealla_tf.recipe.training.train_config`.)"""
+`lealla_tf.recipe.training.train_config`.)
+
+Importing it loads no TensorFlow: `lealla-recipe`'s flags take their defaults
+from `RecipeConfig`, and its --help answers before TensorFlow loads
+(tests/cli/test_scripts.py).
+"""
 
 import dataclasses
 import pathlib

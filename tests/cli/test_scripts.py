@@ -116,6 +116,49 @@ def test_python_dash_m_entry_points_still_run():
         assert out.returncode == 0 and "(default: " in out.stdout, out.stderr[-2000:]
 
 
+# --help must answer before TensorFlow loads: ruff.toml exempts
+# lealla_tf/cli/ from imports at the top for this. The console script runs
+# `scripts.main` as setup.py's entry point does; `python -m` runs the module's
+# __main__ as Python does. No console script needs TensorFlow for its --help.
+HELP_WITHOUT_TENSORFLOW = """
+import runpy, sys
+sys.argv = [{argv0!r}, "--help"]
+try:
+    {call}
+except SystemExit as exited:
+    code = exited.code
+else:
+    code = "no exit"
+print("exit", code, "tensorflow", "tensorflow" in sys.modules, file=sys.stderr)
+"""
+
+
+def loads_tensorflow_for_help(argv0: str, call: str) -> bool:
+    done = subprocess.run([sys.executable, "-c", HELP_WITHOUT_TENSORFLOW.format(
+        argv0=argv0, call=call)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    last = done.stderr.strip().splitlines()[-1:] or [""]
+    assert done.returncode == 0 and last[0].startswith("exit 0 "), done.stderr[-2000:]
+    assert "(default: " in done.stdout, done.stdout[-1500:]
+    return last[0].endswith("tensorflow True")
+
+
+@pytest.mark.parametrize("script", sorted(COMMANDS))
+def test_help_answers_before_tensorflow_loads(script):
+    assert not loads_tensorflow_for_help(
+        f"/usr/bin/{script}", "from lealla_tf.cli.scripts import main; sys.exit(main())"), \
+        f"{script} --help imported tensorflow: import it inside main() ({COMMANDS[script]})"
+
+
+# Not `python -m lealla_tf.models.kernels`: Python imports a package before its
+# __main__, and that package's names are the fused ops, which are TensorFlow ops
+# (`lealla-kernels --help`, the same command line, is checked above).
+@pytest.mark.parametrize("module", ["lealla_tf.recipe", "lealla_tf.train"])
+def test_python_dash_m_help_answers_before_tensorflow_loads(module):
+    assert not loads_tensorflow_for_help(
+        module, f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"), \
+        f"python -m {module} --help imported tensorflow"
+
+
 # === What the command lines print (issue 46, item 4) ===
 
 # TensorFlow's and absl's C++ log lines (the oneDNN and CPU-feature notices, the

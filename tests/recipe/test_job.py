@@ -17,7 +17,6 @@ import pytest
 import tensorflow as tf
 from conftest import REPO_ROOT, assert_one_line_stderr, write_pairs
 
-from lealla_tf.cli import recipe as cli_recipe
 from lealla_tf.cli.recipe import build_parser, main
 from lealla_tf.evaluation.news import held_out_sentences, length_band_names
 from lealla_tf.folder_lock import FolderInUseError, hold_folder, release_folder
@@ -265,7 +264,7 @@ def test_a_stopped_stage_exits_130_and_says_how_to_resume(monkeypatch, tmp_path,
     def interrupted(config, fresh=False):
         raise StageInterrupted("training m stopped by SIGTERM at step 3 of 200")
 
-    monkeypatch.setattr(cli_recipe, "run_recipe", interrupted)
+    monkeypatch.setattr(recipe, "run_recipe", interrupted)
     assert main([f"--work_dir={tmp_path}"]) == 130
     assert "stopped: training m stopped by SIGTERM" in capsys.readouterr().err
 
