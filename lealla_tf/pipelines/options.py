@@ -30,10 +30,8 @@ def unknown_beam_flags(pipeline_args) -> list:
     """The flags among `pipeline_args` (what a pipeline's own parser left) that
     Beam does not know either. Beam only warns about them and runs on, so a
     misspelled flag (`--thresold=1.2`) would be dropped without a word."""
-    try:  # the DaskRunner's options (--dask_client_address, ...) exist once it is imported
-        import apache_beam.runners.dask.dask_runner  # noqa: F401, PLC0415 - optional (dask)
-    except ImportError:
-        pass
+    # The DaskRunner's options (--dask_client_address, ...) exist once it is imported.
+    import apache_beam.runners.dask.dask_runner  # noqa: F401, PLC0415 - heavy (dask): for its flags
     logger = logging.getLogger("apache_beam.options.pipeline_options")
     level = logger.level
     logger.setLevel(logging.ERROR)  # its "Discarding unparseable args" warning
