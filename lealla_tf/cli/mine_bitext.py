@@ -119,9 +119,12 @@ def run(argv=None, test_pipeline=None) -> int:
 
 
 def reading_example(output: str) -> str:
-    """A Python line that reads a mined TSV (the file closed once read)."""
-    return (f"import pathlib; rows = [line.split('\\t') for line in pathlib.Path({output!r})"
-            ".read_text(encoding='utf-8').splitlines()]  # [score, source, target]")
+    """A Python line that reads a mined TSV, the file closed once read. A row
+    ends at "\\n" only, as written: a sentence may hold a carriage return, U+0085,
+    U+2028 or another character that `str.splitlines` or a text file's universal
+    newlines would end a line at."""
+    return (f"with open({output!r}, encoding='utf-8', newline='\\n') as f: rows = "
+            "[line.rstrip('\\n').split('\\t') for line in f]  # [score, source, target]")
 
 
 def format_summary(summary: dict, output: str, with_ids: bool = False,

@@ -2,6 +2,7 @@
 summary whose reading line runs as written, and one-line errors (a held
 --output among them, naming its holder's pid)."""
 
+import gzip
 import os
 import subprocess
 import sys
@@ -11,7 +12,9 @@ import pytest
 from conftest import REPO_ROOT, assert_one_line_stderr, write_embedding_output
 
 from lealla_tf.cli import mine_bitext as command
+from lealla_tf.mining.run_folders import commit_run, new_run_directory
 from lealla_tf.pipelines.mine_bitext import output_file_lock
+from lealla_tf.records import embedding_example, write_tfrecord
 
 
 def test_help_recommends_a_ratio_threshold_and_says_what_it_means(capsys):
@@ -21,7 +24,8 @@ def test_help_recommends_a_ratio_threshold_and_says_what_it_means(capsys):
     assert "Artetxe & Schwenk" in text and "1.04-1.06" in text and "--threshold=1.05" in text
     assert "1.0: no better than a neighbour" in text
     assert "ratio_shifted" in text
-    assert "rows = [line.split('\\t') for line in pathlib.Path('runs/mined_deu_eng.tsv')" in text
+    assert ("with open('runs/mined_deu_eng.tsv', encoding='utf-8', newline='\\n') as f: rows = "
+            "[line.rstrip('\\n').split('\\t') for line in f]") in text
     assert command.MARGINS == ("absolute", "distance", "ratio", "ratio_shifted")
 
 
@@ -47,6 +51,31 @@ def test_the_summary_counts_and_reads_the_output(tmp_path, capsys):
     exec("\n".join(line.strip() for line in example), namespace)
     pairs = int(lines[0].split()[1])
     assert len(namespace["rows"]) == pairs > 30 and len(namespace["rows"][0]) == 5
+
+
+def test_the_reading_line_ends_a_row_at_a_newline_only(tmp_path, capsys):
+    """A sentence may hold characters that `str.splitlines` (and a text file's
+    universal newlines, for the carriage return) end a line at: each row is read
+    back whole."""
+    sentences = ["line\u2028separator", "paragraph\u2029separator", "next\x85line",
+                 "form\x0cfeed", "vertical\x0btab", "group\x1dseparator", "carriage\rreturn",
+                 "plain"]
+    run_dir = new_run_directory(str(tmp_path / "emb"))
+    os.makedirs(run_dir)
+    shard = os.path.join(run_dir, "embeddings-00000-of-00001.tfrecord.gz")
+    vectors = np.random.default_rng(0).normal(size=(len(sentences), 8))
+    with gzip.open(shard, "wb") as handle:
+        for row, (sentence, vector) in enumerate(zip(sentences, vectors)):
+            write_tfrecord(handle, embedding_example(f"s:{row}", vector, text=sentence))
+    commit_run(str(tmp_path / "emb"), run_dir, [shard])
+    output = tmp_path / "mined.tsv"
+    assert command.main([f"--source={tmp_path / 'emb'}", f"--target={tmp_path / 'emb'}",
+                         f"--output={output}", "--k=1"]) == 0
+    capsys.readouterr()
+    namespace = {}
+    exec(command.reading_example(str(output)), namespace)
+    assert sorted(row[1:] for row in namespace["rows"]) == sorted(
+        [sentence, sentence] for sentence in sentences)
 
 
 @pytest.mark.parametrize("budget", ["inf", "nan", "0", "-1", "-inf"])
