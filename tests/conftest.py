@@ -29,6 +29,17 @@ tf.config.set_logical_device_configuration(
 
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
+
+@pytest.fixture(autouse=True)
+def float32_after_each_test():
+    """A test that builds a bfloat16 trainer (build_trainer sets Keras' global
+    dtype policy) leaves float32 to the next: one test's policy never decides
+    another's numbers."""
+    yield
+    import keras
+
+    keras.mixed_precision.set_dtype_policy("float32")
+
 # A tiny cased WordPiece vocabulary: specials deliberately NOT at 0..3 so that
 # code that hard-codes BERT's ids fails.
 TINY_WORDS = [

@@ -128,6 +128,7 @@ def build_trainer(config: TrainConfig, model_dir: str, vocab_file: Optional[str]
 def train(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = None,
           strategy=None, progress: bool = True, planner=None) -> dict:
     """Trains (or resumes) the model of `config` in `model_dir`; returns the summary.
+    Keras' global dtype policy is the caller's again when it returns.
 
     Args:
         config: a `TrainConfig`; None fields are resolved (see
@@ -147,6 +148,11 @@ def train(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = None,
         `lealla_tf.folder_lock.FolderInUseError` while another run writes
         model_dir (one writer a folder: the lock lasts until this returns).
     """
+    policy = keras.mixed_precision.global_policy()
     with contextlib.ExitStack() as writer:
+        # The run sets Keras' global dtype policy for what it builds; the
+        # caller's comes back after it, so a model built later is not silently
+        # bfloat16.
+        writer.callback(keras.mixed_precision.set_dtype_policy, policy)
         return build_trainer(config, model_dir, vocab_file, strategy, progress,
                              writer).train(planner)

@@ -48,3 +48,22 @@ def test_what_a_new_run_lacks_is_named_before_anything_is_written(tmp_path, tiny
         prepare(TrainConfig(data=DataConfig([str(tmp_path / "none*.tsv")])), str(model_dir),
                 tiny_vocab_file)
     assert not model_dir.exists()
+
+
+def test_a_run_gives_the_callers_dtype_policy_back(sentence_vocab_file, tiny_parallel_dir,
+                                                    tmp_path):
+    """A bfloat16 run sets Keras' global policy while it builds; a model the
+    caller builds after it is float32 again (it was silently bfloat16)."""
+    import dataclasses
+
+    import keras
+    from conftest import tiny_config, vocab_size
+
+    from lealla_tf.train.launch import train
+
+    config = dataclasses.replace(
+        tiny_config(vocab_size(sentence_vocab_file), tiny_parallel_dir, "ams", train_steps=1),
+        mixed_precision=True)
+    keras.mixed_precision.set_dtype_policy("float32")
+    train(config, str(tmp_path / "run"), sentence_vocab_file, progress=False)
+    assert keras.mixed_precision.global_policy().name == "float32"
