@@ -12,7 +12,8 @@ evaluated as the job evaluates its export: P@1 on all tatoeba_dev pairs, and
 BUCC-protocol F1 and P@1 by length band on the news set. A rerun reuses the
 job's finished stages (its work directory) and only evaluates again.
 
-With --branches (e.g. 800,1600) the run is a constant-rate run with cooldown
+With --branches (e.g. 960,1440 of 2,400: multiples of the job's checkpoint
+spacing, a fifth of its steps) the run is a constant-rate run with cooldown
 branches: the job's rate holds at its peak after warmup (warmup-stable-decay)
 and decays over the last --cooldown of its steps; each branch point's
 checkpoint is resumed in a directory of its own with an end of
@@ -29,12 +30,12 @@ make a quick run (`-- --data_dir=<tiny> --sample_pairs=120
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
 
 from benchmarks.common import machine, run_passing_stop_signals, write_result
+from lealla_tf.recipe.planner import planned_every
 
 
 class CheckpointModels:
@@ -99,19 +100,24 @@ def cooldown_branch(trunk_dir: str, point: int, end: int, branch_dir: str) -> st
 
     checkpoints = os.path.join(branch_dir, CHECKPOINT_DIR)
     if not os.path.exists(os.path.join(branch_dir, CONFIG_FILE)):
+        # config.json comes last: its presence says the copy is whole (a copy
+        # cut by a kill starts again; without its checkpoint a run would
+        # start from step 0).
         stored = read_model_config(trunk_dir)
-        os.makedirs(checkpoints)
-        for name in os.listdir(trunk_dir):  # config.json, the vocabulary
-            if os.path.isfile(os.path.join(trunk_dir, name)) and not name.endswith(".jsonl"):
-                shutil.copy2(os.path.join(trunk_dir, name), branch_dir)
         prefix = os.path.join(trunk_dir, CHECKPOINT_DIR, f"ckpt-{point}")
         if not tf.io.gfile.glob(prefix + ".*"):
             raise FileNotFoundError(f"the trunk kept no checkpoint at step {point}: {prefix}")
+        shutil.rmtree(branch_dir, ignore_errors=True)
+        os.makedirs(checkpoints)
         for path in tf.io.gfile.glob(prefix + ".*"):
             shutil.copy2(path, checkpoints)
         tf.compat.v1.train.update_checkpoint_state(checkpoints, f"ckpt-{point}")
-        json.dump({"trunk": os.path.abspath(trunk_dir), "point": point, "end": end},
-                  open(os.path.join(branch_dir, "branch.json"), "w"))
+        with open(os.path.join(branch_dir, "branch.json"), "w") as f:
+            json.dump({"trunk": os.path.abspath(trunk_dir), "point": point, "end": end}, f)
+        names = sorted(os.listdir(trunk_dir), key=lambda name: name == CONFIG_FILE)
+        for name in names:  # the vocabulary, then config.json
+            if os.path.isfile(os.path.join(trunk_dir, name)) and not name.endswith(".jsonl"):
+                shutil.copy2(os.path.join(trunk_dir, name), branch_dir)
     else:
         stored = read_model_config(branch_dir)
     config = config_from_dict(TrainConfig, {k: v for k, v in stored.items()
@@ -181,24 +187,24 @@ def main(argv=None):
     if points and not (warmup < points[0] and points[-1] <= decay_start):
         parser.error(f"--branches must lie after the warmup ({warmup}) and before "
                      f"the trunk's decay starts (step {decay_start})")
+    # The job checkpoints at its planned evaluations, every planned_every steps:
+    # a branch starts from one of those checkpoints.
+    spacing = planned_every(args.train_steps)
+    if any(point % spacing for point in points):
+        parser.error(f"--branches must be multiples of {spacing}: the job checkpoints every "
+                     f"{spacing} steps (a fifth of --train_steps)")
 
     schedule = [] if args.warmup_steps is None else [f"--warmup_steps={args.warmup_steps}"]
     if points:
-        # Checkpoints at every branch point (and the end): evaluations every
-        # greatest common divisor of them.
-        every = args.train_steps
-        for point in points:
-            every = math.gcd(every, point)
+        # every checkpoint kept, the job's own evaluations
         schedule.append("--decay_fraction=%.6f" % decay_fraction(
             args.train_steps, args.train_steps - decay_start, warmup))
-        keep = args.train_steps // every + 1
+        schedule.append(f"--keep_checkpoints={args.train_steps // spacing + 1}")
     else:
         every = max(1, -(-args.train_steps // args.checkpoints))
-        keep = args.checkpoints + 1
+        schedule += [f"--eval_every={every}", f"--keep_checkpoints={args.checkpoints + 1}"]
     command = [sys.executable, "-m", "lealla_tf.recipe", f"--work_dir={args.work_dir}",
-               f"--train_steps={args.train_steps}", *schedule,
-               f"--eval_every={every}", f"--keep_checkpoints={keep}",
-               *args.recipe_flags]
+               f"--train_steps={args.train_steps}", *schedule, *args.recipe_flags]
     print(" ".join(command), flush=True)
     start = time.time()
     code = run_passing_stop_signals(command)

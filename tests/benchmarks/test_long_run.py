@@ -46,9 +46,10 @@ def test_branches_make_the_job_a_constant_rate_trunk(tmp_path, monkeypatch):
     long_run.main([f"--work_dir={tmp_path / 'long'}", "--train_steps=10", "--branches=4",
                    "--cooldown=0.2", "--warmup_steps=2", f"--output_json={tmp_path / 'r.json'}"])
     (command,) = started
-    # decay over the last 2 of the 8 steps after warmup; checkpoints every gcd(10, 4)
+    # decay over the last 2 of the 8 steps after warmup; every checkpoint (each
+    # 2 steps, a fifth of 10) kept
     assert command[3:] == [f"--work_dir={tmp_path / 'long'}", "--train_steps=10",
-                           "--warmup_steps=2", "--decay_fraction=0.250000", "--eval_every=2",
+                           "--warmup_steps=2", "--decay_fraction=0.250000",
                            "--keep_checkpoints=6"]
     assert long_run.cooldown_end(800, 0.2) == 1000
 
@@ -57,6 +58,7 @@ def test_branches_make_the_job_a_constant_rate_trunk(tmp_path, monkeypatch):
     (["--branches=9"], "before the trunk's decay starts"),
     (["--branches=1"], "after the warmup"),
     (["--branches=x"], "comma-separated"),
+    (["--branches=5"], "multiples of 2"),
     (["--cooldown=1"], "--cooldown")])
 def test_branches_must_lie_on_the_constant_part(tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit):
