@@ -280,6 +280,12 @@ class TrainConfig:
         train_steps: None for the paper's default by width (100k for d <= 192,
             200k wider, 5k for dimension reduction).
         teacher_dimension: set by resolution from the teacher.
+        progressive_depth: the share of the steps during which the student
+            skips the layers `teacher_select` starts as pass-through layers (it
+            runs the teacher's selected layers only, in fewer seconds a step);
+            they are inserted, as initialised, for the rest. 0: every layer
+            from the start. A run stopped before they are inserted still
+            exports them.
         jit_compile: run the replicated training step XLA-compiled, as a TPU runs
             it (`lealla_tf.train.task.DistillationTask`): no fused CPU kernels,
             batches padded to a few fixed lengths, lookup-table gradients dense.
@@ -311,6 +317,7 @@ class TrainConfig:
     time_budget_minutes: float = 0.0
     vocab_sha256: str = ""
     teacher_dimension: Optional[int] = None
+    progressive_depth: float = 0.0
     jit_compile: Optional[bool] = None
 
 

@@ -93,6 +93,10 @@ def build_parser():
         help="the students' global gradient-norm clip; 0: none")
     add("--scale", type=float, default=defaults.scale, help="the AMS term's scale")
     add("--margin", type=float, default=defaults.margin, help="the AMS term's additive margin")
+    add("--progressive_depth", type=float, default=defaults.progressive_depth,
+        help="the share of the students' steps that skip the pass-through layers of weight "
+             "selection (inserted, as initialised, for the rest; needs --train_steps); 0: "
+             "every layer from the start")
     add("--eval_every", type=int, default=defaults.eval_every,
         help=f"dev evaluations along training (0: {PLANNED_EVALUATIONS} a student)")
     add("--eval_max_pairs", type=int, default=defaults.eval_max_pairs,
@@ -148,6 +152,7 @@ def config_from_args(args) -> RecipeConfig:
         learning_rate=args.learning_rate,
         warmup_steps=args.warmup_steps, decay_fraction=args.decay_fraction,
         clip_norm=args.clip_norm, scale=args.scale, margin=args.margin,
+        progressive_depth=args.progressive_depth,
         eval_every=args.eval_every,
         eval_max_pairs=args.eval_max_pairs, keep_checkpoints=args.keep_checkpoints,
         news_languages=[l for l in args.news_languages.split(",") if l],

@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--decay_fraction", type=float, default=1.0,
         help="the share of the steps after warmup over which the rate decays; below 1 the "
              "rate holds at its peak until then (warmup-stable-decay)")
+    add("--progressive_depth", type=float, default=0.0,
+        help="the share of the steps during which the student skips the pass-through layers "
+             "of --embedding_init=teacher_select (inserted, as initialised, for the rest); "
+             "0: every layer from the start")
     add("--language_alpha", type=float, default=0.3)
     add("--decontaminate", action="append", default=[],
         help="evaluation files or Tatoeba dirs whose sentences are dropped from training")
@@ -168,6 +172,7 @@ def config_from_flags(args):
         log_every=args.log_every, eval_every=args.eval_every, tatoeba_dir=args.tatoeba_dir,
         eval_max_pairs=args.eval_max_pairs, mixed_precision=args.mixed_precision,
         init_from=args.init_from, time_budget_minutes=args.time_budget_minutes,
+        progressive_depth=args.progressive_depth,
         jit_compile={"auto": None, "true": True, "false": False}[args.jit_compile])
 
 

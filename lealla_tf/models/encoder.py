@@ -5,7 +5,7 @@ config); `LeallaEncoder.forward` computes the same outputs with fewer ops, by
 `lealla_tf.models.forward_pass`.
 """
 
-from typing import Optional
+from typing import Collection, Optional
 
 import keras
 from keras_hub.layers import PositionEmbedding, TransformerEncoder
@@ -285,7 +285,7 @@ class LeallaEncoder(keras.Model):
         return pooled_output, pooled_output
 
     def forward(self, inputs, training=False, parts: Optional[int] = None,
-                fused_kernels: bool = False) -> dict:
+                fused_kernels: bool = False, skipped_layers: Collection[int] = ()) -> dict:
         """The outputs of `self(inputs, training=training)`, computed with fewer,
         larger ops by `lealla_tf.models.forward_pass` (TensorFlow backend, float32
         or bfloat16; otherwise the Keras call).
@@ -299,16 +299,21 @@ class LeallaEncoder(keras.Model):
             fused_kernels: run the layers with `lealla_tf.models.kernels`' fused
                 ops (the students' training step on a CPU, when
                 `kernels.usable()`); exports never do.
+            skipped_layers: indices of layers that hand their input on (a
+                progressive-depth run's pass-through layers before they are
+                inserted); exports skip none.
 
         Returns: the Keras call's dict of outputs.
         """
-        return forward_pass.forward(self, inputs, training, parts, fused_kernels)
+        return forward_pass.forward(self, inputs, training, parts, fused_kernels, skipped_layers)
 
-    def forward_batches(self, batches: list, training=False, fused_kernels: bool = False) -> list:
+    def forward_batches(self, batches: list, training=False, fused_kernels: bool = False,
+                        skipped_layers: Collection[int] = ()) -> list:
         """`forward` (without parts) of each batch in `batches`, the weights packed
         and cast to the compute dtype once for all of them: a pair's two sides in
         the students' training step, the parts of an inference batch."""
-        return forward_pass.forward_batches(self, batches, training, fused_kernels)
+        return forward_pass.forward_batches(self, batches, training, fused_kernels,
+                                            skipped_layers)
 
     @property
     def encoder_config(self) -> EncoderConfig:

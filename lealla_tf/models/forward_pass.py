@@ -27,7 +27,7 @@ The keras-hub sublayers it reads come from `lealla_tf.models.transformer_adapter
 """
 
 import math
-from typing import NamedTuple, Optional
+from typing import Collection, NamedTuple, Optional
 
 import keras
 import tensorflow as tf
@@ -44,41 +44,56 @@ INFERENCE_PARTS = 2
 
 
 def forward(encoder, inputs, training=False, parts: Optional[int] = None,
-            fused_kernels: bool = False) -> dict:
+            fused_kernels: bool = False, skipped_layers: Collection[int] = ()) -> dict:
     """The outputs of `encoder(inputs, training=training)` (see the module).
 
     Inference runs the batch as `parts` (default `INFERENCE_PARTS`) independent
     parts, each through `encoder.forward_batches`. Where one thread runs the
     graph (a Beam worker capped at one, an XLA-compiled function, which the XLA
     exports call with `parts=1`) the parts run one after the other.
+    `skipped_layers`: see `forward_batches`.
     """
     parts = INFERENCE_PARTS if parts is None else parts
     if parts < 1:
         raise ValueError(f"parts must be at least 1, got {parts}")
     if not supported(encoder):
+        _check_unskipped(skipped_layers)
         return encoder(inputs, training=training)
     if training or parts == 1:
-        return encoder.forward_batches([inputs], training, fused_kernels)[0]
+        return encoder.forward_batches([inputs], training, fused_kernels, skipped_layers)[0]
     inputs = {name: tf.convert_to_tensor(value) for name, value in inputs.items()}
     rows = tf.shape(inputs["input_word_ids"])[0]
     cuts = [rows * i // parts for i in range(parts + 1)]
     pieces = encoder.forward_batches(
         [{name: value[start:stop] for name, value in inputs.items()}
-         for start, stop in zip(cuts, cuts[1:])], False, fused_kernels)
+         for start, stop in zip(cuts, cuts[1:])], False, fused_kernels, skipped_layers)
     return tf.nest.map_structure(lambda *part: tf.concat(part, axis=0), *pieces)
 
 
-def forward_batches(encoder, batches: list, training=False,
-                    fused_kernels: bool = False) -> list:
+def forward_batches(encoder, batches: list, training=False, fused_kernels: bool = False,
+                    skipped_layers: Collection[int] = ()) -> list:
     """`forward` (without parts) of each batch in `batches`, the weights packed
     and cast to the compute dtype once for all of them: a pair's two sides in
-    the students' training step, the parts of an inference batch."""
+    the students' training step, the parts of an inference batch.
+
+    `skipped_layers`: indices of layers that hand their input on unchanged (a
+    progressive-depth run's pass-through layers before they are inserted:
+    `lealla_tf.train.trainer`); their entries in `encoder_outputs` repeat the
+    previous output, so the layers keep their indices."""
     if not supported(encoder):
+        _check_unskipped(skipped_layers)
         return [encoder(inputs, training=training) for inputs in batches]
     compute = encoder.token_embedding.compute_dtype
     weights = {}  # layer name -> its LayerWeights, filled on first use
-    return [_forward(encoder, inputs, training, compute, weights, fused_kernels)
+    return [_forward(encoder, inputs, training, compute, weights, fused_kernels,
+                     frozenset(skipped_layers))
             for inputs in batches]
+
+
+def _check_unskipped(skipped_layers) -> None:
+    if skipped_layers:
+        raise ValueError("skipping layers needs the fast forward pass (TensorFlow backend, "
+                         "float32 or bfloat16 compute); the Keras call runs every layer")
 
 
 def supported(encoder) -> bool:
@@ -87,10 +102,12 @@ def supported(encoder) -> bool:
             and encoder.token_embedding.compute_dtype in ("float32", "bfloat16"))
 
 
-def _forward(encoder, inputs, training, compute, weights, fused=False) -> dict:
+def _forward(encoder, inputs, training, compute, weights, fused=False,
+             skipped=frozenset()) -> dict:
     """`forward` on one batch. `weights`: layer name -> its `LayerWeights`,
     filled here on first use (shared by the batches of one `forward_batches`);
-    `fused`: run the layers with `lealla_tf.models.kernels` where they allow it."""
+    `fused`: run the layers with `lealla_tf.models.kernels` where they allow it;
+    `skipped`: the indices of layers that hand their input on."""
     ids, mask = inputs["input_word_ids"], inputs["input_mask"]
     x = token_rows(encoder, ids, compute)
     if encoder.embedding_projection is not None:
@@ -105,6 +122,10 @@ def _forward(encoder, inputs, training, compute, weights, fused=False) -> dict:
     rows = tf.reshape(x, [-1, width])
     encoder_outputs = []
     for i in range(encoder.num_layers):
+        if i in skipped:
+            encoder_outputs.append(encoder_outputs[-1] if encoder_outputs
+                                   else tf.reshape(rows, [batch, length, width]))
+            continue
         layer = encoder.transformer_layers[i % len(encoder.transformer_layers)]
         if layer.name not in weights:
             weights[layer.name] = layer_weights(layer, compute)

@@ -74,7 +74,7 @@ def stage_settings(config: RecipeConfig, data_dir, precision: bool) -> Dict[str,
                  "objective", "loss_weights", "comparison_objective", "comparison_learning_rate",
                  "teacher_center", "time_budget_minutes", "train_steps", "global_batch_size",
                  "length_buckets", "learning_rate", "warmup_steps", "decay_fraction",
-                 "clip_norm", "scale", "margin", "eval_every",
+                 "clip_norm", "scale", "margin", "progressive_depth", "eval_every",
                  "eval_max_pairs", "mixed_precision", "strategy"),
         "mine": ("bucc_languages", "bucc_gold", "bucc_distractors"),
     }
@@ -123,6 +123,11 @@ def check_flags(config: RecipeConfig) -> None:
         raise ValueError(f"--language_alpha must be in [0, 1], got {config.language_alpha}")
     if not 0.0 <= config.dropout < 1.0:
         raise ValueError(f"--dropout must be in [0, 1), got {config.dropout}")
+    if not 0.0 <= config.progressive_depth < 1.0:
+        raise ValueError(f"--progressive_depth must be in [0, 1), got {config.progressive_depth}")
+    if config.progressive_depth and not config.train_steps:
+        raise ValueError("--progressive_depth needs --train_steps: the plan times the first "
+                         "steps, which skip layers, and would give the run too many")
 
 
 def check_inputs(config: RecipeConfig, data_dir) -> None:

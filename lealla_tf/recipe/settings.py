@@ -166,6 +166,8 @@ class RecipeConfig:
             holds the peak rate first (warmup-stable-decay,
             `RECIPE_DECAY_FRACTION`).
         scale, margin: the AMS term's (`LossConfig`).
+        progressive_depth: the share of the students' steps that skip the
+            pass-through layers (`TrainConfig`); needs --train_steps.
         comparison_learning_rate: the comparison student's peak rate, its own
             objective's measured best (`COMPARISON_LEARNING_RATE`): AMS alone has
             no hd term holding it near its teacher-selected start, and a rate
@@ -204,6 +206,7 @@ class RecipeConfig:
     clip_norm: float = 1.0
     scale: float = 100.0
     margin: float = 0.3
+    progressive_depth: float = 0.0
     teacher_center: bool = False
     eval_every: int = 0
     eval_max_pairs: int = 50

@@ -126,7 +126,8 @@ def train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_dir: str
         checkpoint_every=max(1, config.train_steps // 5), log_every=10,
         keep_checkpoints=config.keep_checkpoints,
         eval_every=config.eval_every, tatoeba_dir=str(data_dir / "tatoeba_dev"),
-        eval_max_pairs=config.eval_max_pairs, mixed_precision=config.mixed_precision)
+        eval_max_pairs=config.eval_max_pairs, mixed_precision=config.mixed_precision,
+        progressive_depth=config.progressive_depth)
     validate_train_config(train)
     return train
 

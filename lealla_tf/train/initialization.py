@@ -122,6 +122,15 @@ def _teacher_layer_count(variables: Dict[str, np.ndarray]) -> int:
     return len(layers)
 
 
+def pass_through_layers(student_layers: int, teacher_dir: str) -> frozenset:
+    """The student layers "teacher_select" starts as pass-through layers
+    (`layer_sources` gives them no teacher layer) from the converted teacher
+    in `teacher_dir`."""
+    variables = read_saved_model_variables(os.path.join(teacher_dir, "encoder"))
+    sources = layer_sources(student_layers, _teacher_layer_count(variables))
+    return frozenset(j for j, source in enumerate(sources) if source is None)
+
+
 def pass_through_norm(gamma: np.ndarray, beta: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """The layer norm weights under which a layer with zero output projections
     hands its input on, as nearly as a layer norm can.

@@ -58,6 +58,11 @@ def validate_train_config(config: TrainConfig) -> None:
             raise ValueError("--teacher_in_step runs the converted teacher on an encoder "
                              "student's tokens: pass --embedding_init_source=<converted teacher "
                              "with a SentencePiece vocabulary>")
+    if not 0.0 <= config.progressive_depth < 1.0:
+        raise ValueError(f"--progressive_depth must be in [0, 1), got {config.progressive_depth}")
+    if config.progressive_depth and config.embedding_init != "teacher_select":
+        raise ValueError("--progressive_depth inserts the pass-through layers of "
+                         "--embedding_init=teacher_select late; this run has none")
     _positive("--global_batch_size", config.global_batch_size)
     if config.train_steps is not None:
         _positive("--train_steps", config.train_steps)
@@ -168,8 +173,9 @@ def resolve_train_config(config: TrainConfig, vocabulary_size: int,
 # Settings added after model directories were first written, with the value
 # such a directory ran with: a stored config without them resumes when the new
 # run keeps that value.
-ADDED_SETTINGS = {f"teacher.{name}": getattr(TeacherConfig, name)
-                  for name in ("center", "center_pairs", "in_step")}
+ADDED_SETTINGS = {**{f"teacher.{name}": getattr(TeacherConfig, name)
+                     for name in ("center", "center_pairs", "in_step")},
+                  "progressive_depth": 0.0}
 
 
 def check_resumable(stored: dict, requested: dict) -> None:

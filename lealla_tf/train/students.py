@@ -49,11 +49,15 @@ class EncoderStudent:
         self.embedding_size = config.encoder.embedding_size
         # The fused CPU kernels (lealla_tf.models.kernels) where this strategy can run them.
         self.fused_kernels = kernels.usable()
+        # Layers that hand their input on in the step and the evaluations (a
+        # progressive-depth run's pass-through layers before they are inserted);
+        # read when a function is traced.
+        self.skipped_layers = frozenset()
 
     def __call__(self, batch, teacher_vectors=None, training=True) -> StudentOutputs:
         source, target = self.encoder.forward_batches(
             [batch["source"], batch["target"]], training=training,
-            fused_kernels=self.fused_kernels)
+            fused_kernels=self.fused_kernels, skipped_layers=self.skipped_layers)
         return StudentOutputs(source["sentence_embedding"], target["sentence_embedding"],
                               source["pooled_output"], target["pooled_output"],
                               list(source["encoder_outputs"]), list(target["encoder_outputs"]))
@@ -93,7 +97,8 @@ class EncoderStudent:
     def embed_function(self, tokenizer, teacher=None):
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
         def embed(strings):
-            return self.encoder.forward(tokenizer(strings))["sentence_embedding"]
+            return self.encoder.forward(tokenizer(strings),
+                                        skipped_layers=self.skipped_layers)["sentence_embedding"]
 
         return embed
 

@@ -54,7 +54,7 @@ from lealla_tf.teachers.sources import CenteredTeacher, PrecomputedTeacher
 from lealla_tf.train.data import fixed_lengths, pair_dataset, tokenize_batches
 from lealla_tf.train.distribution import is_tpu_strategy, resolve_jit_compile
 from lealla_tf.train.heads import DistillationHeads
-from lealla_tf.train.initialization import initialize_token_embeddings
+from lealla_tf.train.initialization import initialize_token_embeddings, pass_through_layers
 from lealla_tf.train.students import build_student
 
 
@@ -99,6 +99,14 @@ class DistillationTask:
                 num_languages=len([n for n in (sizes or {}).values() if n > 0]),
                 special_ids=(tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id),
                 teacher_layers=self._teacher_layers())
+        # The layers a progressive-depth run inserts late (`Trainer`).
+        self.pass_through_layers = frozenset()
+        if config.progressive_depth:
+            self.pass_through_layers = pass_through_layers(config.encoder.num_layers,
+                                                           config.embedding_init_source)
+            if not self.pass_through_layers:
+                raise ValueError("--progressive_depth: a student no deeper than its teacher "
+                                 "starts with no pass-through layers to insert late")
         self.trainable = self.student.trainable_weights + self.heads.trainable_weights
         self.jit_compile = resolve_jit_compile(config.jit_compile, strategy)
         self.compiled = self.jit_compile
@@ -256,13 +264,16 @@ class DistillationTask:
         with tf.GradientTape() as tape:
             terms = self.loss_terms(batch, training=True)
             total = tf.add_n([self.weights[t] * terms[t] for t in self.terms])
+        # None for the weights of layers the step skips (progressive depth):
+        # the trainer leaves them as they are.
         gradients = tape.gradient(total, self.trainable)
         if self.strategy.num_replicas_in_sync > 1 or self.jit_compile:
             gradients = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
                          for g in gradients]
         if self.strategy.num_replicas_in_sync > 1:
-            gradients = tf.distribute.get_replica_context().all_reduce(
-                tf.distribute.ReduceOp.SUM, gradients)
+            reduced = iter(tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, [g for g in gradients if g is not None]))
+            gradients = [None if g is None else next(reduced) for g in gradients]
         else:
             gradients = [unique_rows(g) if isinstance(g, tf.IndexedSlices) else g
                          for g in gradients]

@@ -135,6 +135,7 @@ class Trainer:
             max_to_keep=config.keep_checkpoints)
         self.initialization = {}
         self._embed = None  # the evaluations' embedding function, built at the first
+        self.inserted_at_step = None  # progressive depth: where the skipped layers came in
 
     # === One step ===
 
@@ -148,8 +149,9 @@ class Trainer:
                                                   use_norm=norm)
         # Keras' optimizer SUMs gradients over replicas again: hand it 1/R of the
         # already reduced (and globally clipped) gradient.
-        gradients = [scale_gradient(g, 1.0 / replicas) for g in gradients]
-        self.optimizer.apply_gradients(zip(gradients, self.task.trainable))
+        # A weight without a gradient (a layer the step skips) is left as it is.
+        self.optimizer.apply_gradients([(scale_gradient(g, 1.0 / replicas), v) for g, v
+                                        in zip(gradients, self.task.trainable) if g is not None])
         ids = batch["source"]["input_word_ids"]
         fingerprint = tf.reduce_sum(tf.cast(ids, tf.int64) * tf.range(
             1, tf.shape(ids)[1] + 1, dtype=tf.int64)[None, :])
@@ -236,6 +238,7 @@ class Trainer:
         for name in ("train_log.jsonl", "eval_log.jsonl"):
             truncate_log(os.path.join(self.write_dir, name), steps_done)
         iterator = iter(self.task.distributed_dataset(steps_done))
+        self._set_depth(steps_done)
         step_fn = self.step_function(iterator.element_spec)
         writer = tf.summary.create_file_writer(os.path.join(self.write_dir, "logs"))
         logs = RunLogs(self.write_dir, writer)
@@ -266,6 +269,9 @@ class Trainer:
                 if stopping:
                     reason = stopping
                     break
+                if self._set_depth(steps_done):
+                    step_fn = self.step_function(iterator.element_spec)
+                    bar.write(f"step {steps_done}: pass-through layers inserted")
                 step_start = time.time()
                 if first_step_start is None:
                     first_step_start = step_start
@@ -357,6 +363,7 @@ class Trainer:
                                     "train_seconds": e["train_seconds"]} for e in evaluations],
                    "weights": self.task.weights, "replicas": self.strategy.num_replicas_in_sync,
                    "jit_compile": self.task.jit_compile,
+                   "pass_through_inserted_at_step": self.inserted_at_step,
                    "data": self.task.data_info, "initialization": self.initialization}
         if self.role.chief:  # a collapsed model is named, with or without Tatoeba
             summary.update(collapse_check(evaluations, self.task.embed_function,
@@ -364,6 +371,22 @@ class Trainer:
             with open(os.path.join(self.model_dir, "train_summary.json"), "w") as f:
                 json.dump(summary, f, indent=2, default=str)
         return summary
+
+    def _set_depth(self, steps_done: int) -> bool:
+        """Progressive depth (`progressive_depth`): the student skips the task's
+        pass-through layers for that share of the steps, then runs them too.
+        True when this step changes what the step computes (trace it again)."""
+        student = self.task.student
+        skipped = (self.task.pass_through_layers
+                   if steps_done < self.config.progressive_depth * self.config.train_steps
+                   else frozenset())
+        if getattr(student, "skipped_layers", frozenset()) == skipped:
+            return False
+        student.skipped_layers = skipped
+        self._embed = None  # the evaluations embed at the new depth
+        if not skipped:
+            self.inserted_at_step = steps_done
+        return True
 
     def _take_plan(self, plan: dict, steps_done: int) -> TrainConfig:
         """The run's settings once its planner decided its length."""

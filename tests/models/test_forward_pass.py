@@ -246,3 +246,31 @@ def test_only_gelu_layers_with_plain_norms_and_dropout_are_fusable():
     assert not forward_pass.fusable(parts, "relu")
     shaped = parts._replace(feedforward_dropout=keras.layers.Dropout(0.1, noise_shape=(1, 8)))
     assert not forward_pass.fusable(shaped, "gelu")
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_skipped_layers_hand_their_input_on(fused):
+    """Skipping layer 1 of three that share their weights (parameter recurrence)
+    computes what two such layers compute; the skipped layer's output repeats
+    the one before it, so the layers keep their indices."""
+    if fused and not kernels.usable():
+        pytest.skip("the fused kernels are not built here")
+    three = build_encoder(TINY.replace(num_layers=3, num_unique_layers=1, pooling="mean"))
+    two = build_encoder(TINY.replace(num_layers=2, num_unique_layers=1, pooling="mean"))
+    two.set_weights(three.get_weights())
+    skipped = three.forward_batches([BATCH], fused_kernels=fused, skipped_layers={1})[0]
+    expected = two.forward_batches([BATCH], fused_kernels=fused)[0]
+    np.testing.assert_allclose(skipped["sequence_output"], expected["sequence_output"],
+                               atol=1e-6)
+    outputs = skipped["encoder_outputs"]
+    assert len(outputs) == 3
+    np.testing.assert_array_equal(outputs[1], outputs[0])
+    whole = three.forward_batches([BATCH], fused_kernels=fused)[0]["sequence_output"]
+    assert np.abs(np.asarray(whole) - np.asarray(skipped["sequence_output"])).max() > 1e-3
+
+
+def test_skipping_layers_without_the_fast_forward_pass_is_refused():
+    encoder = build_encoder(TINY, dtype="mixed_float16")
+    assert not forward_pass.supported(encoder)
+    with pytest.raises(ValueError, match="skipping layers needs the fast forward pass"):
+        encoder.forward(BATCH, skipped_layers={0})

@@ -24,7 +24,7 @@ from lealla_tf.machine import bfloat16_arithmetic
 from lealla_tf.parallel_corpus import read_pairs
 from lealla_tf.recipe import job as recipe  # the stages as the job calls them
 from lealla_tf.recipe.job import check_flags, stage_settings
-from lealla_tf.recipe.settings import RecipeConfig
+from lealla_tf.recipe.settings import RECIPE_LEARNING_RATE, RecipeConfig
 from lealla_tf.recipe.stages import StageInterrupted
 from lealla_tf.recipe.work_dir import JOB_MARKER, claim_work_dir
 
@@ -92,9 +92,11 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
     assert report["distillation"]["steps"] == 4
     # The student's weights, not the comparison's (which has none to set).
     assert report["distillation"]["loss_weights"] == {"fd": 1.0, "ld": 1e4, "hd": 300.0}
-    # Each student at its own objective's best peak rate (AMS alone falls apart at 2e-3).
-    assert report["distillation"]["learning_rates"] == {"full": 2e-3, "comparison": 5e-4}
-    assert "peak rates 0.002 / 0.0005" in out
+    # Each student at its own objective's best peak rate (AMS alone falls apart at the
+    # student's).
+    assert report["distillation"]["learning_rates"] == {"full": RECIPE_LEARNING_RATE,
+                                                        "comparison": 5e-4}
+    assert f"peak rates {RECIPE_LEARNING_RATE:g} / 0.0005" in out
     assert report["training"]["student"]["weights"]["hd"] == 300.0
     # bfloat16 where this CPU multiplies it natively, said in the summary
     expected = "bfloat16" if bfloat16_arithmetic() else "float32"
@@ -324,7 +326,8 @@ RECIPE_FLAG_MISTAKES = [
     ("--bucc_distractors=-1", "--bucc_distractors"), ("--train_steps=-1", "--train_steps"),
     ("--time_budget_minutes=nan", "minutes"), ("--time_budget_minutes=inf", "minutes"),
     ("--time_budget_minutes=1e9", "10080"), ("--time_budget_minutes=-1", "minutes"),
-    ("--time_budget_minutes=0", "--train_steps")]
+    ("--time_budget_minutes=0", "--train_steps"),
+    ("--progressive_depth=0.5", "needs --train_steps"), ("--progressive_depth=1", "[0, 1)")]
 
 
 @pytest.mark.parametrize("flag,needle", RECIPE_FLAG_MISTAKES,

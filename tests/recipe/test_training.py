@@ -15,7 +15,7 @@ from conftest import write_pairs
 from lealla_tf.cli.recipe import build_parser, config_from_args
 from lealla_tf.parallel_corpus import find_parallel_files, sample_pairs
 from lealla_tf.recipe import training
-from lealla_tf.recipe.settings import RecipeConfig
+from lealla_tf.recipe.settings import RECIPE_DECAY_FRACTION, RECIPE_LEARNING_RATE, RecipeConfig
 from lealla_tf.recipe.stages import StageInterrupted, Stages
 from lealla_tf.recipe.training import (
     check_started_precision,
@@ -87,7 +87,9 @@ def test_the_schedule_clip_and_ams_flags_reach_the_students_config():
     defaults = train_config(RecipeConfig(train_steps=100), pathlib.Path("data"),
                             {"tokenizer": "sentencepiece", "multilingual": True}, "teacher",
                             "sample", "lealla+hd", student_loss_weights(RecipeConfig()))
-    assert (defaults.optimizer.decay_fraction, defaults.optimizer.clip_norm) == (1.0, 1.0)
+    assert (defaults.optimizer.decay_fraction, defaults.optimizer.clip_norm) == (
+        RECIPE_DECAY_FRACTION, 1.0)
+    assert defaults.optimizer.learning_rate == RECIPE_LEARNING_RATE
     assert (defaults.loss.scale, defaults.loss.margin) == (100.0, 0.3)
 
 

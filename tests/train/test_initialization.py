@@ -11,7 +11,12 @@ from lealla_tf.inference.formats import export_labse_pair
 from lealla_tf.models.encoder import build_encoder
 from lealla_tf.teachers.selection import teacher_hidden_ranking
 from lealla_tf.tokenizers.tokenizer import Tokenizer
-from lealla_tf.train.initialization import pass_through_norm, pca, select_teacher_weights
+from lealla_tf.train.initialization import (
+    pass_through_layers,
+    pass_through_norm,
+    pca,
+    select_teacher_weights,
+)
 
 TEACHER = dict(vocabulary_size=40, num_layers=2, num_heads=4, hidden_dim=16,
                intermediate_dim=32, max_sequence_length=24, pooling="mean", dropout=0.0,
@@ -146,6 +151,14 @@ def test_a_deeper_student_interleaves_pass_through_layers(teacher_dir):
         assert not mine[name].any(), name
     # A pass-through layer keeps the rest of its random initialisation.
     assert mine["transformer_layer_3/self_attention_layer/query/kernel"].any()
+
+
+def test_the_pass_through_layers_are_the_ones_no_teacher_layer_starts(teacher_dir):
+    """What a progressive-depth run skips: the layers weight selection zeroes."""
+    directory, _ = teacher_dir
+    assert pass_through_layers(4, directory) == {1, 3}
+    assert pass_through_layers(5, directory) == {1, 3, 4}
+    assert pass_through_layers(2, directory) == frozenset()
 
 
 @pytest.mark.parametrize("changes, message", [

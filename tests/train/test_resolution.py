@@ -38,6 +38,8 @@ ENCODER = EncoderConfig(vocabulary_size=30, num_layers=2, num_heads=2, hidden_di
     ({"embedding_init": "teacher_pca"}, "--embedding_init_source"),
     ({"optimizer": OptimizerConfig(clip_norm=-1.0)}, "--clip_norm must be >= 0"),
     ({"loss": LossConfig(scale=0.0)}, "--temperature and --scale must be positive"),
+    ({"progressive_depth": 1.0}, r"--progressive_depth must be in \[0, 1\)"),
+    ({"progressive_depth": 0.5}, "--progressive_depth inserts the pass-through layers"),
 ])
 def test_an_impossible_run_is_named_by_its_flag(changes, flag):
     config = dataclasses.replace(TrainConfig(encoder=ENCODER), **changes)
@@ -76,6 +78,13 @@ def test_a_run_written_before_centring_existed_resumes_uncentred():
     requested["teacher"]["center"] = True
     with pytest.raises(ValueError, match="teacher.center: False -> True"):
         check_resumable(stored, requested)
+
+
+def test_a_run_written_before_progressive_depth_resumes_at_full_depth():
+    stored = {"train_steps": 5}
+    check_resumable(stored, {"train_steps": 9, "progressive_depth": 0.0})
+    with pytest.raises(ValueError, match="progressive_depth: 0.0 -> 0.5"):
+        check_resumable(stored, {"train_steps": 9, "progressive_depth": 0.5})
 
 
 def test_the_papers_defaults_follow_the_width():

@@ -12,6 +12,7 @@ from conftest import TEACHER_DIM, Trainer, tiny_config, vocab_size
 from lealla_tf.configs import EncoderConfig, TeacherConfig
 from lealla_tf.losses.objectives import default_loss_weights, parse_objective
 from lealla_tf.models.model_dir import read_model_config
+from lealla_tf.teachers.conversion import SENTENCEPIECE_FILE
 from lealla_tf.train.distribution import make_strategy
 from lealla_tf.train.trainer import WarmupLinearDecay
 
@@ -227,3 +228,45 @@ def test_a_collapsed_student_is_named_in_the_summary(sentence_vocab_file, tiny_p
     assert "has collapsed" in summary["collapse_warning"]
     assert "has collapsed" in format_summary(summary)
     assert json.loads((tmp_path / "train_summary.json").read_text())["collapse_warning"]
+
+
+def test_progressive_depth_inserts_the_pass_through_layers_late(teacher, tiny_parallel_dir,
+                                                                 tmp_path):
+    """--progressive_depth=0.5 of 6 steps: the first 3 skip the pass-through
+    layers of weight selection (left exactly as initialised while the selected
+    layers train), the last 3 train every layer; the summary names the step."""
+    directory, _, pieces = teacher
+    config = tiny_config(len(pieces), tiny_parallel_dir, "ams", embedding_init="teacher_select",
+                         embedding_init_source=directory, train_steps=6, progressive_depth=0.5)
+    config.encoder = config.encoder.replace(vocabulary_size=len(pieces), num_layers=4,
+                                            hidden_dim=8, intermediate_dim=16, pooling="mean",
+                                            max_sequence_length=24)
+    trainer = Trainer(config, str(tmp_path), None, os.path.join(directory, SENTENCEPIECE_FILE),
+                      progress=False)
+    assert trainer.task.pass_through_layers == {1, 3}
+    layers = trainer.task.student.encoder.transformer_layers
+    seen = {}
+
+    def snapshot(measured):
+        seen[measured["step"]] = [np.concatenate([w.numpy().ravel() for w in layer.weights])
+                                  for layer in layers]
+
+    summary = trainer.train(snapshot)
+    assert summary["final_step"] == 6 and summary["pass_through_inserted_at_step"] == 3
+    for index in (1, 3):  # skipped in steps 1-3, trained in 4-6
+        np.testing.assert_array_equal(seen[1][index], seen[3][index])
+        assert not np.array_equal(seen[3][index], seen[6][index])
+    for index in (0, 2):
+        assert not np.array_equal(seen[1][index], seen[3][index])
+    assert trainer.task.student.skipped_layers == frozenset()
+
+
+def test_progressive_depth_needs_pass_through_layers(teacher, tiny_parallel_dir, tmp_path):
+    directory, _, pieces = teacher
+    config = tiny_config(len(pieces), tiny_parallel_dir, "ams", embedding_init="teacher_select",
+                         embedding_init_source=directory, progressive_depth=0.5)
+    config.encoder = config.encoder.replace(vocabulary_size=len(pieces), num_layers=2,
+                                            hidden_dim=8, intermediate_dim=16,
+                                            max_sequence_length=24)
+    with pytest.raises(ValueError, match="no pass-through layers"):
+        Trainer(config, str(tmp_path), None, os.path.join(directory, SENTENCEPIECE_FILE))
