@@ -193,6 +193,24 @@ def sentence_vocab_file(tmp_path_factory):
     return output
 
 
+@pytest.fixture(scope="module")
+def tokenizer(sentence_vocab_file):
+    """The tokenizer of `sentence_vocab_file` (a module may define its own)."""
+    from lealla_tf.tokenizers.tokenizer import Tokenizer
+
+    return Tokenizer(sentence_vocab_file, max_seq_length=16)
+
+
+@pytest.fixture(scope="module")
+def encoder(tokenizer):
+    """A one-layer encoder over `tokenizer`'s vocabulary."""
+    from lealla_tf.configs import EncoderConfig
+    from lealla_tf.models.encoder import build_encoder
+
+    return build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
+                                       num_heads=2, hidden_dim=8, intermediate_dim=16))
+
+
 # === Shared by several test modules: no test module imports another ===
 
 def dead_pid() -> int:
@@ -348,7 +366,8 @@ def tiny_config(tokenizer_size, data, objective="ams+fd+ld", **changes):
 
 
 def vocab_size(path):
-    return len(open(path, encoding="utf-8").read().split("\n")) - 1
+    with open(path, encoding="utf-8") as f:
+        return len(f.read().split("\n")) - 1
 
 
 def Trainer(config, model_dir, strategy, vocab_file, progress=True):

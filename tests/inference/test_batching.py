@@ -14,12 +14,6 @@ from lealla_tf.inference.batching import (
     sentence_list,
     tokenize_once,
 )
-from lealla_tf.tokenizers.tokenizer import Tokenizer
-
-
-@pytest.fixture(scope="module")
-def tokenizer(sentence_vocab_file):
-    return Tokenizer(sentence_vocab_file, max_seq_length=16)
 
 
 def numpy_tokenize(tokenizer):

@@ -9,7 +9,6 @@ import tensorflow as tf
 from conftest import multilingual_sentences
 
 import lealla_tf
-from lealla_tf.configs import EncoderConfig
 from lealla_tf.inference import batching, embedder, loaders
 from lealla_tf.inference.batching import (
     PIPELINE_BATCH_SIZE,
@@ -18,19 +17,6 @@ from lealla_tf.inference.batching import (
     encode_in_length_order,
 )
 from lealla_tf.inference.embedder import Embedder
-from lealla_tf.models.encoder import build_encoder
-from lealla_tf.tokenizers.tokenizer import Tokenizer
-
-
-@pytest.fixture(scope="module")
-def tokenizer(sentence_vocab_file):
-    return Tokenizer(sentence_vocab_file, max_seq_length=16)
-
-
-@pytest.fixture(scope="module")
-def encoder(tokenizer):
-    return build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
-                                       num_heads=2, hidden_dim=8, intermediate_dim=16))
 
 
 def numpy_tokenize(tokenizer):

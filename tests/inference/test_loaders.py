@@ -8,27 +8,13 @@ import pytest
 import tensorflow as tf
 from conftest import multilingual_sentences
 
-from lealla_tf.configs import EncoderConfig
 from lealla_tf.inference.formats import export_labse_pair, export_lealla_model
 from lealla_tf.inference.loaders import load_embedder, model_kind
-from lealla_tf.models.encoder import build_encoder
 from lealla_tf.models.model_dir import (
     TokenizerConfig,
     save_encoder_checkpoint,
     write_model_config,
 )
-from lealla_tf.tokenizers.tokenizer import Tokenizer
-
-
-@pytest.fixture(scope="module")
-def tokenizer(sentence_vocab_file):
-    return Tokenizer(sentence_vocab_file, max_seq_length=16)
-
-
-@pytest.fixture(scope="module")
-def encoder(tokenizer):
-    return build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
-                                       num_heads=2, hidden_dim=8, intermediate_dim=16))
 
 
 def test_lealla_export_carries_its_tokenizer_and_encoder_apart(tokenizer, encoder, tmp_path):
