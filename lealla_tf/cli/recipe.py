@@ -80,15 +80,16 @@ def build_parser():
         help="teacher vectors of whole sentences, not of the --max_seq_length tokens the "
              "student sees")
     add("--learning_rate", type=float, default=defaults.learning_rate,
-        help="the student's peak rate (default %(default)g, measured best for the main job's "
-             "lealla_small student: benchmarks/recipe_sweep.py; the comparison's is "
-             "--comparison_learning_rate)")
+        help="the student's peak rate (default %(default)g, measured with the default "
+             "schedule for the main job's lealla_small student: benchmarks/main_job.py and "
+             "benchmarks/long_run.py; the comparison's is --comparison_learning_rate)")
     add("--warmup_steps", type=int, default=None,
         help=f"the students' warmup (0: none; default: {PLANNED_WARMUP_STEPS} planned, or a "
              "tenth of --train_steps)")
     add("--decay_fraction", type=float, default=defaults.decay_fraction,
-        help="the share of the steps after warmup over which the rate decays; below 1 the "
-             "rate holds at its peak until then (warmup-stable-decay)")
+        help="the share of the steps after warmup over which the rate decays to 0 (default "
+             "%(default)g: the rate holds at its peak until then, warmup-stable-decay; 1: "
+             "linear decay from the peak, better for runs of a few hundred steps)")
     add("--clip_norm", type=float, default=defaults.clip_norm,
         help="the students' global gradient-norm clip; 0: none")
     add("--scale", type=float, default=defaults.scale, help="the AMS term's scale")

@@ -15,7 +15,12 @@ from conftest import write_pairs
 from lealla_tf.cli.recipe import build_parser, config_from_args
 from lealla_tf.parallel_corpus import find_parallel_files, sample_pairs
 from lealla_tf.recipe import training
-from lealla_tf.recipe.settings import RECIPE_DECAY_FRACTION, RECIPE_LEARNING_RATE, RecipeConfig
+from lealla_tf.recipe.settings import (
+    RECIPE_DECAY_FRACTION,
+    RECIPE_LEARNING_RATE,
+    RECIPE_MARGIN,
+    RecipeConfig,
+)
 from lealla_tf.recipe.stages import StageInterrupted, Stages
 from lealla_tf.recipe.training import (
     check_started_precision,
@@ -90,7 +95,7 @@ def test_the_schedule_clip_and_ams_flags_reach_the_students_config():
     assert (defaults.optimizer.decay_fraction, defaults.optimizer.clip_norm) == (
         RECIPE_DECAY_FRACTION, 1.0)
     assert defaults.optimizer.learning_rate == RECIPE_LEARNING_RATE
-    assert (defaults.loss.scale, defaults.loss.margin) == (100.0, 0.3)
+    assert (defaults.loss.scale, defaults.loss.margin) == (100.0, RECIPE_MARGIN)
 
 
 def test_hidden_state_distillation_needs_a_sentencepiece_teacher(tmp_path):

@@ -198,6 +198,33 @@ def test_a_replan_moves_the_end_and_the_decay(sentence_vocab_file, tiny_parallel
                 measured["step"]))
 
 
+def test_a_replan_moves_the_cooldown_of_a_held_rate(sentence_vocab_file, tiny_parallel_dir,
+                                                     tmp_path):
+    """The main job's schedule (warmup-stable-decay, the last half decaying here):
+    planned at step 3 for 12 steps, re-planned at step 6 for 16, while the rate
+    still holds; the cooldown then starts at 10, not 8, and every rate before
+    the re-plan was the peak."""
+    config = tiny_config(vocab_size(sentence_vocab_file), tiny_parallel_dir, "ams",
+                         train_steps=1000, checkpoint_every=1000)
+    config.optimizer.warmup_steps = 4
+    config.optimizer.decay_fraction = 0.5
+
+    def planner(measured):
+        return {3: {"train_steps": 12}, 6: {"train_steps": 16}}.get(measured["step"])
+
+    summary = Trainer(config, str(tmp_path), None, sentence_vocab_file,
+                      progress=False).train(planner)
+    assert summary["final_step"] == 16
+    rates = [json.loads(line)["learning_rate"]
+             for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    # The log's rate is the one the next step uses: steps 4-9 hold the peak.
+    np.testing.assert_allclose(rates[3:10], 1e-3, rtol=1e-6)
+    expected = [float(WarmupLinearDecay(1e-3, 4, 16, decay_fraction=0.5)(step))
+                for step in range(1, 17)]
+    np.testing.assert_allclose(rates, expected, rtol=1e-6)
+    assert rates[-1] == pytest.approx(0.0, abs=1e-9)
+
+
 def test_a_plan_after_the_warmup_is_refused(sentence_vocab_file, tiny_parallel_dir, tmp_path):
     config = tiny_config(vocab_size(sentence_vocab_file), tiny_parallel_dir, "ams",
                          train_steps=10)
