@@ -122,9 +122,8 @@ def _forward(encoder, inputs, training, compute, weights, fused=False,
     rows = tf.reshape(x, [-1, width])
     encoder_outputs = []
     for i in range(encoder.num_layers):
-        if i in skipped:
-            encoder_outputs.append(encoder_outputs[-1] if encoder_outputs
-                                   else tf.reshape(rows, [batch, length, width]))
+        if i in skipped:  # `rows` stays the previous output
+            encoder_outputs.append(tf.reshape(rows, [batch, length, width]))
             continue
         layer = encoder.transformer_layers[i % len(encoder.transformer_layers)]
         if layer.name not in weights:
