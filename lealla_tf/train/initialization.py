@@ -35,6 +35,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from lealla_tf.models.checkpoint_conversion import read_saved_model_variables
+from lealla_tf.teachers.conversion import read_teacher_summary
 from lealla_tf.teachers.selection import (
     layer_sources,
     match_rows,
@@ -125,9 +126,15 @@ def _teacher_layer_count(variables: Dict[str, np.ndarray]) -> int:
 def pass_through_layers(student_layers: int, teacher_dir: str) -> frozenset:
     """The student layers "teacher_select" starts as pass-through layers
     (`layer_sources` gives them no teacher layer) from the converted teacher
-    in `teacher_dir`."""
-    variables = read_saved_model_variables(os.path.join(teacher_dir, "encoder"))
-    sources = layer_sources(student_layers, _teacher_layer_count(variables))
+    in `teacher_dir`. The layer count comes from the directory's teacher.json
+    when it has one: reading the encoder's variables would load the whole
+    teacher for one number."""
+    summary = read_teacher_summary(teacher_dir) or {}
+    teacher_layers = summary.get("num_layers")
+    if teacher_layers is None:
+        variables = read_saved_model_variables(os.path.join(teacher_dir, "encoder"))
+        teacher_layers = _teacher_layer_count(variables)
+    sources = layer_sources(student_layers, int(teacher_layers))
     return frozenset(j for j, source in enumerate(sources) if source is None)
 
 

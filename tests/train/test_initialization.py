@@ -2,6 +2,8 @@
 token embeddings by PCA or under a bottleneck, or every weight by weight selection
 (which coordinates and layers it keeps: tests/teachers/test_selection.py)."""
 
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -9,6 +11,7 @@ import tensorflow as tf
 from lealla_tf.configs import EncoderConfig
 from lealla_tf.inference.formats import export_labse_pair
 from lealla_tf.models.encoder import build_encoder
+from lealla_tf.teachers.conversion import TEACHER_SUMMARY
 from lealla_tf.teachers.selection import teacher_hidden_ranking
 from lealla_tf.tokenizers.tokenizer import Tokenizer
 from lealla_tf.train.initialization import (
@@ -159,6 +162,12 @@ def test_the_pass_through_layers_are_the_ones_no_teacher_layer_starts(teacher_di
     assert pass_through_layers(4, directory) == {1, 3}
     assert pass_through_layers(5, directory) == {1, 3, 4}
     assert pass_through_layers(2, directory) == frozenset()
+
+
+def test_the_pass_through_layers_come_from_teacher_json_without_loading_the_teacher(tmp_path):
+    """A converted teacher's summary names its depth; its encoder is not read."""
+    (tmp_path / TEACHER_SUMMARY).write_text(json.dumps({"num_layers": 12}))
+    assert pass_through_layers(24, str(tmp_path)) == set(range(1, 24, 2))
 
 
 @pytest.mark.parametrize("changes, message", [
