@@ -460,9 +460,10 @@ def dask_cluster():
     cluster.close()
 
 
-def write_embedding_output(directory, vectors, shards=3, prefix="s"):
+def write_embedding_output(directory, vectors, shards=3, prefix="s", texts=None, ids=None):
     """An embed_corpus-style output (manifest, gzip'd TFRecord shards) of `vectors`,
-    with ids `<prefix>:<row>` and texts `text <prefix> <row>`, rows dealt to shards."""
+    with ids `<prefix>:<row>` and texts `text <prefix> <row>` (or the given
+    `ids` / `texts`, one a row), rows dealt to shards."""
     from lealla_tf.mining.run_folders import commit_run, new_run_directory
     from lealla_tf.records import embedding_example, write_tfrecord
 
@@ -474,8 +475,9 @@ def write_embedding_output(directory, vectors, shards=3, prefix="s"):
         path = os.path.join(run_dir, f"embeddings-{shard:05d}-of-{shards:05d}.tfrecord.gz")
         with gzip.open(path, "wb") as handle:
             for row in range(shard, len(vectors), shards):
-                write_tfrecord(handle, embedding_example(f"{prefix}:{row}", vectors[row],
-                                                         text=f"text {prefix} {row}"))
+                write_tfrecord(handle, embedding_example(
+                    ids[row] if ids else f"{prefix}:{row}", vectors[row],
+                    text=texts[row] if texts else f"text {prefix} {row}"))
         files.append(path)
     commit_run(str(directory), run_dir, files)
 

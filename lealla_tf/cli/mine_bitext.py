@@ -34,6 +34,9 @@ Outputs, each written atomically:
                                --with_ids), best first;
   <output>.dead_letter.jsonl   embeddings that cannot be mined (a NaN or infinite
                                value, or all zeros): side, id and reason a line;
+  <output>.with_tabs.jsonl     mined pairs a TSV row cannot hold (a tab or line
+                               feed in a sentence or id): rank, score, sentences
+                               and ids a line;
   <output>.summary.json        the counts.
 A run holds <output>.lock while it writes (the emptied file stays): a second
 run into the same --output is refused. An --output that is a folder, and a
@@ -131,13 +134,16 @@ def format_summary(summary: dict, output: str, with_ids: bool = False,
                    seconds=None) -> str:
     """The command line's closing summary: sentences read, pairs mined,
     embeddings dead-lettered, where each output is and how to read it."""
-    from lealla_tf.pipelines.mine_bitext import DEAD_LETTER_SUFFIX, SUMMARY_SUFFIX
+    from lealla_tf.pipelines.mine_bitext import DEAD_LETTER_SUFFIX, SUMMARY_SUFFIX, WITH_TABS_SUFFIX
 
     took = f" in {seconds:.1f} s" if seconds is not None else ""
     lines = [f"mine_bitext: {summary['pairs']:,} pairs mined from {summary['source_rows']:,} "
              f"source x {summary['target_rows']:,} target sentences{took}",
              f"  dead-lettered  {summary['dead_lettered']:,} embeddings (NaN, infinite or "
              f"zero) -> {output + DEAD_LETTER_SUFFIX}"]
+    if summary.get("pairs_with_tabs"):
+        lines.append(f"  with tabs      {summary['pairs_with_tabs']:,} of the pairs (a tab or line "
+                     f"feed in a sentence or id) -> {output + WITH_TABS_SUFFIX}")
     undefined = summary.get("undefined_ratio")
     if undefined:
         lines.append(f"  no ratio       {undefined['source_sentences']:,} source and "

@@ -16,6 +16,9 @@ Outputs, each written atomically:
                                `with_ids`), best first;
   <output>.dead_letter.jsonl   embeddings that cannot be mined (a NaN or infinite
                                value, or all zeros): side, id and reason a line;
+  <output>.with_tabs.jsonl     mined pairs a TSV row cannot hold (a tab or line
+                               feed in a sentence or id): rank, score, sentences
+                               and ids a line, so that none is lost or split;
   <output>.summary.json        the counts.
 A run holds the lock `<output>.lock` (`lealla_tf.folder_lock`) while it writes:
 a second run into the same output is refused. An output that is a folder, and a
@@ -43,6 +46,7 @@ from lealla_tf.pipelines.beam_files import write_atomically
 from lealla_tf.pipelines.options import pipeline_options, run_pipeline
 
 DEAD_LETTER_SUFFIX, SUMMARY_SUFFIX = ".dead_letter.jsonl", ".summary.json"
+WITH_TABS_SUFFIX = ".with_tabs.jsonl"
 LOCK_SUFFIX = ".lock"
 WRITE_BATCH = 65_536
 log = logging.getLogger(__name__)
@@ -57,9 +61,11 @@ def mine_to_files(source_dir: str, target_dir: str, output: str, margin: str = "
                   retrieval: str = "max", k: int = 4, threshold=None, index: str = "flat",
                   with_ids: bool = False, memory_budget_gb=None, cache_dir=None, nlist=None,
                   nprobe=None) -> dict:
-    """Mines two embed_corpus outputs into `output` (and its dead-letter and
-    summary files); returns the summary. Rows that cannot be mined are
-    dead-lettered with their reason, not mined and not fatal."""
+    """Mines two embed_corpus outputs into `output` (and its dead-letter,
+    with-tabs and summary files); returns the summary. Rows that cannot be
+    mined are dead-lettered with their reason, not mined and not fatal; a mined
+    pair with a tab or line feed in a sentence or id goes whole to the
+    with-tabs file, not split across the TSV's columns."""
     sides = {"source": mmap_embeddings(source_dir, cache_dir),
              "target": mmap_embeddings(target_dir, cache_dir)}
     log.info("mining %s source x %s target sentences",
@@ -68,6 +74,8 @@ def mine_to_files(source_dir: str, target_dir: str, output: str, margin: str = "
                  k=k, margin=margin, retrieval=retrieval, threshold=threshold, index_type=index,
                  memory_budget_gb=memory_budget_gb, work_dir=cache_dir, skip_invalid=True,
                  **_index_options(nlist, nprobe))
+
+    with_tabs = []
 
     def write_pairs(handle):
         for start in range(0, len(mined["score"]), WRITE_BATCH):
@@ -78,8 +86,22 @@ def mine_to_files(source_dir: str, target_dir: str, output: str, margin: str = "
             if with_ids:
                 columns += [sides["source"].ids(mined["source"][rows]),
                             sides["target"].ids(mined["target"][rows])]
-            handle.write("".join("\t".join(fields) + "\n" for fields in zip(*columns)).encode(
-                "utf-8"))
+            lines = []
+            for rank, fields in enumerate(zip(*columns), start):
+                if any("\t" in field or "\n" in field for field in fields[1:]):
+                    with_tabs.append(pair_record(rank))
+                else:
+                    lines.append("\t".join(fields) + "\n")
+            handle.write("".join(lines).encode("utf-8"))
+
+    def pair_record(rank: int) -> str:
+        """One pair a TSV row cannot hold, whole, as a JSON line."""
+        source, target = mined["source"][rank:rank + 1], mined["target"][rank:rank + 1]
+        return json.dumps({"rank": rank, "score": float(mined["score"][rank]),
+                           "source": sides["source"].texts(source)[0],
+                           "target": sides["target"].texts(target)[0],
+                           "source_id": sides["source"].ids(source)[0],
+                           "target_id": sides["target"].ids(target)[0]}, ensure_ascii=False)
 
     dead = []
     for side, directory in (("source", source_dir), ("target", target_dir)):
@@ -89,10 +111,11 @@ def mine_to_files(source_dir: str, target_dir: str, output: str, margin: str = "
                                     "reason": reason}, ensure_ascii=False))
     log.info("writing %s pairs to %s", f"{len(mined['score']):,}", output)
     write_atomically(output, write_pairs)
-    write_atomically(output + DEAD_LETTER_SUFFIX,
-                     lambda handle: handle.write("".join(f"{line}\n" for line in dead).encode(
-                         "utf-8")))
+    for suffix, lines in ((DEAD_LETTER_SUFFIX, dead), (WITH_TABS_SUFFIX, with_tabs)):
+        write_atomically(output + suffix, lambda handle, lines=lines: handle.write(
+            "".join(f"{line}\n" for line in lines).encode("utf-8")))
     summary = {"pairs": int(len(mined["score"])), "dead_lettered": len(dead),
+               "pairs_with_tabs": len(with_tabs),
                "source_rows": sides["source"].rows, "target_rows": sides["target"].rows}
     if mined["degenerate_source"].size or mined["degenerate_target"].size:
         summary["undefined_ratio"] = {  # see the module docstring
@@ -147,7 +170,7 @@ def check_output(output: str) -> None:
         raise ValueError(f"--output={output} is a folder: mine_bitext writes a TSV file (with "
                          f"{SUMMARY_SUFFIX} and {DEAD_LETTER_SUFFIX} beside it); pass a file's "
                          f"path, e.g. --output={os.path.join(output, 'mined.tsv')}")
-    for companion in (DEAD_LETTER_SUFFIX, SUMMARY_SUFFIX, LOCK_SUFFIX):
+    for companion in (DEAD_LETTER_SUFFIX, WITH_TABS_SUFFIX, SUMMARY_SUFFIX, LOCK_SUFFIX):
         if os.path.isdir(output + companion):
             raise ValueError(f"--output={output}: {output + companion}, which a run writes "
                              "beside it, is a folder; pass another --output")
@@ -172,7 +195,7 @@ def mine_bitext(source: str, target: str, output: str, margin: str = "ratio",
                 with_ids: bool = False, pipeline_args=(), test_pipeline=None,
                 memory_budget_gb=None, cache_dir=None, nlist=None, nprobe=None) -> int:
     """Mines `source` against `target` (embed_corpus outputs) into the TSV `output`;
-    returns the number of pairs written."""
+    returns the number of pairs mined (the TSV's rows and `<output>.with_tabs.jsonl`'s)."""
     check_output(output)  # before anything is written, the shards' copies included
     check_inputs(source, target, k, index, memory_budget_gb, cache_dir, nlist, nprobe, threshold)
     options = pipeline_options(pipeline_args, default_runner=test_pipeline is None)
@@ -211,7 +234,8 @@ def output_file_lock(output: str):
     with one_writer(folder, f"--output={output}", lock_name=name + LOCK_SUFFIX):
         if "://" not in output:  # write_atomically's "<file>.tmp-<pid>-<8 hex>"
             remove_dead_leftovers(folder, re.escape(name) + "(?:" + "|".join(
-                re.escape(suffix) for suffix in (DEAD_LETTER_SUFFIX, SUMMARY_SUFFIX))
+                re.escape(suffix) for suffix in (DEAD_LETTER_SUFFIX, WITH_TABS_SUFFIX,
+                                                 SUMMARY_SUFFIX))
                 + r")?\.tmp-(?P<pid>\d+)-[0-9a-f]{8}")
         yield
 

@@ -2,7 +2,6 @@
 summary whose reading line runs as written, and one-line errors (a held
 --output among them, naming its holder's pid)."""
 
-import gzip
 import os
 import subprocess
 import sys
@@ -12,9 +11,7 @@ import pytest
 from conftest import REPO_ROOT, assert_one_line_stderr, write_embedding_output
 
 from lealla_tf.cli import mine_bitext as command
-from lealla_tf.mining.run_folders import commit_run, new_run_directory
 from lealla_tf.pipelines.mine_bitext import output_file_lock
-from lealla_tf.records import embedding_example, write_tfrecord
 
 
 def test_help_recommends_a_ratio_threshold_and_says_what_it_means(capsys):
@@ -60,14 +57,8 @@ def test_the_reading_line_ends_a_row_at_a_newline_only(tmp_path, capsys):
     sentences = ["line\u2028separator", "paragraph\u2029separator", "next\x85line",
                  "form\x0cfeed", "vertical\x0btab", "group\x1dseparator", "carriage\rreturn",
                  "plain"]
-    run_dir = new_run_directory(str(tmp_path / "emb"))
-    os.makedirs(run_dir)
-    shard = os.path.join(run_dir, "embeddings-00000-of-00001.tfrecord.gz")
-    vectors = np.random.default_rng(0).normal(size=(len(sentences), 8))
-    with gzip.open(shard, "wb") as handle:
-        for row, (sentence, vector) in enumerate(zip(sentences, vectors)):
-            write_tfrecord(handle, embedding_example(f"s:{row}", vector, text=sentence))
-    commit_run(str(tmp_path / "emb"), run_dir, [shard])
+    write_embedding_output(tmp_path / "emb", np.random.default_rng(0).normal(
+        size=(len(sentences), 8)), shards=1, texts=sentences)
     output = tmp_path / "mined.tsv"
     assert command.main([f"--source={tmp_path / 'emb'}", f"--target={tmp_path / 'emb'}",
                          f"--output={output}", "--k=1"]) == 0
@@ -76,6 +67,17 @@ def test_the_reading_line_ends_a_row_at_a_newline_only(tmp_path, capsys):
     exec(command.reading_example(str(output)), namespace)
     assert sorted(row[1:] for row in namespace["rows"]) == sorted(
         [sentence, sentence] for sentence in sentences)
+
+
+def test_the_summary_names_the_pairs_with_tabs(tmp_path, capsys):
+    sentences = ["one\tcell", "plain one", "plain two", "two\tcells\there", "plain three"]
+    write_embedding_output(tmp_path / "emb", np.random.default_rng(0).normal(
+        size=(len(sentences), 8)), shards=1, texts=sentences)
+    output = tmp_path / "mined.tsv"
+    assert command.main([f"--source={tmp_path / 'emb'}", f"--target={tmp_path / 'emb'}",
+                         f"--output={output}", "--k=1"]) == 0
+    assert (f"with tabs      2 of the pairs (a tab or line feed in a sentence or id) -> "
+            f"{output}.with_tabs.jsonl") in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("budget", ["inf", "nan", "0", "-1", "-inf"])

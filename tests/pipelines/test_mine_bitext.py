@@ -74,9 +74,10 @@ def test_memory_budget_gives_the_same_pairs(tmp_path):
     assert [(f"s:{i}", f"t:{j}") for i, j in zip(mined["source"], mined["target"])] == [
         (p[3], p[4]) for p in pairs]
     summary = json.loads(text(f"{tmp_path / 'plain.tsv'}.summary.json"))
-    assert summary == {"pairs": plain, "dead_lettered": 0, "source_rows": 300,
-                       "target_rows": 300}
-    assert text(f"{tmp_path / 'plain.tsv'}.dead_letter.jsonl") == ""
+    assert summary == {"pairs": plain, "dead_lettered": 0, "pairs_with_tabs": 0,
+                       "source_rows": 300, "target_rows": 300}
+    for suffix in (".dead_letter.jsonl", ".with_tabs.jsonl"):
+        assert text(f"{tmp_path / 'plain.tsv'}{suffix}") == ""
 
 
 def test_nan_and_zero_embeddings_are_dead_lettered(tmp_path):
@@ -103,9 +104,40 @@ def test_nan_and_zero_embeddings_are_dead_lettered(tmp_path):
     # them, so no ratio is defined: nothing mined, and the summary says why.
     assert mine_bitext(**common) == 0
     assert json.loads(text(f"{output}.summary.json")) == {
-        "pairs": 0, "dead_lettered": 3, "source_rows": 40, "target_rows": 40,
+        "pairs": 0, "dead_lettered": 3, "pairs_with_tabs": 0, "source_rows": 40,
+        "target_rows": 40,
         "undefined_ratio": {"source_sentences": 38, "target_sentences": 39,
                             "candidates": 2 * 38 * 39}}
+
+
+def test_pairs_a_tsv_row_cannot_hold_go_whole_to_the_with_tabs_file(tmp_path):
+    """A tab in a sentence (or, with ids, a tab or line feed in an id) would
+    split its TSV row into other columns: such a pair goes, whole and with its
+    rank, to `<output>.with_tabs.jsonl`; every other pair stays in the TSV."""
+    source, target = planted(n=60)
+    texts = [f"sentence {row}" + ("\twith a tab" if row % 7 == 0 else "") for row in range(60)]
+    ids = [f"s:{row}" + ("\nline" if row == 10 else "") for row in range(60)]
+    write_embedding_output(tmp_path / "src", source, texts=texts, ids=ids)
+    write_embedding_output(tmp_path / "tgt", target, prefix="t")
+    output = tmp_path / "mined.tsv"
+    count = mine_bitext(str(tmp_path / "src"), str(tmp_path / "tgt"), str(output), with_ids=True)
+    rows = read_pairs(output)
+    tabbed = [json.loads(line) for line in text(f"{output}.with_tabs.jsonl").splitlines()]
+    assert all(len(row) == 5 for row in rows) and len(rows) + len(tabbed) == count > 50
+    assert {pair["source_id"] for pair in tabbed} <= {ids[row] for row in range(0, 60, 7)} | {
+        ids[10]}
+    assert len(tabbed) >= 8 and all(
+        pair["source"] == texts[ids.index(pair["source_id"])] for pair in tabbed)
+    # Ranks interleave with the TSV's rows, best first, as one list.
+    scores = {pair["rank"]: round(pair["score"], 6) for pair in tabbed}  # as the TSV writes
+    in_tsv = iter(float(row[0]) for row in rows)
+    merged = [scores[rank] if rank in scores else next(in_tsv) for rank in range(count)]
+    assert merged == sorted(merged, reverse=True)
+    assert json.loads(text(f"{output}.summary.json"))["pairs_with_tabs"] == len(tabbed)
+    # Without ids in the TSV, an id's line feed splits nothing: only the tabbed sentences.
+    mine_bitext(str(tmp_path / "src"), str(tmp_path / "tgt"), str(output), k=2)
+    assert all(pair["source_id"] != ids[10]
+               for pair in map(json.loads, text(f"{output}.with_tabs.jsonl").splitlines()))
 
 
 @pytest.mark.slow
