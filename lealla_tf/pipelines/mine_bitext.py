@@ -47,6 +47,7 @@ from lealla_tf.pipelines.options import pipeline_options, run_pipeline
 
 DEAD_LETTER_SUFFIX, SUMMARY_SUFFIX = ".dead_letter.jsonl", ".summary.json"
 WITH_TABS_SUFFIX = ".with_tabs.jsonl"
+WRITTEN_BESIDE = (DEAD_LETTER_SUFFIX, WITH_TABS_SUFFIX, SUMMARY_SUFFIX)  # each atomically
 LOCK_SUFFIX = ".lock"
 WRITE_BATCH = 65_536
 log = logging.getLogger(__name__)
@@ -89,19 +90,19 @@ def mine_to_files(source_dir: str, target_dir: str, output: str, margin: str = "
             lines = []
             for rank, fields in enumerate(zip(*columns), start):
                 if any("\t" in field or "\n" in field for field in fields[1:]):
-                    with_tabs.append(pair_record(rank))
+                    with_tabs.append(pair_record(rank, *fields[1:3]))
                 else:
                     lines.append("\t".join(fields) + "\n")
             handle.write("".join(lines).encode("utf-8"))
 
-    def pair_record(rank: int) -> str:
-        """One pair a TSV row cannot hold, whole, as a JSON line."""
-        source, target = mined["source"][rank:rank + 1], mined["target"][rank:rank + 1]
+    def pair_record(rank: int, source_text: str, target_text: str) -> str:
+        """One pair a TSV row cannot hold, whole, as a JSON line (with its ids,
+        whether or not the TSV has them)."""
         return json.dumps({"rank": rank, "score": float(mined["score"][rank]),
-                           "source": sides["source"].texts(source)[0],
-                           "target": sides["target"].texts(target)[0],
-                           "source_id": sides["source"].ids(source)[0],
-                           "target_id": sides["target"].ids(target)[0]}, ensure_ascii=False)
+                           "source": source_text, "target": target_text,
+                           "source_id": sides["source"].ids(mined["source"][rank:rank + 1])[0],
+                           "target_id": sides["target"].ids(mined["target"][rank:rank + 1])[0]},
+                          ensure_ascii=False)
 
     dead = []
     for side, directory in (("source", source_dir), ("target", target_dir)):
@@ -170,7 +171,7 @@ def check_output(output: str) -> None:
         raise ValueError(f"--output={output} is a folder: mine_bitext writes a TSV file (with "
                          f"{SUMMARY_SUFFIX} and {DEAD_LETTER_SUFFIX} beside it); pass a file's "
                          f"path, e.g. --output={os.path.join(output, 'mined.tsv')}")
-    for companion in (DEAD_LETTER_SUFFIX, WITH_TABS_SUFFIX, SUMMARY_SUFFIX, LOCK_SUFFIX):
+    for companion in WRITTEN_BESIDE + (LOCK_SUFFIX,):
         if os.path.isdir(output + companion):
             raise ValueError(f"--output={output}: {output + companion}, which a run writes "
                              "beside it, is a folder; pass another --output")
@@ -234,8 +235,7 @@ def output_file_lock(output: str):
     with one_writer(folder, f"--output={output}", lock_name=name + LOCK_SUFFIX):
         if "://" not in output:  # write_atomically's "<file>.tmp-<pid>-<8 hex>"
             remove_dead_leftovers(folder, re.escape(name) + "(?:" + "|".join(
-                re.escape(suffix) for suffix in (DEAD_LETTER_SUFFIX, WITH_TABS_SUFFIX,
-                                                 SUMMARY_SUFFIX))
+                re.escape(suffix) for suffix in WRITTEN_BESIDE)
                 + r")?\.tmp-(?P<pid>\d+)-[0-9a-f]{8}")
         yield
 
