@@ -169,7 +169,7 @@ def check_output(output: str) -> None:
         return
     if os.path.isdir(output):
         raise ValueError(f"--output={output} is a folder: mine_bitext writes a TSV file (with "
-                         f"{SUMMARY_SUFFIX} and {DEAD_LETTER_SUFFIX} beside it); pass a file's "
+                         f"{', '.join(WRITTEN_BESIDE)} beside it); pass a file's "
                          f"path, e.g. --output={os.path.join(output, 'mined.tsv')}")
     for companion in WRITTEN_BESIDE + (LOCK_SUFFIX,):
         if os.path.isdir(output + companion):

@@ -156,7 +156,10 @@ def test_an_output_that_is_a_folder_is_one_line_and_nothing_is_written(tmp_path,
     write_embedding_output(tmp_path / "d8", np.random.default_rng(0).normal(size=(30, 8)))
     inputs = [f"--source={tmp_path / 'd8'}", f"--target={tmp_path / 'd8'}"]
     before = listing(tmp_path)
-    for output, needle in [("mined", "is a folder"), ("notes.txt/out", "notes.txt is a file")]:
+    # The folder's line names every file a run writes beside the TSV.
+    for output, needle in [("mined", "is a folder: mine_bitext writes a TSV file (with "
+                            ".dead_letter.jsonl, .with_tabs.jsonl, .summary.json beside it)"),
+                           ("notes.txt/out", "notes.txt is a file")]:
         assert_one_line_stderr(command.main([*inputs, f"--output={tmp_path / output}"]),
                                capsys.readouterr().err, f"--output={tmp_path / output}", needle)
     assert (tmp_path / "notes.txt").read_text() == "my notes\n"
