@@ -16,10 +16,10 @@ from lealla_tf.parallel_corpus import find_parallel_files, find_tatoeba_language
 from lealla_tf.recipe.corpus import news_set_stage, sample_stage, vocabulary_stage
 from lealla_tf.recipe.evaluations import evaluate_stage, mine_stage, news_stage
 from lealla_tf.recipe.planner import (
-    AFTER_TRAINING_PER_TEACHER_EVALUATION,
     COMPARISON_STEP_RATIO,
     PLANNED_EVALUATIONS,
     BudgetPlanner,
+    overshoot_guard,
     read_plan,
     student_run_config,
 )
@@ -232,26 +232,25 @@ def _run_job(config: RecipeConfig, fresh: bool, job: contextlib.ExitStack) -> di
             config.max_seq_length if config.truncate_teacher else None),
             settings["teacher_vectors"])
     strategy = make_strategy(config.strategy, config.tpu or None)
-    after_training = AFTER_TRAINING_PER_TEACHER_EVALUATION * stages.seconds["teacher_evaluation"]
     models.clear()
     training = {}
     for name in trains:
-        planner, guard = None, 0.0
+        planner, guard, recorded = None, 0.0, None
         if name == COMPARISON:  # the student's steps, and its own share of the budget
             steps = training[STUDENT]["final_step"]
             plan = training[STUDENT]["plan"]
             if plan.get("planned"):
                 start = plan.get("comparison_start_seconds", plan["start_seconds"])
-                guard = 4 / 3 * (start + steps * plan["seconds_per_step"]
-                                 * COMPARISON_STEP_RATIO + (PLANNED_EVALUATIONS + 1)
-                                 * plan["evaluation_seconds"]) / 60
+                guard = overshoot_guard(0.0, start + steps * plan["seconds_per_step"]
+                                        * COMPARISON_STEP_RATIO + (PLANNED_EVALUATIONS + 1)
+                                        * plan["evaluation_seconds"])
         else:
+            # A killed planned run resumes with its recorded plan (`BudgetPlanner.start`).
             recorded = None if config.train_steps else read_plan(paths[STUDENT])
             steps = config.train_steps or (recorded or {}).get("train_steps")
-            guard = (recorded or {}).get("time_budget_minutes", 0.0)
-            if not steps:
-                planner = BudgetPlanner(config, stages, after_training, COMPARISON in trains,
-                                        paths[STUDENT])
+            if not config.train_steps:
+                planner = BudgetPlanner(config, stages, None, COMPARISON in trains,
+                                        paths[STUDENT], recorded)
         train = student_run_config(trains[name], config, steps, guard,
                                    recorded if name == STUDENT else None)
         training[name] = stages.run(f"train_{name}", lambda t=train, n=name, p=planner:

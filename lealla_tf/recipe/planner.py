@@ -28,18 +28,41 @@ PLAN_AT_STEP, PLAN_SKIP_STEPS, PLANNED_WARMUP_STEPS = 50, 15, 60
 REPLAN_AT_FRACTION = 0.5
 # Dev evaluations along each student's training when --eval_every is 0.
 PLANNED_EVALUATIONS = 5
-# The plan keeps this share of the budget in hand (the machine's speed drifts).
-PLAN_MARGIN = 0.05
+# The plan keeps this share of the budget in hand (the machine's speed drifts
+# after the re-plan; the after-training reserve already holds its own margin).
+PLAN_MARGIN = 0.02
 # The comparison's step (AMS alone, no teacher pass, past its first step, which
-# traces) over the student's, and the stages after training (export,
-# evaluations, mining, report) over the teacher's evaluation stage, both from
-# the main job's report (benchmarks/main_job.py), with a margin: the plan scales
-# them by what this machine measures.
+# traces) over the student's, from the main job's report (benchmarks/main_job.py),
+# with a margin: the plan scales it by what this machine measures.
 COMPARISON_STEP_RATIO = 0.6
-AFTER_TRAINING_PER_TEACHER_EVALUATION = 1.2
+# The stages after training, each in units of the student's step as the plan
+# times it on this machine: the export (written, then reloaded in a fresh
+# process), the evaluations of the export (Tatoeba dev, news) and the mining
+# check. Each is the largest ratio of the stage's seconds to the step that the
+# main job's reports gave on the machines in docs/benchmarks.md ("The reserve
+# after training"); a stage that runs for the comparison too counts twice.
+AFTER_TRAINING_STEPS = {"export": 71.0, "evaluate": 57.0, "news": 7.0, "mine": 58.0}
 # Fewer steps than this and the report says the run was cut short by the budget.
 SHORT_RUN_STEPS = 300
-BUDGET_PLAN_FILE = "budget_plan.json"  # the planner's measurements, beside the trainer's plan.json
+# The plan's one file, in the student's model_dir: written by the planner only
+# (atomically, before the trainer takes the plan, so that a kill leaves the old
+# plan or the new one), and read back by a resumed run (`BudgetPlanner.start`).
+PLAN_FILE = "plan.json"
+
+
+def overshoot_guard(spent: float, planned: float) -> float:
+    """The time guard, in minutes (the trainer's `time_budget_minutes`), of a run
+    that has spent `spent` seconds and plans `planned` more: one that overshoots
+    its plan by a third stops."""
+    return (spent + 4 / 3 * planned) / 60
+
+
+def after_training_seconds(seconds_per_step: float, comparison: bool) -> float:
+    """What the stages after training will take on this machine (`AFTER_TRAINING_STEPS`)."""
+    units = dict(AFTER_TRAINING_STEPS)
+    if comparison:
+        units["evaluate"] *= 2
+    return seconds_per_step * sum(units.values())
 
 
 class BudgetPlanner:
@@ -49,23 +72,53 @@ class BudgetPlanner:
 
     What is left: the budget less `PLAN_MARGIN`, less what the job has spent
     (`stages.elapsed()`), less the stages after training (`after_training`
-    seconds). It pays for the student's remaining steps and evaluations and
-    the comparison's start, steps (`COMPARISON_STEP_RATIO` of the student's)
-    and evaluations: (n - k) p + n r p + fixed = left, for n. At
-    `REPLAN_AT_FRACTION` of n it solves the same for the steps left, with p
-    timed over every step so far (`replan`).
+    seconds; None: `after_training_seconds` of the step timed here). It pays
+    for the student's remaining steps and evaluations and the comparison's
+    start, steps (`COMPARISON_STEP_RATIO` of the student's) and evaluations:
+    (n - k) p + n r p + fixed = left, for n. At `REPLAN_AT_FRACTION` of n it
+    solves the same for the steps left, with p timed over every step so far
+    (`replan`).
+
+    Every decision is written to `PLAN_FILE` before the trainer takes it.
+    `recorded`: the plan a killed run wrote; the resumed run follows it
+    (`start`), takes its re-plan again at the step it was made, and re-plans
+    itself if the killed run had not yet.
     """
 
-    def __init__(self, config: RecipeConfig, stages, after_training: float,
-                 comparison: bool, model_dir: str):
+    def __init__(self, config: RecipeConfig, stages, after_training: Optional[float],
+                 comparison: bool, model_dir: str, recorded: Optional[dict] = None):
         self.config, self.stages = config, stages
         self.after_training, self.comparison = after_training, comparison
         self.model_dir = model_dir
-        self.plan: Optional[dict] = None
+        self.plan: Optional[dict] = dict(recorded) if recorded else None
+        self.resumed_at: Optional[int] = None
+
+    def start(self, steps_done: int) -> Optional[dict]:
+        """The settings a run resuming at `steps_done` trains with (None: no plan
+        was recorded): the recorded plan, its end the one before the re-plan
+        until the step the re-plan was made at."""
+        if self.plan is None:
+            return None
+        self.resumed_at = steps_done
+        replanned = self.plan.get("replanned_at_step")
+        before = replanned and steps_done < replanned
+        end = (self.plan.get("planned_train_steps", self.plan["train_steps"]) if before
+               else self.plan["train_steps"])
+        guard = self.plan.get("planned_time_budget_minutes") if before else None
+        settings = {"train_steps": end,
+                    "time_budget_minutes": guard or self.plan.get("time_budget_minutes", 0.0)}
+        settings.update({key: self.plan[key] for key in ("eval_every", "checkpoint_every")
+                         if key in self.plan})
+        return settings
 
     def __call__(self, measured: dict) -> Optional[dict]:
         step = measured["step"]
         if self.plan is not None:
+            replanned = self.plan.get("replanned_at_step")
+            if self.resumed_at is not None and replanned:  # a resumed run replays its re-plan
+                return ({"train_steps": self.plan["train_steps"],
+                         "time_budget_minutes": self.plan["time_budget_minutes"]}
+                        if step == replanned and step > self.resumed_at else None)
             return self.replan(measured)
         if step < PLAN_AT_STEP:
             return None
@@ -73,7 +126,9 @@ class BudgetPlanner:
         evaluation = measured["evaluation_seconds"] or 0.0
         budget = self.config.time_budget_minutes * 60
         spent = self.stages.elapsed()
-        left = budget * (1 - PLAN_MARGIN) - spent - self.after_training
+        after_training = (self.after_training if self.after_training is not None
+                          else after_training_seconds(per_step, self.comparison))
+        left = budget * (1 - PLAN_MARGIN) - spent - after_training
         ratio = COMPARISON_STEP_RATIO if self.comparison else 0.0
         # The comparison's start: the student's, less its evaluation at step 0
         # (counted with the others), plus its first step's tracing.
@@ -84,9 +139,14 @@ class BudgetPlanner:
         steps = int((left - fixed + step * per_step) // (per_step * (1 + ratio)))
         steps = max(steps, PLANNED_WARMUP_STEPS + 1)
         own = (steps - step) * per_step + fixed
-        self.plan = {"train_steps": steps, "planned": True, "planned_at_step": step,
+        every = self.config.eval_every or planned_every(steps)
+        answer = {"train_steps": steps, "eval_every": every,
+                  "checkpoint_every": planned_every(steps),
+                  "time_budget_minutes": overshoot_guard(
+                      measured["start_seconds"] + step * per_step, own)}
+        self.plan = {**answer, "planned": True, "planned_at_step": step,
                      "budget_seconds": budget, "spent_seconds": spent,
-                     "after_training_seconds": self.after_training,
+                     "after_training_seconds": after_training,
                      "seconds_per_step": per_step, "pairs_per_second":
                      self.config.global_batch_size / per_step,
                      "evaluation_seconds": evaluation,
@@ -95,22 +155,18 @@ class BudgetPlanner:
                      "comparison_step_ratio": ratio, "short": steps < SHORT_RUN_STEPS}
         print(f"\nplan: {per_step:.2f} s a step ({self.plan['pairs_per_second']:.1f} pairs/s); "
               f"budget {budget / 60:.0f} min, {spent / 60:.1f} spent, "
-              f"{self.after_training / 60:.1f} kept for after training -> {steps} steps a "
+              f"{after_training / 60:.1f} kept for after training -> {steps} steps a "
               "student" + (" (short: this machine is slow for the budget)"
                            if self.plan["short"] else ""))
         self.write()
-        every = self.config.eval_every or planned_every(steps)
-        return {"train_steps": steps, "eval_every": every,
-                "checkpoint_every": planned_every(steps),
-                # a run that overshoots its plan by a third stops
-                "time_budget_minutes": (measured["start_seconds"] + step * per_step
-                                        + 4 / 3 * own) / 60}
-
+        return answer
 
     @staticmethod
     def seconds_per_step(measured: dict) -> float:
-        """The mean step time past the first `PLAN_SKIP_STEPS` (tracing, new shapes)."""
-        timed = measured["step_seconds"][PLAN_SKIP_STEPS:]
+        """The mean step time past the first `PLAN_SKIP_STEPS` (tracing, new shapes);
+        a resumed run with fewer steps timed skips only its first (tracing)."""
+        times = measured["step_seconds"]
+        timed = times[PLAN_SKIP_STEPS:] if len(times) > 2 * PLAN_SKIP_STEPS else times[1:]
         return float(sum(timed) / max(1, len(timed)))
 
     def comparison_seconds(self, start: float, evaluation: float) -> float:
@@ -130,7 +186,7 @@ class BudgetPlanner:
         per_step = self.seconds_per_step(measured)
         evaluation = plan["evaluation_seconds"]
         left = (plan["budget_seconds"] * (1 - PLAN_MARGIN) - self.stages.elapsed()
-                - self.after_training)
+                - plan["after_training_seconds"])
         every = self.config.eval_every or planned_every(plan["train_steps"])
         evaluations_left = len(range(every * (step // every + 1), plan["train_steps"], every)) + 1
         fixed = evaluations_left * evaluation + self.comparison_seconds(
@@ -138,19 +194,24 @@ class BudgetPlanner:
         ratio = plan["comparison_step_ratio"]
         steps = max(step + 1, int((left - fixed + step * per_step) // (per_step * (1 + ratio))))
         own = (steps - step) * per_step + evaluations_left * evaluation
+        answer = {"train_steps": steps,
+                  "time_budget_minutes": overshoot_guard(measured["elapsed_seconds"], own)}
         self.plan.update(replanned_at_step=step, planned_train_steps=plan["train_steps"],
-                         train_steps=steps, seconds_per_step=per_step,
+                         planned_time_budget_minutes=plan["time_budget_minutes"],
+                         seconds_per_step=per_step,
                          pairs_per_second=self.config.global_batch_size / per_step,
-                         short=steps < SHORT_RUN_STEPS)
+                         short=steps < SHORT_RUN_STEPS, **answer)
         print(f"\nre-plan at step {step}: {per_step:.2f} s a step over every step so far -> "
               f"{steps} steps (planned {self.plan['planned_train_steps']})")
         self.write()
-        return {"train_steps": steps,
-                "time_budget_minutes": (measured["elapsed_seconds"] + 4 / 3 * own) / 60}
+        return answer
 
     def write(self) -> None:
-        with open(os.path.join(self.model_dir, BUDGET_PLAN_FILE), "w") as f:
+        """`PLAN_FILE`, atomically: a kill leaves the old plan or the new one."""
+        path = os.path.join(self.model_dir, PLAN_FILE)
+        with open(path + ".tmp", "w") as f:
             json.dump(self.plan, f, indent=2)
+        os.replace(path + ".tmp", path)
 
 
 def planned_every(steps: int) -> int:
@@ -185,10 +246,9 @@ def student_run_config(train: "TrainConfig", config: RecipeConfig, steps: Option
     return run
 
 
-def read_plan(model_dir: str, name: str = "plan.json") -> Optional[dict]:
-    """The plan a student's run recorded (the trainer's `plan.json`, or the
-    budget planner's `BUDGET_PLAN_FILE`), or None."""
-    path = os.path.join(model_dir, name)
+def read_plan(model_dir: str) -> Optional[dict]:
+    """The plan a student's run recorded (`PLAN_FILE`), or None."""
+    path = os.path.join(model_dir, PLAN_FILE)
     if not os.path.exists(path):
         return None
     with open(path) as f:

@@ -32,7 +32,7 @@ from lealla_tf.models.model_dir import (
 )
 from lealla_tf.models.presets import get_preset
 from lealla_tf.parallel_corpus import read_tatoeba
-from lealla_tf.recipe.planner import BUDGET_PLAN_FILE, BudgetPlanner, read_plan
+from lealla_tf.recipe.planner import BudgetPlanner, read_plan
 from lealla_tf.recipe.settings import RecipeConfig, recipe_loss_weights
 from lealla_tf.recipe.stages import Models, StageInterrupted
 from lealla_tf.train import launch
@@ -187,15 +187,14 @@ def train_stage(train: "TrainConfig", model_dir: str, vocab_file: str, strategy,
     by a signal (Ctrl-C, SIGTERM) raises `StageInterrupted` instead of passing a
     half-trained student on to export and evaluation."""
     result = launch.train(train, model_dir, vocab_file, strategy, planner=planner)
-    plan = read_plan(model_dir)  # the steps this run, or the run it resumed, planned
+    plan = read_plan(model_dir) if planner is not None else None  # this run's, or the killed one's
     target = plan["train_steps"] if plan else train.train_steps
     if result["final_step"] < target and not result["reason"].startswith(
             "time budget"):  # a signal; the plan's time guard ends the stage as planned
         raise StageInterrupted(
             f"training {model_dir} {result['reason']} at step {result['final_step']} of "
             f"{target}; its checkpoint is saved: rerun the same command to resume")
-    result["plan"] = read_plan(model_dir, BUDGET_PLAN_FILE) or {
-        "train_steps": target, "planned": False}
+    result["plan"] = plan or {"train_steps": target, "planned": False}
     return result
 
 

@@ -74,6 +74,16 @@ def truncate_log(path: str, last_step: int) -> None:
         f.writelines(kept)
 
 
+def read_evaluations(path: str) -> list:
+    """The evaluations a run logged (eval_log.jsonl, already cut to its last
+    checkpoint by `truncate_log`), so that a resumed run's summary and curve
+    keep those made before the kill; [] without a log."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def collapse_check(evaluations: list, embed_function: Callable, model_dir: str) -> dict:
     """What the summary says about a model that maps every sentence to one point:
     `collapse_warning` (None when it does not), measured from the spread of the

@@ -47,7 +47,7 @@ from lealla_tf.evaluation.tatoeba import (
 from lealla_tf.models.model_dir import CHECKPOINT_DIR
 from lealla_tf.progress import progress_bar
 from lealla_tf.train.distribution import any_worker, is_tpu_strategy, worker_role
-from lealla_tf.train.logs import RunLogs, collapse_check, truncate_log
+from lealla_tf.train.logs import RunLogs, collapse_check, read_evaluations, truncate_log
 from lealla_tf.train.optimizers import FusedAdamW
 from lealla_tf.train.schedules import WarmupLinearDecay
 from lealla_tf.train.task import scale_gradient
@@ -220,14 +220,16 @@ class Trainer:
         at step 0 or None, `start_seconds` from this call to the start of its
         first step, the evaluation at step 0 included);
         once it returns {"train_steps": n, ...} (and optionally `eval_every`,
-        `checkpoint_every`), the run takes those settings, its learning-rate
-        schedule decays to n, and `plan.json` in model_dir records them (a
-        resumed run passes them as its config, without a planner). It is
-        called only before the warmup ends, so the rate so far does not depend
-        on n. Once planned, the planner is still called each step and may move
-        the end once more (a re-plan: {"train_steps": n'[,
-        "time_budget_minutes": m]}, n' past the current step): the rate decays
-        to n' from there and `plan.json` records it.
+        `checkpoint_every`, `time_budget_minutes`), the run takes those
+        settings and its learning-rate schedule decays to n. It is called only
+        before the warmup ends, so the rate so far does not depend on n. Once
+        planned, the planner is still called each step and may move the end
+        once more (a re-plan: {"train_steps": n'[, "time_budget_minutes": m]},
+        n' past the current step): the rate decays to n' from there, and a
+        checkpoint at that step keeps a resume from replaying steps before it
+        under the new end. The planner records its plan itself; a planner
+        with a `start(steps_done)` method gives a resumed run the settings it
+        recorded (a planned run resumes planned).
         """
         config = self.config
         if planner is not None and self.role.workers > 1:
@@ -237,6 +239,11 @@ class Trainer:
         start_step = steps_done
         for name in ("train_log.jsonl", "eval_log.jsonl"):
             truncate_log(os.path.join(self.write_dir, name), steps_done)
+        resumed = planner.start(steps_done) if hasattr(planner, "start") else None
+        plan = resumed
+        if resumed:  # the recorded plan, at the end it had at this step
+            config = self.config = dataclasses.replace(self.config, **resumed)
+            self.total_steps.assign(config.train_steps)
         iterator = iter(self.task.distributed_dataset(steps_done))
         self._set_depth(steps_done)
         step_fn = self.step_function(iterator.element_spec)
@@ -249,7 +256,9 @@ class Trainer:
 
         previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
         started = time.time()
-        evaluations, last, reason = [], {}, "train_steps reached"
+        # A resumed run's report keeps the evaluations made before the kill.
+        evaluations = read_evaluations(os.path.join(self.write_dir, "eval_log.jsonl"))
+        last, reason = {}, "train_steps reached"
         # Time in steps only (dev evaluations excluded): what "equal wall time" compares.
         train_seconds = 0.0
         logs.train_seconds = lambda: train_seconds
@@ -258,7 +267,7 @@ class Trainer:
             evaluated = time.time()
             logs.evaluation(0, self.evaluate(), evaluations)
             evaluation_seconds = time.time() - evaluated
-        step_seconds, plan, first_step_start = [], None, None
+        step_seconds, first_step_start = [], None
         bar = progress_bar(total=config.train_steps, initial=steps_done, desc="training",
                            unit="step", disable=not self.progress, dynamic_ncols=True)
         window_start, window_steps = time.time(), 0
@@ -397,35 +406,19 @@ class Trainer:
                              "steps already run")
         self.config = dataclasses.replace(self.config, **plan)
         self.total_steps.assign(self.config.train_steps)
-        self._record_plan({**plan, "planned_at_step": steps_done})
         return self.config
 
     def _take_replan(self, replan: dict, steps_done: int) -> TrainConfig:
         """The run's settings when its planner, having planned, re-measures and
         moves the end: only `train_steps` (and the time guard) may change, to a
-        step after this one; the rate from here decays to the new end, and
-        `plan.json` records it, so a run resumed after this step keeps it."""
+        step after this one; the rate from here decays to the new end."""
         changed = set(replan) - {"train_steps", "time_budget_minutes"}
         if changed or replan["train_steps"] <= steps_done:
             raise ValueError(f"a re-plan at step {steps_done} may set only a later "
                              f"train_steps (and time_budget_minutes); got {replan}")
         self.config = dataclasses.replace(self.config, **replan)
         self.total_steps.assign(self.config.train_steps)
-        if self.role.chief:
-            with open(os.path.join(self.model_dir, "plan.json")) as f:
-                recorded = json.load(f)
-            self._record_plan({**recorded, **replan, "replanned_at_step": steps_done})
         return self.config
-
-    def _record_plan(self, record: dict) -> None:
-        """Writes `plan.json` (the chief's; atomically, so a kill leaves the old
-        plan or the new one, never half of one)."""
-        if not self.role.chief:
-            return
-        path = os.path.join(self.model_dir, "plan.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(record, f, indent=2)
-        os.replace(path + ".tmp", path)
 
     def _stop_reason(self, signal_name: Optional[str], over_budget: bool) -> Optional[str]:
         """Why the loop stops before the next step (None: it goes on). Workers

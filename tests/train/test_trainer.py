@@ -12,6 +12,8 @@ from conftest import TEACHER_DIM, Trainer, tiny_config, vocab_size
 from lealla_tf.configs import EncoderConfig, TeacherConfig
 from lealla_tf.losses.objectives import default_loss_weights, parse_objective
 from lealla_tf.models.model_dir import read_model_config
+from lealla_tf.recipe.planner import BudgetPlanner, read_plan
+from lealla_tf.recipe.settings import RecipeConfig
 from lealla_tf.teachers.conversion import SENTENCEPIECE_FILE
 from lealla_tf.train.distribution import make_strategy
 from lealla_tf.train.trainer import WarmupLinearDecay
@@ -130,7 +132,8 @@ def test_a_planner_sets_the_length_during_warmup(sentence_vocab_file, tiny_paral
                                                  tmp_path):
     """A run that plans its own length: the planner sees every step's time, its
     answer sets the steps, the evaluations and checkpoints, and the rate's decay
-    (the schedule reads the new total in the traced step); plan.json keeps it."""
+    (the schedule reads the new total in the traced step). The trainer writes
+    no plan file: the planner owns it (`lealla_tf.recipe.planner.PLAN_FILE`)."""
     config = tiny_config(vocab_size(sentence_vocab_file), tiny_parallel_dir, "ams",
                          train_steps=1000, checkpoint_every=1000)
     config.optimizer.warmup_steps = 5
@@ -151,8 +154,7 @@ def test_a_planner_sets_the_length_during_warmup(sentence_vocab_file, tiny_paral
     assert seen[-1]["start_seconds"] >= 0 and seen[-1]["evaluation_seconds"] is None
     # The start is the time to the first step, the same at every call.
     assert seen[0]["start_seconds"] == seen[-1]["start_seconds"]
-    plan = json.loads((tmp_path / "plan.json").read_text())
-    assert plan == {"train_steps": 9, "checkpoint_every": 3, "planned_at_step": 3}
+    assert not (tmp_path / "plan.json").exists()
     rates = [json.loads(line)["learning_rate"]
              for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     expected = [float(WarmupLinearDecay(1e-3, 5, 9)(step)) for step in range(1, 10)]
@@ -166,9 +168,9 @@ def test_a_planner_sets_the_length_during_warmup(sentence_vocab_file, tiny_paral
 def test_a_replan_moves_the_end_and_the_decay(sentence_vocab_file, tiny_parallel_dir,
                                               tmp_path):
     """Planned at step 3 for 9 steps, re-planned at step 5 for 12: the run ends at
-    12, the rate follows the first schedule to step 5 and decays to 12 after, and
-    plan.json records the new end, with a checkpoint at step 5, so a resumed run
-    never replays a step before the re-plan under the new end."""
+    12, the rate follows the first schedule to step 5 and decays to 12 after,
+    with a checkpoint at step 5, so a resumed run never replays a step before
+    the re-plan under the new end."""
     config = tiny_config(vocab_size(sentence_vocab_file), tiny_parallel_dir, "ams",
                          train_steps=1000, checkpoint_every=1000, keep_checkpoints=10)
     config.optimizer.warmup_steps = 4
@@ -181,8 +183,6 @@ def test_a_replan_moves_the_end_and_the_decay(sentence_vocab_file, tiny_parallel
     summary = Trainer(config, str(tmp_path), None, sentence_vocab_file,
                       progress=False).train(planner)
     assert summary["final_step"] == 12
-    plan = json.loads((tmp_path / "plan.json").read_text())
-    assert plan["train_steps"] == 12 and plan["replanned_at_step"] == 5
     saved = {int(name.split("-")[1].split(".")[0])
              for name in os.listdir(tmp_path / "checkpoints") if name.startswith("ckpt-")}
     assert saved == {3, 5, 6, 9, 12}
@@ -297,3 +297,70 @@ def test_progressive_depth_needs_pass_through_layers(teacher, tiny_parallel_dir,
                                             max_sequence_length=24)
     with pytest.raises(ValueError, match="no pass-through layers"):
         Trainer(config, str(tmp_path), None, os.path.join(directory, SENTENCEPIECE_FILE))
+
+
+class ScriptedPlanner(BudgetPlanner):
+    """The budget planner's records and resume (`start`, the replayed re-plan),
+    with its decisions fixed: 9 steps at step 3, re-planned to 12 at step 5; a
+    "kill" (KeyboardInterrupt) right after the re-plan is recorded, before the
+    trainer saves the checkpoint that goes with it."""
+
+    def __init__(self, model_dir, recorded=None, kill=False):
+        super().__init__(RecipeConfig(), None, 0.0, False, model_dir, recorded)
+        self.kill = kill
+
+    def __call__(self, measured):
+        step = measured["step"]
+        if self.resumed_at is not None and (self.plan or {}).get("replanned_at_step"):
+            return super().__call__(measured)
+        if step == 3 and self.plan is None:
+            answer = {"train_steps": 9, "checkpoint_every": 3, "eval_every": 3}
+            self.plan = {**answer, "planned_at_step": 3}
+        elif step == 5 and self.plan and not self.plan.get("replanned_at_step"):
+            answer = {"train_steps": 12, "time_budget_minutes": 0.0}
+            self.plan.update(replanned_at_step=5, planned_train_steps=9, **answer)
+        else:
+            return None
+        self.write()
+        if self.kill and step == 5:
+            raise KeyboardInterrupt
+        return answer
+
+
+def test_a_run_killed_after_its_replan_resumes_to_the_replanned_end(
+        sentence_vocab_file, tiny_parallel_dir, tiny_tatoeba_dir, tmp_path):
+    """Killed after the re-plan was recorded but before its checkpoint, the run
+    resumes at step 3 with the first plan's end, takes the re-plan again at
+    step 5, and ends where an uninterrupted run ends: the same rates and
+    losses, the same last step; its summary keeps the evaluations made before
+    the kill."""
+    config = tiny_config(vocab_size(sentence_vocab_file), tiny_parallel_dir, "ams",
+                         train_steps=1000, checkpoint_every=1000, keep_checkpoints=10,
+                         eval_every=1000, tatoeba_dir=tiny_tatoeba_dir)
+    config.optimizer.warmup_steps = 4
+
+    def run(model_dir, planner):
+        return Trainer(config, str(model_dir), None, sentence_vocab_file,
+                       progress=False).train(planner)
+
+    def log(model_dir):
+        return [json.loads(line) for line in
+                (model_dir / "train_log.jsonl").read_text().splitlines()]
+
+    reference = run(tmp_path / "a", ScriptedPlanner(str(tmp_path / "a")))
+    assert reference["final_step"] == 12
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "b", ScriptedPlanner(str(tmp_path / "b"), kill=True))
+    recorded = read_plan(str(tmp_path / "b"))
+    assert recorded["replanned_at_step"] == 5 and recorded["train_steps"] == 12
+    resumed = run(tmp_path / "b", ScriptedPlanner(str(tmp_path / "b"), recorded))
+    assert resumed["start_step"] == 3 and resumed["final_step"] == 12
+    expected, got = log(tmp_path / "a"), log(tmp_path / "b")
+    assert [row["step"] for row in got] == list(range(1, 13))
+    np.testing.assert_allclose([r["learning_rate"] for r in got],
+                               [r["learning_rate"] for r in expected], rtol=1e-6)
+    np.testing.assert_allclose([r["total"] for r in got], [r["total"] for r in expected],
+                               rtol=1e-5)
+    steps = [e["step"] for e in reference["evaluations"]]
+    assert steps == [0, 3, 6, 9, 12]
+    assert [e["step"] for e in resumed["evaluations"]] == steps
