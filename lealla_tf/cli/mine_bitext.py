@@ -35,8 +35,8 @@ Outputs, each written atomically:
   <output>.dead_letter.jsonl   embeddings that cannot be mined (a NaN or infinite
                                value, or all zeros): side, id and reason a line;
   <output>.with_tabs.jsonl     mined pairs a TSV row cannot hold (a tab or line
-                               feed in a sentence or id): rank, score, sentences
-                               and ids a line;
+                               break in a sentence or id, CR and U+2028 among
+                               them): rank, score, sentences and ids a line;
   <output>.summary.json        the counts.
 A run holds <output>.lock while it writes (the emptied file stays): a second
 run into the same --output is refused. An --output that is a folder, and a
@@ -122,11 +122,11 @@ def run(argv=None, test_pipeline=None) -> int:
 
 
 def reading_example(output: str) -> str:
-    """A Python line that reads a mined TSV, the file closed once read. A row
-    ends at "\\n" only, as written: a sentence may hold a carriage return, U+0085,
-    U+2028 or another character that `str.splitlines` or a text file's universal
-    newlines would end a line at."""
-    return (f"with open({output!r}, encoding='utf-8', newline='\\n') as f: rows = "
+    """A Python line that reads a mined TSV, the file closed once read. No
+    sentence or id in it holds a tab or any line break (those pairs are in the
+    with-tabs file), so any reader, `open()`'s universal newlines and
+    `str.splitlines` included, reads one row a pair."""
+    return (f"with open({output!r}, encoding='utf-8') as f: rows = "
             "[line.rstrip('\\n').split('\\t') for line in f]  # [score, source, target]")
 
 
@@ -143,7 +143,7 @@ def format_summary(summary: dict, output: str, with_ids: bool = False,
              f"zero) -> {output + DEAD_LETTER_SUFFIX}"]
     if summary.get("pairs_with_tabs"):
         lines.append(f"  with tabs      {summary['pairs_with_tabs']:,} of the pairs (a tab or line "
-                     f"feed in a sentence or id) -> {output + WITH_TABS_SUFFIX}")
+                     f"break in a sentence or id) -> {output + WITH_TABS_SUFFIX}")
     undefined = summary.get("undefined_ratio")
     if undefined:
         lines.append(f"  no ratio       {undefined['source_sentences']:,} source and "

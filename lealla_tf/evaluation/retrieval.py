@@ -1,12 +1,16 @@
-"""Embedding sentences for an evaluation, and UN-style retrieval over a large pool.
+"""Embedding sentences for an evaluation, retrieval in bounded memory, and
+UN-style retrieval over a large pool.
 
 `embed_sentences` is how every evaluation here embeds: an `Embedder`'s `encode`,
 or any callable of a string tensor, in batches of similar length.
+`row_blocks`, `merge_column_top` and `merge_column_argmax` score a similarity
+matrix a block of rows at a time, so that memory does not grow with the square
+of the set (`lealla_tf.evaluation.tatoeba`).
 `evaluate_un_style` is LaBSE / LEALLA's UN task: each source sentence retrieves
 its translation among all the English sentences of the pool.
 """
 
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -20,6 +24,9 @@ from lealla_tf.mining.neighbours import knn, normalize_rows
 
 # The metric names, spelled here and nowhere else.
 UN_AVERAGE_P_AT_1 = "un/average_p_at_1"
+# The float32 similarities of one block of rows (`row_blocks`): scoring holds a
+# few such blocks at once, and never a whole matrix, whatever the set's size.
+BLOCK_BYTES = 32 << 20
 
 
 def embed_sentences(embed: Callable, sentences: Sequence, batch_size: int = PIPELINE_BATCH_SIZE,
@@ -84,3 +91,46 @@ def evaluate_un_style(embed: Callable, pairs_by_language: Dict[str, list],
     metrics[UN_AVERAGE_P_AT_1] = float(np.mean(
         [metrics[f"un/{lang}/p_at_1"] for lang in pairs_by_language]))
     return metrics
+
+
+# === Scoring a similarity matrix a block of rows at a time ===
+
+def row_blocks(rows: int, columns: int, block_rows: Optional[int] = None) -> List[slice]:
+    """Slices covering `rows` rows, a block of at most `block_rows` each
+    (default: as many as `BLOCK_BYTES` of float32 similarities with `columns`
+    columns hold). The blocks are even, so that none is a sliver of a row or
+    two: BLAS may multiply those another way, whose last bit can differ from
+    the whole product's."""
+    if block_rows is None:
+        block_rows = max(1, BLOCK_BYTES // (4 * max(columns, 1)))
+    if not (isinstance(block_rows, (int, np.integer)) and block_rows >= 1):
+        raise ValueError(f"block_rows must be a positive integer, got {block_rows}")
+    count = -(-rows // block_rows)
+    bounds = [rows * block // count for block in range(count + 1)] if count else [0]
+    return [slice(start, stop) for start, stop in zip(bounds[:-1], bounds[1:])]
+
+
+def merge_column_top(top: Optional[np.ndarray], block: np.ndarray, k: int) -> np.ndarray:
+    """Each column's `k` largest values among the rows merged so far and
+    `block`'s: a `[<= k, columns]` array, largest first and NaN last, as
+    `-np.sort(-matrix, axis=0)[:k]` orders the whole matrix's (`top`: None
+    before the first block)."""
+    negated = -block if top is None else np.concatenate([-top, -block])
+    if len(negated) > k:
+        negated = np.partition(negated, k - 1, axis=0)[:k]
+    return -np.sort(negated, axis=0)
+
+
+def merge_column_argmax(best: Optional[Tuple[np.ndarray, np.ndarray]], block: np.ndarray,
+                        offset: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(values, rows) of each column's maximum among the rows merged so far and
+    `block`'s (its rows numbered from `offset`), exactly as np.argmax(axis=0)
+    of the whole matrix picks it: the first of equal maxima, and the first NaN
+    over any number (`best`: None before the first block)."""
+    rows = np.argmax(block, axis=0)
+    values = block[rows, np.arange(block.shape[1])]
+    if best is None:
+        return values, rows + offset
+    kept, kept_rows = best
+    later = ~np.isnan(kept) & (np.isnan(values) | (values > kept))
+    return np.where(later, values, kept), np.where(later, rows + offset, kept_rows)

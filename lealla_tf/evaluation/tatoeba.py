@@ -1,7 +1,10 @@
 """Tatoeba P@1, the LASER / LaBSE protocol: each sentence retrieves its translation
 among the other side's sentences of its language, by cosine (`evaluate_tatoeba`)
 or by margin (`evaluate_tatoeba_margin`), both from one embedding pass
-(`tatoeba_with_margin`); and the tables reports print of them.
+(`tatoeba_with_margin`); and the tables reports print of them. Both score a
+block of rows at a time (`lealla_tf.evaluation.retrieval.row_blocks`): memory
+stays bounded whatever the number of a language's pairs, and the results are
+the whole similarity matrix's, ties broken alike.
 
 Evaluators return flat, name-prefixed metric dicts with a declared primary
 metric: `tatoeba/average_p_at_1`.
@@ -12,7 +15,12 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from lealla_tf.evaluation.retrieval import embed_sentences
+from lealla_tf.evaluation.retrieval import (
+    embed_sentences,
+    merge_column_argmax,
+    merge_column_top,
+    row_blocks,
+)
 from lealla_tf.inference.batching import PIPELINE_BATCH_SIZE
 from lealla_tf.mining.margins import margin_scores, mean_cosine
 from lealla_tf.parallel_corpus import find_tatoeba_languages, read_tatoeba
@@ -29,23 +37,41 @@ def _unit_rows(x):
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
-def nearest_neighbor_accuracy(queries: np.ndarray, candidates: np.ndarray) -> float:
+def nearest_candidates(queries: np.ndarray, candidates: np.ndarray,
+                       block_rows: Optional[int] = None) -> np.ndarray:
+    """Each query row's nearest candidate by cosine (the first of ties, as
+    np.argmax gives it), scored a block of query rows at a time (`row_blocks`)
+    so that no matrix of every query and candidate is held."""
+    queries, candidates = _unit_rows(queries), _unit_rows(candidates)
+    nearest = [np.argmax(queries[rows] @ candidates.T, axis=1)
+               for rows in row_blocks(len(queries), len(candidates), block_rows)]
+    return np.concatenate(nearest) if nearest else np.zeros(0, np.intp)
+
+
+def nearest_neighbor_accuracy(queries: np.ndarray, candidates: np.ndarray,
+                              block_rows: Optional[int] = None) -> float:
     """Fraction of rows i whose nearest candidate by cosine is candidate i."""
-    similarities = _unit_rows(queries) @ _unit_rows(candidates).T
-    return float(np.mean(np.argmax(similarities, axis=1) == np.arange(len(queries))))
+    return _fraction_on_the_diagonal(nearest_candidates(queries, candidates, block_rows))
 
 
-def tatoeba_accuracy(source: np.ndarray, english: np.ndarray) -> Dict[str, float]:
+def _fraction_on_the_diagonal(nearest: np.ndarray) -> float:
+    return float(np.mean(nearest == np.arange(len(nearest))))
+
+
+def tatoeba_accuracy(source: np.ndarray, english: np.ndarray,
+                     block_rows: Optional[int] = None) -> Dict[str, float]:
     """P@1 of the LASER / LaBSE Tatoeba protocol for one language.
 
     Row i of `source` translates row i of `english`. Each sentence retrieves its
     nearest neighbour by cosine among the other side's sentences of this
     language, in both directions; the score is the mean of the two P@1.
+    Scored in blocks of rows (`nearest_candidates`): memory stays bounded
+    whatever the number of pairs.
     """
     if len(source) != len(english):
         raise ValueError(f"{len(source)} source rows but {len(english)} English rows")
-    forward = nearest_neighbor_accuracy(source, english)
-    backward = nearest_neighbor_accuracy(english, source)
+    forward = nearest_neighbor_accuracy(source, english, block_rows)
+    backward = nearest_neighbor_accuracy(english, source, block_rows)
     return {"xx_to_en": forward, "en_to_xx": backward, "p_at_1": (forward + backward) / 2}
 
 
@@ -127,19 +153,53 @@ def per_language(metrics: Dict[str, float], name: str = "p_at_1") -> Dict[str, f
 # === Tatoeba with margin scoring ===
 
 def tatoeba_margin_accuracy(source: np.ndarray, english: np.ndarray, k: int = 4,
-                            margin: str = "ratio") -> Dict[str, float]:
+                            margin: str = "ratio",
+                            block_rows: Optional[int] = None) -> Dict[str, float]:
     """Tatoeba P@1 where candidates are ranked by margin (Artetxe & Schwenk
-    2019) instead of raw cosine: hubs that are close to everything lose."""
-    similarities = _unit_rows(source) @ _unit_rows(english).T
-    k = min(k, len(english))
-    source_average = -np.sort(-similarities, axis=1)[:, :k].mean(axis=1)
-    english_average = -np.sort(-similarities.T, axis=1)[:, :k].mean(axis=1)
-    scores = margin_scores(similarities, source_average[:, None], english_average[None, :],
-                           margin)
-    rows = np.arange(len(source))
-    forward = float(np.mean(np.argmax(scores, axis=1) == rows))
-    backward = float(np.mean(np.argmax(scores, axis=0) == rows))
+    2019) instead of raw cosine: hubs that are close to everything lose.
+    Scored in blocks of rows (`margin_nearest`)."""
+    forward, backward = margin_nearest(source, english, k, margin, block_rows)
+    forward, backward = _fraction_on_the_diagonal(forward), _fraction_on_the_diagonal(backward)
     return {"xx_to_en": forward, "en_to_xx": backward, "p_at_1": (forward + backward) / 2}
+
+
+def neighbourhood_averages(source: np.ndarray, english: np.ndarray, k: int = 4,
+                           block_rows: Optional[int] = None):
+    """(each source row's, each English row's) mean cosine to its `k` nearest on
+    the other side, from blocks of source rows (`row_blocks`): the English
+    side's k nearest are merged block by block (`merge_column_top`), in the
+    order a sort of the whole matrix gives them, so the means are the same to
+    the bit."""
+    return _averages(_unit_rows(source), _unit_rows(english), k, block_rows)
+
+
+def _averages(source, english, k, block_rows):
+    k = min(k, len(english))
+    source_averages, english_top = [], None
+    for rows in row_blocks(len(source), len(english), block_rows):
+        similarities = source[rows] @ english.T
+        source_averages.append(-np.sort(-similarities, axis=1)[:, :k].mean(axis=1))
+        english_top = merge_column_top(english_top, similarities, k)
+    # Transposed, the top values are laid out as the whole matrix's sorted
+    # columns were, so that the means add them in the same order.
+    return np.concatenate(source_averages), english_top.T.mean(axis=1)
+
+
+def margin_nearest(source: np.ndarray, english: np.ndarray, k: int = 4, margin: str = "ratio",
+                   block_rows: Optional[int] = None):
+    """(each source row's, each English row's) nearest on the other side by
+    `margin` (the first of ties, as np.argmax gives it), in two passes over
+    blocks of source rows: the neighbourhood averages, then the scores, each
+    block's similarities computed again rather than held."""
+    source, english = _unit_rows(source), _unit_rows(english)
+    source_average, english_average = _averages(source, english, k, block_rows)
+    forward, backward = [], None
+    for rows in row_blocks(len(source), len(english), block_rows):
+        scores = margin_scores(source[rows] @ english.T, source_average[rows, None],
+                               english_average[None, :], margin)
+        forward.append(np.argmax(scores, axis=1))
+        backward = merge_column_argmax(backward, scores, rows.start)
+    return np.concatenate(forward), backward[1]
 
 
 def evaluate_tatoeba_margin(source_by_language: Dict[str, np.ndarray],

@@ -17,8 +17,11 @@ Outputs, each written atomically:
   <output>.dead_letter.jsonl   embeddings that cannot be mined (a NaN or infinite
                                value, or all zeros): side, id and reason a line;
   <output>.with_tabs.jsonl     mined pairs a TSV row cannot hold (a tab or line
-                               feed in a sentence or id): rank, score, sentences
-                               and ids a line, so that none is lost or split;
+                               break in a sentence or id: any character
+                               `str.splitlines` or universal newlines end a line
+                               at, CR and U+2028 among them): rank, score,
+                               sentences and ids a line, so that none is lost
+                               and the TSV is one row a pair for any reader;
   <output>.summary.json        the counts.
 A run holds the lock `<output>.lock` (`lealla_tf.folder_lock`) while it writes:
 a second run into the same output is refused. An output that is a folder, and a
@@ -47,6 +50,13 @@ from lealla_tf.pipelines.options import pipeline_options, run_pipeline
 
 DEAD_LETTER_SUFFIX, SUMMARY_SUFFIX = ".dead_letter.jsonl", ".summary.json"
 WITH_TABS_SUFFIX = ".with_tabs.jsonl"
+# What a TSV field cannot hold: the tab, and every line break of str.splitlines
+# (which universal newlines' CR and CR LF are among); a reader would split the
+# row at any of them.
+NOT_IN_A_ROW = re.compile("[\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+# The line breaks json.dumps(ensure_ascii=False) leaves raw in a string, escaped,
+# so that the JSON-lines files too are one record a line for any reader.
+RAW_IN_JSON = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 WRITTEN_BESIDE = (DEAD_LETTER_SUFFIX, WITH_TABS_SUFFIX, SUMMARY_SUFFIX)  # each atomically
 LOCK_SUFFIX = ".lock"
 WRITE_BATCH = 65_536
@@ -65,8 +75,8 @@ def mine_to_files(source_dir: str, target_dir: str, output: str, margin: str = "
     """Mines two embed_corpus outputs into `output` (and its dead-letter,
     with-tabs and summary files); returns the summary. Rows that cannot be
     mined are dead-lettered with their reason, not mined and not fatal; a mined
-    pair with a tab or line feed in a sentence or id goes whole to the
-    with-tabs file, not split across the TSV's columns."""
+    pair with a tab or line break (`NOT_IN_A_ROW`) in a sentence or id goes
+    whole to the with-tabs file, not split across the TSV's columns or rows."""
     sides = {"source": mmap_embeddings(source_dir, cache_dir),
              "target": mmap_embeddings(target_dir, cache_dir)}
     log.info("mining %s source x %s target sentences",
@@ -89,7 +99,7 @@ def mine_to_files(source_dir: str, target_dir: str, output: str, margin: str = "
                             sides["target"].ids(mined["target"][rows])]
             lines = []
             for rank, fields in enumerate(zip(*columns), start):
-                if any("\t" in field or "\n" in field for field in fields[1:]):
+                if any(NOT_IN_A_ROW.search(field) for field in fields[1:]):
                     with_tabs.append(pair_record(rank, *fields[1:3]))
                 else:
                     lines.append("\t".join(fields) + "\n")
@@ -98,18 +108,17 @@ def mine_to_files(source_dir: str, target_dir: str, output: str, margin: str = "
     def pair_record(rank: int, source_text: str, target_text: str) -> str:
         """One pair a TSV row cannot hold, whole, as a JSON line (with its ids,
         whether or not the TSV has them)."""
-        return json.dumps({"rank": rank, "score": float(mined["score"][rank]),
-                           "source": source_text, "target": target_text,
-                           "source_id": sides["source"].ids(mined["source"][rank:rank + 1])[0],
-                           "target_id": sides["target"].ids(mined["target"][rank:rank + 1])[0]},
-                          ensure_ascii=False)
+        return json_line({"rank": rank, "score": float(mined["score"][rank]),
+                          "source": source_text, "target": target_text,
+                          "source_id": sides["source"].ids(mined["source"][rank:rank + 1])[0],
+                          "target_id": sides["target"].ids(mined["target"][rank:rank + 1])[0]})
 
     dead = []
     for side, directory in (("source", source_dir), ("target", target_dir)):
         indices = mined[f"invalid_{side}"]
         for identifier, reason in zip(sides[side].ids(indices), mined[f"invalid_{side}_reason"]):
-            dead.append(json.dumps({"side": side, "directory": directory, "id": identifier,
-                                    "reason": reason}, ensure_ascii=False))
+            dead.append(json_line({"side": side, "directory": directory, "id": identifier,
+                                   "reason": reason}))
     log.info("writing %s pairs to %s", f"{len(mined['score']):,}", output)
     write_atomically(output, write_pairs)
     for suffix, lines in ((DEAD_LETTER_SUFFIX, dead), (WITH_TABS_SUFFIX, with_tabs)):
@@ -126,6 +135,11 @@ def mine_to_files(source_dir: str, target_dir: str, output: str, margin: str = "
     write_atomically(output + SUMMARY_SUFFIX,
                      lambda handle: handle.write(json.dumps(summary, indent=2).encode("utf-8")))
     return summary
+
+
+def json_line(record: dict) -> str:
+    """`record` as one JSON line that no reader splits (`RAW_IN_JSON`)."""
+    return json.dumps(record, ensure_ascii=False).translate(RAW_IN_JSON)
 
 
 def check_inputs(source: str, target: str, k: int, index: str, memory_budget_gb, cache_dir,

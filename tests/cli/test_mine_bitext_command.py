@@ -2,6 +2,7 @@
 summary whose reading line runs as written, and one-line errors (a held
 --output among them, naming its holder's pid)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -21,7 +22,7 @@ def test_help_recommends_a_ratio_threshold_and_says_what_it_means(capsys):
     assert "Artetxe & Schwenk" in text and "1.04-1.06" in text and "--threshold=1.05" in text
     assert "1.0: no better than a neighbour" in text
     assert "ratio_shifted" in text
-    assert ("with open('runs/mined_deu_eng.tsv', encoding='utf-8', newline='\\n') as f: rows = "
+    assert ("with open('runs/mined_deu_eng.tsv', encoding='utf-8') as f: rows = "
             "[line.rstrip('\\n').split('\\t') for line in f]") in text
     assert command.MARGINS == ("absolute", "distance", "ratio", "ratio_shifted")
 
@@ -50,23 +51,30 @@ def test_the_summary_counts_and_reads_the_output(tmp_path, capsys):
     assert len(namespace["rows"]) == pairs > 30 and len(namespace["rows"][0]) == 5
 
 
-def test_the_reading_line_ends_a_row_at_a_newline_only(tmp_path, capsys):
+def test_the_reading_line_reads_one_row_a_pair_and_the_with_tabs_file_the_rest(tmp_path,
+                                                                                capsys):
     """A sentence may hold characters that `str.splitlines` (and a text file's
-    universal newlines, for the carriage return) end a line at: each row is read
-    back whole."""
+    universal newlines, for the carriage return) end a line at: its pair is in
+    the with-tabs file, whole, and the summary's reading line (a plain `open()`)
+    reads every other pair as one row."""
     sentences = ["line\u2028separator", "paragraph\u2029separator", "next\x85line",
                  "form\x0cfeed", "vertical\x0btab", "group\x1dseparator", "carriage\rreturn",
-                 "plain"]
+                 "plain", "plain too"]
     write_embedding_output(tmp_path / "emb", np.random.default_rng(0).normal(
         size=(len(sentences), 8)), shards=1, texts=sentences)
     output = tmp_path / "mined.tsv"
     assert command.main([f"--source={tmp_path / 'emb'}", f"--target={tmp_path / 'emb'}",
                          f"--output={output}", "--k=1"]) == 0
-    capsys.readouterr()
+    assert (f"with tabs      7 of the pairs (a tab or line break in a sentence or id) -> "
+            f"{output}.with_tabs.jsonl") in capsys.readouterr().out
     namespace = {}
     exec(command.reading_example(str(output)), namespace)
-    assert sorted(row[1:] for row in namespace["rows"]) == sorted(
-        [sentence, sentence] for sentence in sentences)
+    assert sorted(row[1:] for row in namespace["rows"]) == [["plain", "plain"],
+                                                            ["plain too", "plain too"]]
+    aside = [json.loads(line) for line in
+             (tmp_path / "mined.tsv.with_tabs.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert sorted([pair["source"], pair["target"]] for pair in aside) == sorted(
+        [sentence, sentence] for sentence in sentences[:7])
 
 
 def test_the_summary_names_the_pairs_with_tabs(tmp_path, capsys):
@@ -76,7 +84,7 @@ def test_the_summary_names_the_pairs_with_tabs(tmp_path, capsys):
     output = tmp_path / "mined.tsv"
     assert command.main([f"--source={tmp_path / 'emb'}", f"--target={tmp_path / 'emb'}",
                          f"--output={output}", "--k=1"]) == 0
-    assert (f"with tabs      2 of the pairs (a tab or line feed in a sentence or id) -> "
+    assert (f"with tabs      2 of the pairs (a tab or line break in a sentence or id) -> "
             f"{output}.with_tabs.jsonl") in capsys.readouterr().out
 
 

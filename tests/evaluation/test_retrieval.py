@@ -1,15 +1,17 @@
-"""Embedding sentences for an evaluation (length-sorted, in input order) and
-UN-style retrieval over a large pool."""
+"""Embedding sentences for an evaluation (length-sorted, in input order), the
+blocks of rows scoring runs in, and UN-style retrieval over a large pool."""
 
 import numpy as np
 import pytest
 from conftest import OracleEmbedder
 
 from lealla_tf.evaluation.retrieval import (
+    BLOCK_BYTES,
     UN_AVERAGE_P_AT_1,
     embed_sentences,
     evaluate_un_style,
     retrieval_accuracy,
+    row_blocks,
 )
 from lealla_tf.inference.embedder import Embedder
 
@@ -73,3 +75,21 @@ def test_an_embedder_embeds_through_its_encode_and_gives_empty_rows_for_none():
                                rtol=1e-6)
     assert seen == [["a", "ccc"], ["bbbbbb"]]
     assert embed_sentences(model, []).shape == (0, 2)
+
+
+def test_blocks_are_even_and_cover_every_row():
+    """`row_blocks` (the Tatoeba scoring's blocks, tests/evaluation/test_tatoeba.py):
+    every row once, at most `block_rows` a block, and no block a sliver."""
+    for rows, block_rows in ((3001, 1000), (10, 3), (5, 5), (5, 50), (0, 4)):
+        blocks = row_blocks(rows, 7, block_rows)
+        assert [i for block in blocks for i in range(block.start, block.stop)] == list(
+            range(rows))
+        sizes = [block.stop - block.start for block in blocks]
+        assert max(sizes, default=0) <= block_rows and max(sizes, default=0) - min(
+            sizes, default=0) <= 1  # no sliver of a row or two at the end
+    # By default a block's float32 similarities fit BLOCK_BYTES, however many the pairs.
+    for pairs in (10, 20_000, 35_000, 1_000_000):
+        sizes = [block.stop - block.start for block in row_blocks(pairs, pairs)]
+        assert sum(sizes) == pairs and max(sizes) * pairs * 4 <= max(BLOCK_BYTES, pairs * 4)
+    with pytest.raises(ValueError, match="block_rows must be a positive integer, got 0"):
+        row_blocks(10, 7, 0)

@@ -1,5 +1,6 @@
 """Tatoeba P@1 by cosine and by margin, against numpy and on an oracle; the
-metrics of one pass; incomplete languages named."""
+metrics of one pass; incomplete languages named; scored in blocks of rows, with
+the whole matrix's results and bounded memory."""
 
 import shutil
 
@@ -14,12 +15,16 @@ from lealla_tf.evaluation.tatoeba import (
     evaluate_tatoeba,
     first_pairs,
     format_tatoeba_table,
+    margin_nearest,
+    nearest_candidates,
+    neighbourhood_averages,
     per_language,
     tatoeba_accuracy,
     tatoeba_margin_accuracy,
     tatoeba_metrics_with_margin,
     tatoeba_with_margin,
 )
+from lealla_tf.mining.margins import margin_scores
 from lealla_tf.parallel_corpus import find_tatoeba_languages
 
 RNG = np.random.default_rng(3)
@@ -123,3 +128,98 @@ def test_per_language_values_a_table_and_the_best_and_worst():
     assert table[3].split() == ["average", "70.00", "nan"]
     values = {"a": 0.1, "b": 0.9, "c": 0.5, "d": 0.5}
     assert best_and_worst(values, 2) == (["b", "c"], ["d", "a"])  # ties by name
+
+
+# === Scoring in blocks of rows (issue 62) ===
+
+def unit(x):
+    x = np.asarray(x, dtype=np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def whole_matrix(source, english, k, margin):
+    """The scoring as it was, on the whole similarity matrix: each side's
+    nearest by cosine, the neighbourhood averages, and each side's nearest by
+    margin (np.argmax: the first of ties)."""
+    similarities = unit(source) @ unit(english).T
+    k = min(k, len(english))
+    source_average = -np.sort(-similarities, axis=1)[:, :k].mean(axis=1)
+    english_average = -np.sort(-similarities.T, axis=1)[:, :k].mean(axis=1)
+    scores = margin_scores(similarities, source_average[:, None], english_average[None, :],
+                           margin)
+    return {"cosine": (np.argmax(unit(source) @ unit(english).T, axis=1),
+                       np.argmax(unit(english) @ unit(source).T, axis=1)),
+            "averages": (source_average, english_average),
+            "margin": (np.argmax(scores, axis=1), np.argmax(scores, axis=0))}
+
+
+def tied(n, d=16, seed=0):
+    """Rows of four entries +-1 (unit rows of +-0.5): every cosine is a multiple
+    of 0.25, exact in any order of summation, so ties abound; row 3 is NaN."""
+    rng = np.random.default_rng(seed)
+    rows = np.zeros((n, d), np.float32)
+    for row in rows:
+        row[rng.choice(d, 4, replace=False)] = rng.choice([-1.0, 1.0], 4)
+    rows[3] = np.nan
+    return rows
+
+
+@pytest.mark.parametrize("data", ["tied", "gaussian"])
+def test_scoring_in_blocks_equals_the_whole_matrix_ties_included(data):
+    """Blocks of rows smaller than the set give the whole matrix's nearest
+    neighbours, neighbourhood averages and margin nearest, bit for bit, ties
+    going to the first candidate as np.argmax breaks them (a NaN row too)."""
+    if data == "tied":
+        source, english = tied(61), tied(61, seed=1)
+        block_sizes = (1, 2, 7, 16, 60, 61, 500)
+    else:  # a language's sentences, some repeated (ties between equal rows)
+        rng = np.random.default_rng(5)
+        source = rng.normal(size=(203, 48)).astype(np.float32)
+        english = (source + 0.8 * rng.normal(size=source.shape)).astype(np.float32)
+        english[100:110], source[150:160] = english[:10], source[:10]
+        block_sizes = (9, 50, 64, 202)
+    for k in (1, 4, 8, 9):
+        for margin in ("ratio", "ratio_shifted", "distance", "absolute"):
+            expected = whole_matrix(source, english, k, margin)
+            for block_rows in block_sizes:
+                got = {"cosine": (nearest_candidates(source, english, block_rows),
+                                  nearest_candidates(english, source, block_rows)),
+                       "averages": neighbourhood_averages(source, english, k, block_rows),
+                       "margin": margin_nearest(source, english, k, margin, block_rows)}
+                for name, pair in expected.items():
+                    for side, (want, have) in enumerate(zip(pair, got[name])):
+                        np.testing.assert_array_equal(have, want, err_msg=(
+                            f"{data} k={k} {margin} block_rows={block_rows} {name}[{side}]"))
+                        assert have.dtype == want.dtype
+            rows = np.arange(len(source))
+            forward, backward = expected["cosine"]
+            assert tatoeba_accuracy(source, english, block_rows=7) == {
+                "xx_to_en": np.mean(forward == rows), "en_to_xx": np.mean(backward == rows),
+                "p_at_1": (np.mean(forward == rows) + np.mean(backward == rows)) / 2}
+            forward, backward = expected["margin"]
+            assert tatoeba_margin_accuracy(source, english, k, margin, block_rows=7) == {
+                "xx_to_en": np.mean(forward == rows), "en_to_xx": np.mean(backward == rows),
+                "p_at_1": (np.mean(forward == rows) + np.mean(backward == rows)) / 2}
+
+
+def test_scoring_memory_stays_bounded_whatever_the_set_size(monkeypatch):
+    """With blocks far smaller than the set, scoring never holds a matrix of all
+    the pairs: the peak stays under a quarter of one's float32 bytes."""
+    import tracemalloc
+
+    from lealla_tf.evaluation import retrieval
+
+    n = 2000
+    rng = np.random.default_rng(0)
+    source = rng.normal(size=(n, 8)).astype(np.float32)
+    english = (source + rng.normal(size=source.shape)).astype(np.float32)
+    monkeypatch.setattr(retrieval, "BLOCK_BYTES", 50 * n * 4, raising=False)
+    for score in (tatoeba_accuracy, tatoeba_margin_accuracy):
+        tracemalloc.start()
+        try:
+            score(source, english)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < n * n * 4 / 4, (score.__name__, peak)
+

@@ -140,6 +140,58 @@ def test_pairs_a_tsv_row_cannot_hold_go_whole_to_the_with_tabs_file(tmp_path):
                for pair in map(json.loads, text(f"{output}.with_tabs.jsonl").splitlines()))
 
 
+# Every line break of Python's universal newlines (CR) or str.splitlines (the rest).
+LINE_BREAKS = ("\r", "\r\n", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028",
+               "\u2029")
+
+
+def test_a_line_break_any_reader_ends_a_row_at_sends_the_pair_to_the_with_tabs_file(tmp_path):
+    """A sentence (or, with ids, an id) holding CR, VT, FF, FS, GS, RS, NEL, U+2028
+    or U+2029 would end its row early for a reader with universal newlines
+    (`open()`) or `str.splitlines`: such a pair goes whole to
+    `<output>.with_tabs.jsonl`, so that the TSV reads as one row a pair
+    whatever the reader, and nothing is lost. The JSON-lines files too read as
+    one record a line (a dead-lettered id holds U+2029)."""
+    source, target = planted(n=40)
+    source[30] = np.nan
+    texts = [f"sentence {row}" + (f"{LINE_BREAKS[row]}after" if row < len(LINE_BREAKS) else "")
+             for row in range(40)]
+    ids = [f"s:{row}" + {20: "\u2028x", 30: "\u2029y"}.get(row, "") for row in range(40)]
+    write_embedding_output(tmp_path / "src", source, texts=texts, ids=ids)
+    write_embedding_output(tmp_path / "tgt", target, prefix="t")
+    output = tmp_path / "mined.tsv"
+    for with_ids, broken in ((False, set(range(len(LINE_BREAKS)))),
+                             (True, set(range(len(LINE_BREAKS))) | {20})):
+        count = mine_bitext(str(tmp_path / "src"), str(tmp_path / "tgt"), str(output),
+                            with_ids=with_ids)
+        with open(output, encoding="utf-8") as f:  # universal newlines
+            rows = [line.rstrip("\n").split("\t") for line in f]
+        tabbed = [json.loads(line) for line in text(f"{output}.with_tabs.jsonl").splitlines()]
+        assert text(output).splitlines() == ["\t".join(row) for row in rows]
+        assert len(rows) + len(tabbed) == count == 39
+        assert all(len(row) == (5 if with_ids else 3) for row in rows)
+        assert sorted(ids.index(pair["source_id"]) for pair in tabbed) == sorted(broken)
+        for pair in tabbed:  # whole: the sentences and ids as embedded
+            row = ids.index(pair["source_id"])
+            assert pair["source"] == texts[row] and pair["target"] == f"text t {row}"
+        assert {row[1] for row in rows} == {texts[row] for row in set(range(40)) - broken - {30}}
+        dead = [json.loads(line) for line in text(f"{output}.dead_letter.jsonl").splitlines()]
+        assert [record["id"] for record in dead] == [ids[30]]
+        assert json.loads(text(f"{output}.summary.json"))["pairs_with_tabs"] == len(broken)
+
+
+def test_what_a_tsv_row_cannot_hold_is_every_line_break_and_the_tab():
+    """The characters that send a pair to the with-tabs file: the tab, and every
+    character `str.splitlines` ends a line at (the universal newlines' CR among
+    them), and no other."""
+    from lealla_tf.pipelines.mine_bitext import NOT_IN_A_ROW
+
+    ends_a_line = {chr(c) for c in range(0x110000) if len(f"a{chr(c)}b".splitlines()) > 1}
+    assert ends_a_line >= set("".join(LINE_BREAKS)) | {"\n"}
+    assert {chr(c) for c in range(0x110000) if NOT_IN_A_ROW.search(chr(c))} == (
+        ends_a_line | {"\t"})
+
+
 @pytest.mark.slow
 def test_dask_runner_mines_what_the_fn_api_runner_mines(dask_cluster, tmp_path):
     """The same call on a dask.distributed cluster (2 worker processes on

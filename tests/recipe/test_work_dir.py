@@ -121,3 +121,50 @@ def test_a_claimed_work_dir_has_one_writer_until_it_is_released(tmp_path):
         claim_work_dir(str(work), True)
     release_folder(descriptor)
     claim(work, False)  # released: the next job claims it
+
+
+def test_a_plain_run_refuses_a_folder_holding_stages_but_no_marker(tmp_path):
+    """A folder with a stages/ but no marker is no job's (the marker came with the
+    stages that record their flags, so no job's stages without one could be
+    resumed): a plain run refuses it in one line naming the folder and writes
+    nothing there, so no later --fresh can take it for a job's and delete the
+    user's export/my_model."""
+    folder = tmp_path / "project"
+    (folder / "stages").mkdir(parents=True)
+    (folder / "export" / "my_model").mkdir(parents=True)
+    (folder / "export" / "my_model" / "weights.txt").write_text("months of training")
+    for fresh in (False, True):
+        with pytest.raises(ValueError, match=f"--work_dir={folder} holds stages/") as refused:
+            claim(folder, fresh)
+        assert "\n" not in str(refused.value)
+    assert sorted(os.listdir(folder)) == ["export", "stages"]  # no marker, no lock file
+    assert (folder / "export" / "my_model" / "weights.txt").read_text() == "months of training"
+
+
+def test_fresh_deletes_the_jobs_export_and_names_a_model_of_the_users_beside_it(tmp_path):
+    """The job writes export/lealla_small, not the whole export/: in a job's own
+    folder, a model the user put in export/ stops --fresh, named, and stays; a
+    symlink in the export's place is never followed."""
+    job = tmp_path / "job"
+    claim(job, False)
+    (job / "export" / "lealla_small").mkdir(parents=True)
+    (job / "export" / "lealla_small" / "saved_model.pb").write_text("the job's")
+    (job / "export" / "my_model").mkdir()
+    (job / "export" / "my_model" / "weights.txt").write_text("months of training")
+    with pytest.raises(ValueError, match=f"--work_dir={job} holds export/my_model, which no "
+                                         "main job writes"):
+        claim(job, True)
+    assert (job / "export" / "my_model" / "weights.txt").read_text() == "months of training"
+    assert (job / "export" / "lealla_small" / "saved_model.pb").exists()
+    shutil.move(job / "export" / "my_model", tmp_path / "my_model")
+    shutil.rmtree(job / "export" / "lealla_small")
+    (job / "export" / "lealla_small").symlink_to(tmp_path / "my_model")
+    for fresh in (False, True):
+        with pytest.raises(ValueError, match="export/lealla_small is a symlink"):
+            claim(job, fresh)
+    assert (tmp_path / "my_model" / "weights.txt").exists()
+    (job / "export" / "lealla_small").unlink()
+    (job / "export" / "lealla_small").mkdir()
+    claim(job, True)
+    assert set(os.listdir(job)) <= {JOB_MARKER, LOCK_FILE}
+    assert "export/lealla_small" in WORK_DIR_ENTRIES and "export" not in WORK_DIR_ENTRIES
