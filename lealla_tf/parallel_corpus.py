@@ -9,7 +9,9 @@ language for sampling and reports; a name that gives no code is refused.
 No line is lost or mended without a word: `read_pairs` yields the well-formed
 pairs and counts every other line by kind, per file (`LineCounts`; over many
 files `CorpusCounts`, which `sample_pairs` fills for the main job's summary), and
-refuses a file with no well-formed pair. Faults in a user's file are
+refuses a file with no well-formed pair (`check_pair_file` tells without reading
+it all). What a well-formed line is, is defined once here (`parse_line`); the
+training stream keeps the same rule. Faults in a user's file are
 `DataFileError`s (a ValueError) naming the file.
 
 Importing it loads no TensorFlow (`_gfile`): `lealla_tf.recipe.settings` and
@@ -26,7 +28,7 @@ import io
 import os
 import re
 import zlib
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -75,10 +77,51 @@ class DataFileError(ValueError):
         self.path, self.line = path, line
 
 
-# The kinds of line `read_pairs` skips, in the order they are reported, and how.
+# === What a corpus line is: the one definition every reader of pair files keeps ===
+# A line is the bytes up to a line feed, every carriage return in them dropped (as
+# TensorFlow's TextLineDataset, the training stream's reader, drops them all). It is
+# a pair when it is UTF-8, holds exactly one tab, and neither side is whitespace
+# alone; any other line is skipped as the first kind of `LINE_CHECKS` it is.
+# `parse_line` is the rule in Python (`read_pairs`: the pair counts, the main job's
+# sample); `lealla_tf.train.data.parse_lines` is it in TensorFlow ops (the stream).
+
+# The kinds of line skipped, in the order they are reported, and how.
 SKIPPED_KINDS = {"no_tab": "with no tab", "extra_columns": "with more than two columns",
                  "empty_side": "with an empty side", "not_utf8": "not UTF-8",
                  "blank": "blank"}
+# The same kinds in the order a line is checked: its kind is the first that holds.
+LINE_CHECKS = ("not_utf8", "blank", "no_tab", "extra_columns", "empty_side")
+SEPARATOR = "\t"
+# What `str.strip()` strips (every `str.isspace()` character; none lies beyond the
+# Basic Multilingual Plane): a side of these alone is empty.
+WHITESPACE = "".join(chr(code) for code in range(0x10000) if chr(code).isspace())
+
+
+class Line(NamedTuple):
+    """A line read (`parse_line`): `kind` None for a pair, else its kind, sides empty."""
+
+    kind: Optional[str]
+    source: str = ""
+    english: str = ""
+
+
+def parse_line(raw: bytes) -> Line:
+    """The corpus line `raw` (its bytes, with or without the line feed) as a pair,
+    or the kind of line it is: the rule above, checked in `LINE_CHECKS` order."""
+    try:
+        line = raw.replace(b"\r", b"").rstrip(b"\n").decode("utf-8")
+    except UnicodeDecodeError:
+        return Line("not_utf8")
+    if not line.strip():
+        return Line("blank")
+    columns = line.split(SEPARATOR)
+    if len(columns) == 1:
+        return Line("no_tab")
+    if len(columns) > 2:
+        return Line("extra_columns")
+    if not columns[0].strip() or not columns[1].strip():
+        return Line("empty_side")
+    return Line(None, columns[0], columns[1])
 
 
 @dataclasses.dataclass
@@ -268,7 +311,8 @@ def _lines_naming(path: str, handle):
 def read_pairs(path: str, stats: Optional[dict] = None,
                counts: Optional[LineCounts] = None) -> Iterator[Tuple[str, str]]:
     """Yields `(source, english)` for each well-formed line of a TSV file:
-    UTF-8, exactly one tab, neither side blank (a line ends in LF or CRLF).
+    UTF-8, exactly one tab, neither side blank (`parse_line`: a line ends at a
+    LF, and every CR in it is dropped).
 
     Every other line is skipped and counted by kind (`SKIPPED_KINDS`: no tab,
     more than two columns, an empty side, not UTF-8, blank) in `counts`, with
@@ -281,27 +325,12 @@ def read_pairs(path: str, stats: Optional[dict] = None,
     number = 0
     with open_bytes(path) as f:
         for number, raw in enumerate(_lines_naming(path, f), 1):
-            kind = None
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                kind = "not_utf8"
-            else:
-                line = line.rstrip("\n").rstrip("\r")
-                columns = line.split("\t")
-                if not line.strip():
-                    kind = "blank"
-                elif len(columns) == 1:
-                    kind = "no_tab"
-                elif len(columns) > 2:
-                    kind = "extra_columns"
-                elif not columns[0].strip() or not columns[1].strip():
-                    kind = "empty_side"
-            if kind:
-                counts.skip(kind, number)
+            line = parse_line(raw)
+            if line.kind:
+                counts.skip(line.kind, number)
                 continue
             counts.pairs += 1
-            yield columns[0], columns[1]
+            yield line.source, line.english
     pairs, skipped = counts.pairs - before[0], counts.skipped - before[1]
     if stats is not None:
         stats["pairs"] = stats.get("pairs", 0) + pairs
@@ -311,6 +340,16 @@ def read_pairs(path: str, stats: Optional[dict] = None,
         raise DataFileError(f"{path}: no well-formed pairs (source<TAB>English, both "
                             "non-empty): " + (counts.describe() if number else
                                               "the file is empty"), path)
+
+
+def check_pair_file(path: str) -> None:
+    """Raises `DataFileError` (naming `path` and what its lines were) unless the
+    file holds a well-formed pair; reads it only up to its first one."""
+    pairs = read_pairs(path)
+    try:
+        next(pairs)
+    finally:
+        pairs.close()
 
 
 def find_tatoeba_languages(tatoeba_dir: str) -> List[str]:

@@ -170,3 +170,41 @@ def test_sample_pairs_counts_what_it_skipped_in_each_file(tmp_path):
     assert corpus.describe() == (
         "corpus: 40 pairs from 2 files; 3 lines skipped in 1 file: 1 with no tab, 1 with more "
         "than two columns, 1 not UTF-8 (fra-eng.tsv: 3)")
+
+
+# === Issue 62, item 2: one definition of a corpus line (the stream keeps it too:
+# tests/train/test_data.py::test_the_stream_trains_on_exactly_the_pairs_the_corpus_reader_counts)
+
+def test_a_line_is_read_one_way_whatever_its_line_ends_and_whitespace():
+    """Every CR is dropped (TensorFlow's line reader drops them all), and a side of
+    any whitespace `str.strip()` strips is empty, as the stream reads it."""
+    import sys
+
+    from lealla_tf.parallel_corpus import WHITESPACE, Line, parse_line
+
+    assert set(WHITESPACE) == {chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()}
+    assert parse_line(b"Maus\r\tmouse\r\r\n") == Line(None, "Maus", "mouse")
+    assert parse_line(b"\xe2\r\x82\xac\tEuro") == Line(None, "\u20ac", "Euro")
+    assert parse_line("\u00a0\tno-break space\n".encode()) == Line("empty_side")
+    assert parse_line(b"\x1c\t\n") == Line("blank")
+    assert parse_line(b"a\tb\t\n") == Line("extra_columns")
+    assert parse_line(b"\xff\tb\tc\n") == Line("not_utf8")
+
+
+def test_a_file_is_checked_for_a_pair_up_to_its_first_one(tmp_path):
+    """The main job checks every corpus file before it writes anything: a file with
+    a pair passes having been read to it, one with none is refused naming it."""
+    import gzip
+    import os
+
+    from lealla_tf.parallel_corpus import DataFileError, check_pair_file
+
+    data = gzip.compress(b"chat\tcat\n" + os.urandom(1 << 20).hex().encode())
+    cut = write_lines(tmp_path / "fra-eng.tsv.gz", data[:len(data) // 2])  # a cut stream
+    check_pair_file(cut)
+    with pytest.raises(DataFileError, match="unreadable or corrupt"):
+        list(read_pairs(cut))
+    bad = write_lines(tmp_path / "ita-eng.tsv", b"no tab\ncane\tdog\textra\n")
+    with pytest.raises(DataFileError) as raised:
+        check_pair_file(bad)
+    assert raised.value.path == bad and "1 with no tab (line 1)" in str(raised.value)

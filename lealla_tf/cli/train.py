@@ -1,5 +1,10 @@
 r"""Train a LEALLA student by distillation: `python -m lealla_tf.train`.
 
+On a CPU, start with the main job instead: `python -m lealla_tf.recipe` (what
+`make main` runs; `--data_dir` for your own pairs) plans the student's steps to a
+time budget on this machine, then exports and evaluates it. This command's default
+step counts are the paper's, sized for accelerators.
+
     python -m lealla_tf.train --preset=lealla_small --vocab_file=runs/vocab.txt \
         --train_data=runs/pairs_with_teacher --model_dir=runs/small \
         --tatoeba_dir=../shared/data/tatoeba_dev \

@@ -11,8 +11,13 @@ from typing import Dict
 from lealla_tf.evaluation.plots import plot_per_language, plot_training
 from lealla_tf.evaluation.tatoeba import TATOEBA_PRIMARY_METRIC, per_language
 from lealla_tf.folder_lock import release_folder
+from lealla_tf.losses.objectives import parse_objective
 from lealla_tf.machine import machine
-from lealla_tf.parallel_corpus import find_parallel_files, find_tatoeba_languages
+from lealla_tf.parallel_corpus import (
+    check_pair_file,
+    find_parallel_files,
+    find_tatoeba_languages,
+)
 from lealla_tf.recipe.corpus import news_set_stage, sample_stage, vocabulary_stage
 from lealla_tf.recipe.evaluations import evaluate_stage, mine_stage, news_stage
 from lealla_tf.recipe.planner import (
@@ -128,16 +133,33 @@ def check_flags(config: RecipeConfig) -> None:
     if config.progressive_depth and not config.train_steps:
         raise ValueError("--progressive_depth needs --train_steps: the plan times the first "
                          "steps, which skip layers, and would give the run too many")
+    # A misspelt comparison objective failed only where its student was configured,
+    # after the teacher stage had written the work dir.
+
+    for flag in ("objective", "comparison_objective"):
+        value = getattr(config, flag)
+        if flag == "comparison_objective" and not value:
+            continue  # none: no comparison student
+        try:
+            parse_objective(value)
+        except ValueError as error:
+            raise ValueError(f"--{flag}={value}: {error}") from None
 
 
 def check_inputs(config: RecipeConfig, data_dir) -> None:
     """Every input and flag checked before anything is written: Tatoeba dev has
-    complete languages, parallel/ has pair files, the flags agree."""
+    complete languages, parallel/ has pair files, each holding a well-formed
+    pair, the flags agree."""
+
     if not find_tatoeba_languages(str(data_dir / "tatoeba_dev")):
         raise FileNotFoundError(f"{data_dir / 'tatoeba_dev'} holds no Tatoeba language "
                                 "(tatoeba.<xxx>-eng.<xxx> and tatoeba.<xxx>-eng.eng)")
-    find_parallel_files([str(data_dir / "parallel")])  # names a directory with no pairs
+    files = find_parallel_files([str(data_dir / "parallel")])  # names a dir with no pairs
     check_flags(config)
+    # A file with no usable line was refused only by the sample stage, after the
+    # teacher stage had written the work dir; each file is read up to its first pair.
+    for parallel_file in files:
+        check_pair_file(parallel_file.path)
 
 
 def run_recipe(config: RecipeConfig, fresh: bool = False) -> dict:

@@ -1,11 +1,11 @@
 """Training data: parallel pairs -> language-balanced, tokenized batches in tf.data.
 
-Inputs are TSV (`xx<TAB>en`, plain or .gz) or TFRecord pair records (the schema
-is `lealla_tf.records`': `src_raw`, `tgt_raw` and optionally the teacher
-vectors `teacher_src`, `teacher_tgt`, written by
-`beam_pipelines/embed_corpus.py --pairs`). A file's language comes from its
-name (`lealla_tf.parallel_corpus.language_of`). Pairs seen in evaluation data
-are dropped in the stream (`lealla_tf.train.decontamination`).
+Inputs are TSV (`xx<TAB>en`, plain or .gz; the stream takes the lines the pair
+counts take, `parse_lines`) or TFRecord pair records (the schema is
+`lealla_tf.records`': `src_raw`, `tgt_raw` and optionally the teacher vectors
+`teacher_src`, `teacher_tgt`, written by `beam_pipelines/embed_corpus.py --pairs`).
+A file's language comes from its name (`lealla_tf.parallel_corpus.language_of`).
+Pairs seen in evaluation data are dropped in the stream (`lealla_tf.train.decontamination`).
 
 The pair stream is a pure function of the seed: resuming at step k skips
 exactly k global batches (before tokenization, so it is cheap: k batches of
@@ -26,6 +26,11 @@ from lealla_tf.configs import DataConfig
 from lealla_tf.machine import usable_cpus
 from lealla_tf.mining.run_folders import manifest_files, read_manifest
 from lealla_tf.parallel_corpus import (
+    LINE_CHECKS,
+    SEPARATOR,
+    WHITESPACE,
+    CorpusCounts,
+    LineCounts,
     ParallelFile,
     find_parallel_files,
     language_of,
@@ -45,6 +50,7 @@ from lealla_tf.train.decontamination import Decontaminator
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecord.gz", ".tfrecords")
 SOURCE, TARGET = PAIR_SOURCE, PAIR_TARGET
 LANGUAGE = "language"
+KIND = "kind"  # a TSV line's kind (`parse_lines`): "" for a pair
 
 
 def find_training_files(patterns: Sequence[str]) -> List[ParallelFile]:
@@ -82,32 +88,38 @@ def find_training_files(patterns: Sequence[str]) -> List[ParallelFile]:
     return files
 
 
-def count_pairs(path: str) -> int:
-    """Well-formed pairs in a TSV file, or records in a TFRecord file.
-
-    Raises ValueError naming the file when it is corrupt (a broken gzip
-    stream, a truncated TFRecord) or not UTF-8 where it must be.
-    """
+def count_pairs(path: str, counts: Optional[LineCounts] = None) -> int:
+    """Well-formed pairs in a TSV file, or records in a TFRecord file; `counts` gets
+    them, and a TSV file's skipped lines by kind (`read_pairs`). Raises ValueError
+    naming the file when it is corrupt (a broken gzip stream, a truncated TFRecord)
+    or holds no well-formed pair."""
+    counts = counts if counts is not None else LineCounts(path)
     if path.endswith(TFRECORD_SUFFIXES):
         compression = "GZIP" if path.endswith(".gz") else ""
         first_record_features(path)  # a foreign schema fails here, naming the file
         try:
-            return int(tf.data.TFRecordDataset(path, compression_type=compression).reduce(
+            records = int(tf.data.TFRecordDataset(path, compression_type=compression).reduce(
                 tf.constant(0, tf.int64), lambda n, _: n + 1))
         except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
             raise ValueError(f"{path}: corrupt or truncated TFRecord file "
                              f"({error.message.splitlines()[0]})") from None
+        counts.pairs += records
+        return records
     try:
-        return sum(1 for _ in read_pairs(path))
+        return sum(1 for _ in read_pairs(path, counts=counts))
     except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as error:
         raise ValueError(f"{path}: unreadable or corrupt file ({error})") from None
 
 
-def language_sizes(files: List[ParallelFile]) -> Dict[str, int]:
-    """Pairs per language; ValueError when no file holds a well-formed pair."""
+def language_sizes(files: List[ParallelFile],
+                   line_counts: Optional[CorpusCounts] = None) -> Dict[str, int]:
+    """Pairs per language; ValueError when no file holds a well-formed pair.
+    `line_counts` gets each file's pairs and skipped lines (`count_pairs`)."""
+    line_counts = line_counts if line_counts is not None else CorpusCounts()
     sizes = collections.Counter()
     for parallel_file in files:
-        sizes[parallel_file.language] += count_pairs(parallel_file.path)
+        sizes[parallel_file.language] += count_pairs(parallel_file.path,
+                                                     line_counts.file(parallel_file.path))
     if not any(sizes.values()):
         raise ValueError("no well-formed pairs (source<TAB>English, both non-empty) in "
                          + ", ".join(f.path for f in files[:5])
@@ -115,24 +127,49 @@ def language_sizes(files: List[ParallelFile]) -> Dict[str, int]:
     return dict(sizes)
 
 
-def _tsv_pairs(paths: List[str]):
-    compression = "GZIP" if all(p.endswith(".gz") for p in paths) else None
-    if compression is None and any(p.endswith(".gz") for p in paths):
-        return _tsv_pairs([p for p in paths if p.endswith(".gz")]).concatenate(
-            _tsv_pairs([p for p in paths if not p.endswith(".gz")]))
-    lines = tf.data.TextLineDataset(paths, compression_type=compression or "")
+LINES_AT_ONCE = 256  # lines `parse_lines` checks in one call: vectorised, not op by op
+# A string of whitespace alone (`parallel_corpus.WHITESPACE`), for RE2.
+_WHITESPACE_ONLY = "[" + "".join(f"\\x{{{ord(c):x}}}" for c in WHITESPACE) + "]*"
 
-    def parse(line):
-        parts = tf.strings.split(line, "\t", maxsplit=1)
-        parts = tf.concat([parts, ["", ""]], axis=0)[:2]
-        return {SOURCE: parts[0], TARGET: parts[1]}
 
-    def well_formed(pair):
-        return tf.logical_and(tf.strings.length(tf.strings.strip(pair[SOURCE])) > 0,
-                              tf.strings.length(tf.strings.strip(pair[TARGET])) > 0)
+def parse_lines(lines):
+    """`parallel_corpus.parse_line` in TensorFlow ops, for a vector of lines as
+    TextLineDataset reads them: {KIND: "" for a pair, else its kind; SOURCE, TARGET}.
+    A line is UTF-8 when replacing what is not changes nothing; a side is empty when
+    RE2 matches it to `WHITESPACE`; the kind is the first of `LINE_CHECKS` that holds."""
+    text = tf.strings.unicode_transcode(lines, "UTF-8", "UTF-8", errors="replace",
+                                        replacement_char=0xFFFD)
+    columns = tf.strings.split(text, SEPARATOR)
+    count, sides = columns.row_lengths(), columns.to_tensor("", shape=[None, 2])
+    blank = tf.strings.regex_full_match(tf.stack([text, sides[:, 0], sides[:, 1]]),
+                                        _WHITESPACE_ONLY)  # the line, either side
+    holds = {"not_utf8": tf.not_equal(text, lines), "blank": blank[0],
+             "no_tab": tf.equal(count, 1), "extra_columns": count > 2,
+             "empty_side": tf.logical_or(blank[1], blank[2])}
+    kind = tf.fill(tf.shape(lines), "")
+    for check in reversed(LINE_CHECKS):
+        kind = tf.where(holds[check], check, kind)
+    return {KIND: kind, SOURCE: sides[:, 0], TARGET: sides[:, 1]}
 
-    return lines.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).filter(
-        well_formed)
+
+def tsv_lines(paths: List[str], pairs_only: bool = False):
+    """Every line of TSV files `paths`, in order, as `parse_lines` reads it; with
+    `pairs_only`, the pairs alone ({SOURCE, TARGET}: what `read_pairs` yields)."""
+    if any(p.endswith(".gz") for p in paths) and not all(p.endswith(".gz") for p in paths):
+        return tsv_lines([p for p in paths if p.endswith(".gz")], pairs_only).concatenate(
+            tsv_lines([p for p in paths if not p.endswith(".gz")], pairs_only))
+    lines = tf.data.TextLineDataset(paths, compression_type="GZIP" if paths[0].endswith(
+        ".gz") else "")
+
+    def parse(batch):
+        parsed = parse_lines(batch)
+        if not pairs_only:
+            return parsed
+        pair = tf.equal(parsed.pop(KIND), "")
+        return {key: tf.boolean_mask(value, pair) for key, value in parsed.items()}
+
+    return lines.batch(LINES_AT_ONCE).map(
+        parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
 
 
 def _record_pairs(paths: List[str], teacher_dim: Optional[int], has_source: bool = True):
@@ -249,7 +286,7 @@ def pair_dataset(config: DataConfig, global_batch_size: int, steps_done: int = 0
             if teacher_dim:
                 raise ValueError(f"{language}: precomputed teacher vectors need TFRecord "
                                  "inputs (beam_pipelines/embed_corpus.py --pairs)")
-            pairs = _tsv_pairs(tsvs)
+            pairs = tsv_lines(tsvs, pairs_only=True)
         if decontaminator is not None:
             pairs = pairs.filter(lambda p: decontaminator.keep(p[SOURCE], p[TARGET]))
         # The language's index (sorted codes; English is len(languages)).

@@ -4,8 +4,9 @@ vocab_file) -> summary`.
 What `python -m lealla_tf.train` and the main job both call: everything before
 the first step, then the `Trainer` (`lealla_tf.train.trainer`, which runs the
 steps). It finds and checks the data (every file readable, at least one
-well-formed pair) BEFORE anything is written, builds the teacher, resolves the
-config's defaults from the tokenizer and the teacher
+well-formed pair; the lines skipped are printed by kind) BEFORE anything is
+written, builds the teacher, resolves the config's defaults from the tokenizer
+and the teacher
 (`lealla_tf.train.resolution.resolve_train_config`), refuses to resume a model
 directory with other settings, takes the model directory's one-writer lock,
 writes `config.json`, and runs the `DistillationTask` with a `Trainer`.
@@ -28,6 +29,7 @@ from lealla_tf.models.model_dir import (
     read_model_config,
     write_model_config,
 )
+from lealla_tf.parallel_corpus import CorpusCounts
 from lealla_tf.teachers.sources import build_teacher
 from lealla_tf.train.data import find_training_files, language_sizes, precomputed_teacher_layout
 from lealla_tf.train.distribution import worker_role
@@ -74,7 +76,11 @@ def prepare(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = Non
         raise ValueError(f"--global_batch_size={config.global_batch_size} is not divisible by "
                          f"{strategy.num_replicas_in_sync} replicas")
     files = find_training_files(config.data.train_data)
-    sizes = language_sizes(files)
+    corpus = CorpusCounts()
+    sizes = language_sizes(files, corpus)
+    # The pairs read and the lines skipped, by kind and file, as the main job's
+    # sample says them: the stream skips the same lines (`parallel_corpus.parse_line`).
+    print(corpus.describe(), flush=True)
     tokenizer = build_tokenizer(config.tokenizer, vocab_file)
     with strategy.scope():
         layers = build_teacher_layers(config, tokenizer) if config.teacher.in_step else None

@@ -462,3 +462,36 @@ def test_precomputed_english_only_vectors_are_not_silently_used_both_ways(
     args = [f"--model_dir={tmp_path / 'm'}", f"--train_data={tmp_path / 'records'}",
             f"--vocab_file={sentence_vocab_file}", "--objective=ams+fd"]
     assert_one_line_error(capsys, main(args), "--teacher_english_only")
+
+
+# === Issue 62 ===
+
+def test_train_prints_the_lines_it_skips_by_kind(train_args, tmp_path, capsys):
+    """A file of 40 pairs and 20 bad lines trained on 50 "pairs" (a third column
+    in the English side, bytes that are not UTF-8 as they were), said nothing,
+    and weighed the language by 40. The main job's `corpus:` line says it now."""
+    data = tmp_path / "odd"
+    data.mkdir()
+    lines = [f"Hund {i}\tdog {i}\n".encode() for i in range(40)]
+    lines += [f"kein Tab {i}\n".encode() for i in range(5)]
+    lines += [f"Katze {i}\tcat {i}\t0.9\n".encode() for i in range(5)]
+    lines += [f"Gr\xfc\xdfe {i}\tgreetings {i}\n".encode("latin-1") for i in range(5)]
+    lines += [f"\tbird {i}\n".encode() for i in range(5)]
+    (data / "deu-eng.tsv").write_bytes(b"".join(lines[i] for i in np.random.default_rng(
+        0).permutation(len(lines))))
+    assert main(train_args(data=str(data))) == 0
+    out = capsys.readouterr().out
+    assert ("corpus: 40 pairs from 1 file; 20 lines skipped in 1 file: 5 with no tab, 5 with "
+            "more than two columns, 5 with an empty side, 5 not UTF-8 (deu-eng.tsv: 20)") in out
+
+
+def test_help_points_a_cpu_user_to_the_main_job(capsys):
+    """--help gave the paper's step count and no word of the command sized for
+    the machine it runs on."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    description = capsys.readouterr().out.split("\noptions:")[0]
+    pointer = next((p for p in description.split("\n\n") if "lealla_tf.recipe" in p), "")
+    assert "python -m lealla_tf.recipe" in pointer and "make main" in pointer
+    assert "--data_dir" in pointer and "CPU" in pointer
+    assert not any(c.isdigit() for c in pointer)  # no timings: they go stale

@@ -495,3 +495,19 @@ def test_the_main_job_on_your_own_pairs_learns(shared_data, tmp_path, capsys):
     assert curve[-1]["p_at_1"] > curve[0]["p_at_1"] + 0.05, curve
     assert (work / "export" / "lealla_small" / "saved_model.pb").exists()
     assert (work / "report" / "summary.md").read_text().startswith("# The main job")
+
+
+def test_a_corpus_file_with_no_pair_and_a_bad_comparison_objective_are_refused_first(
+        tiny_data, tmp_path, capsys, stages_never_start):
+    """Both were refused only after the teacher stage, leaving a work dir behind (and
+    a misspelt --objective was refused naming no flag)."""
+    work = tmp_path / "w"
+    for flag in ("--comparison_objective", "--objective"):
+        code = main([f"--data_dir={tiny_data}", f"--work_dir={work}", f"{flag}=ams+fdd"])
+        assert_one_line_stderr(code, capsys.readouterr().err, f"{flag}=ams+fdd", "fdd")
+        assert not work.exists()
+    bad = tiny_data / "parallel" / "corpus" / "ita-eng.tsv.gz"
+    bad.write_bytes(gzip.compress(b"no tab\ncane\tdog\textra\n"))
+    code = main([f"--data_dir={tiny_data}", f"--work_dir={work}"])
+    assert_one_line_stderr(code, capsys.readouterr().err, str(bad), "no well-formed pairs")
+    assert not work.exists()

@@ -228,3 +228,62 @@ def test_input_pipeline_stays_off_the_steps_cores_on_a_small_host(tmp_path, tiny
     assert batches.options().autotune.enabled is False
     first = next(iter(batches))
     assert first["source"]["input_word_ids"].shape[0] == 4
+
+
+# === Issue 62, item 2: one definition of a corpus line, for the stream and the counts ===
+
+EVERY_KIND_OF_LINE = [
+    b"Hund\tdog\n", b"no tab here\n", b"chien\tdog\t0.93\n", b"ch\xe9ri\tdarling\n",
+    b"\tonly English\n", b"only source\t\n", b"\xc2\xa0\tno-break space\n",
+    b"\xe3\x80\x80\tideographic space\n", b"\x1c\tfile separator\n", b"  \t \n", b"\n",
+    b"\r\n", b"Katze\tcat\r\n", b"Maus\r\tmouse\n", b"\xe2\r\x82\xac\tEuro\n",
+    b"\xed\xa0\x80\tsurrogate\n", b"\xc0\x80\toverlong\n", b"\xef\xbb\xbfBOM\tbom\n",
+    b"a\x00b\tnul\n", b"Vogel\tbird\t\n", b"\xff\tno\ttab\n", b"last\tline, no newline"]
+# Pieces of random lines: the separator, the whitespace of either reader, and bytes
+# that are UTF-8 only in some orders.
+LINE_PIECES = [b"a", b"\xc3\xa9", b"\t", b" ", b"\r", b"\xc2\xa0", b"\xc2\x85", b"\x0b",
+               b"\xe3\x80\x80", b"\xff", b"\xe2\x82", b"\xac", b"\xf0\x9f\x98\x80"]
+
+
+def every_kind_of_line(seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    generated = [b"".join(rng.choice(LINE_PIECES, size=rng.integers(0, 7))) + b"\n"
+                 for _ in range(300)]
+    return b"".join(EVERY_KIND_OF_LINE[:-1] + generated + EVERY_KIND_OF_LINE[-1:])
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
+def test_the_stream_trains_on_exactly_the_pairs_the_corpus_reader_counts(tmp_path, gz):
+    """The stream split lines on their first tab: a third column rode into the
+    English side and bytes that are not UTF-8 were trained on, while the pair
+    count (the language weights) skipped both. Both now read a line one way."""
+    import gzip
+
+    from lealla_tf.parallel_corpus import read_pairs
+    from lealla_tf.train.data import SOURCE, TARGET
+
+    raw = every_kind_of_line()
+    path = tmp_path / ("fra-eng.tsv.gz" if gz else "fra-eng.tsv")
+    path.write_bytes(gzip.compress(raw) if gz else raw)
+    expected = [(s.encode(), e.encode()) for s, e in read_pairs(str(path))]
+    # One pass of the stream, in file order (a shuffle buffer of 1), is these pairs.
+    pairs, info = pair_dataset(DataConfig([str(path)], shuffle_buffer=1), 1)
+    assert info["sizes"] == {"fra": len(expected)}
+    streamed = [(p[SOURCE], p[TARGET]) for p in take(pairs, len(expected) + 1)]
+    assert streamed[:-1] == expected and streamed[-1] == expected[0]
+    # Line by line, the two readers give every line the same kind and sides.
+    from lealla_tf.parallel_corpus import parse_line
+    from lealla_tf.train.data import KIND, tsv_lines
+
+    lines = raw.split(b"\n")
+    python = [parse_line(line) for line in lines[:-1] + [lines[-1]] * bool(lines[-1])]
+    stream = take(tsv_lines([str(path)]), len(python) + 1)
+    assert len(stream) == len(python)
+    for number, (mine, theirs) in enumerate(zip(python, stream), 1):
+        kind = theirs[KIND].decode()
+        assert (mine.kind or "") == kind, (number, lines[number - 1], mine, theirs)
+        if not kind:
+            assert (mine.source.encode(), mine.english.encode()) == (
+                theirs[SOURCE], theirs[TARGET]), (number, lines[number - 1])
+    assert {line.kind for line in python} >= {None, "no_tab", "extra_columns", "not_utf8",
+                                              "empty_side", "blank"}
