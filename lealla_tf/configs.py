@@ -222,6 +222,10 @@ class LossConfig:
         temperature: T of logit distillation (100).
         weights: per-term weights; after resolution every term of the
             objective has one (the row's default unless given here).
+        distilled_rows: the share of each replica's pairs (its first rows)
+            that the teacher runs on and that the terms reading it (fd, ld,
+            hd, ...) average over; the other terms (AMS) read every pair.
+            1: the teacher sees the whole batch.
     """
 
     objective: str = "lealla"
@@ -229,6 +233,7 @@ class LossConfig:
     margin: float = 0.3
     temperature: float = 100.0
     weights: Dict[str, float] = dataclasses.field(default_factory=dict)
+    distilled_rows: float = 1.0
 
 
 @dataclasses.dataclass

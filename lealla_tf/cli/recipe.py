@@ -94,6 +94,9 @@ def build_parser():
         help="the students' global gradient-norm clip; 0: none")
     add("--scale", type=float, default=defaults.scale, help="the AMS term's scale")
     add("--margin", type=float, default=defaults.margin, help="the AMS term's additive margin")
+    add("--distilled_rows", type=float, default=defaults.distilled_rows,
+        help="the share of each batch's pairs the teacher runs on and the distillation terms "
+             "read (AMS reads every pair); 1: all")
     add("--progressive_depth", type=float, default=defaults.progressive_depth,
         help="the share of the students' steps that skip the pass-through layers of weight "
              "selection (inserted, as initialised, for the rest; needs --train_steps); 0: "
@@ -153,6 +156,7 @@ def config_from_args(args) -> RecipeConfig:
         learning_rate=args.learning_rate,
         warmup_steps=args.warmup_steps, decay_fraction=args.decay_fraction,
         clip_norm=args.clip_norm, scale=args.scale, margin=args.margin,
+        distilled_rows=args.distilled_rows,
         progressive_depth=args.progressive_depth,
         eval_every=args.eval_every,
         eval_max_pairs=args.eval_max_pairs, keep_checkpoints=args.keep_checkpoints,

@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--scale", type=float, default=100.0)
     add("--margin", type=float, default=0.3)
     add("--temperature", type=float, default=100.0)
+    add("--distilled_rows", type=float, default=1.0,
+        help="the share of each batch's pairs the teacher runs on and the distillation terms "
+             "read (AMS reads every pair); 1: all")
     add("--embedding_init", default="random",
         help=f"one of {', '.join(EMBEDDING_INITS)} (needs --embedding_init_source)")
     add("--embedding_init_source", default="", help="teacher module for --embedding_init")
@@ -166,7 +169,8 @@ def config_from_flags(args):
                               center_pairs=args.teacher_center_pairs,
                               in_step=args.teacher_in_step),
         loss=LossConfig(objective=objective, scale=args.scale, margin=args.margin,
-                        temperature=args.temperature, weights=parse_weights(args.loss_weights)),
+                        temperature=args.temperature, weights=parse_weights(args.loss_weights),
+                        distilled_rows=args.distilled_rows),
         optimizer=OptimizerConfig(learning_rate=args.learning_rate,
                                   warmup_steps=args.warmup_steps,
                                   weight_decay=args.weight_decay, clip_norm=args.clip_norm,

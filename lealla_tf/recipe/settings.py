@@ -171,6 +171,8 @@ class RecipeConfig:
             holds the peak rate first (warmup-stable-decay,
             `RECIPE_DECAY_FRACTION`).
         scale, margin: the AMS term's (`LossConfig`; the margin `RECIPE_MARGIN`).
+        distilled_rows: the share of each batch's pairs the in-step teacher
+            runs on and the distillation terms read (`LossConfig`).
         progressive_depth: the share of the students' steps that skip the
             pass-through layers (`TrainConfig`); needs --train_steps.
         comparison_learning_rate: the comparison student's peak rate, its own
@@ -211,6 +213,7 @@ class RecipeConfig:
     clip_norm: float = 1.0
     scale: float = 100.0
     margin: float = RECIPE_MARGIN
+    distilled_rows: float = 1.0
     progressive_depth: float = 0.0
     teacher_center: bool = False
     eval_every: int = 0

@@ -112,6 +112,7 @@ def train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_dir: str
         teacher=TeacherConfig(english_only=not teacher["multilingual"],
                               center=config.teacher_center, in_step=in_step),
         loss=LossConfig(objective=objective, scale=config.scale, margin=config.margin,
+                        distilled_rows=config.distilled_rows,
                         weights=dict(loss_weights)),
         optimizer=OptimizerConfig(
             learning_rate=config.learning_rate, decay_fraction=config.decay_fraction,

@@ -99,6 +99,8 @@ def validate_train_config(config: TrainConfig) -> None:
             f"--encoder_overrides=max_sequence_length={config.tokenizer.max_seq_length}")
     if config.loss.temperature <= 0 or config.loss.scale <= 0:
         raise ValueError("--temperature and --scale must be positive")
+    if not 0 < config.loss.distilled_rows <= 1:  # NaN fails too
+        raise ValueError(f"--distilled_rows must be in (0, 1], got {config.loss.distilled_rows}")
 
 
 def resolve_train_config(config: TrainConfig, vocabulary_size: int,

@@ -35,6 +35,7 @@ too, and the gradients' all-reduce and the optimizer run between compiled
 steps.
 """
 
+import math
 from typing import Dict, List, Optional
 
 import tensorflow as tf
@@ -223,18 +224,64 @@ class DistillationTask:
 
     def _local_terms(self, batch, training):
         """The forward pass (student, teacher) and the terms that need only this
-        replica's rows: (the vectors of `TermInputs`, {term: loss})."""
+        replica's rows: (the vectors of `TermInputs`, {term: loss}). With
+        `distilled_rows` below 1 the teacher runs on the batch's first rows
+        only, and the terms that read it see those rows (`_distilled_part`)."""
+        teacher_batch = self._distilled_batch(batch)
         teacher_vectors = (None, None)
         if self.uses_teacher:
-            teacher_vectors = self.teacher.vectors(batch)
+            teacher_vectors = self.teacher.vectors(teacher_batch)
         outputs = self.student(batch, teacher_vectors, training=training)
         vectors = {"student_source": outputs.source, "student_target": outputs.target,
                    "pooled_source": outputs.pooled_source,
                    "pooled_target": outputs.pooled_target,
                    "teacher_source": teacher_vectors[0], "teacher_target": teacher_vectors[1]}
         local = [t for t in self.terms if not OBJECTIVES[t].gathers]
-        inputs = self._term_inputs(batch, vectors, (outputs.hidden_source, outputs.hidden_target))
-        return vectors, compute_terms(local, inputs, self.config.global_batch_size)
+        hidden = (outputs.hidden_source, outputs.hidden_target)
+        if teacher_batch is batch:
+            inputs = self._term_inputs(batch, vectors, hidden)
+            return vectors, compute_terms(local, inputs, self.config.global_batch_size)
+        rows = _rows(teacher_batch)
+        vectors.update({f"{name}_distilled": _first(vectors[name], rows)
+                        for name in DISTILLED_GATHERED})
+        part = self._distilled_part(vectors)
+        terms = compute_terms([t for t in local if not reads_teacher(t)],
+                              self._term_inputs(batch, vectors, hidden),
+                              self.config.global_batch_size)
+        terms.update(compute_terms(
+            [t for t in local if reads_teacher(t)],
+            self._term_inputs(teacher_batch, part, tuple(
+                None if h is None else [_first(x, rows) for x in h] for h in hidden)),
+            self._distilled_batch_size()))
+        return vectors, terms
+
+    def _distilled_batch(self, batch):
+        """The rows the teacher runs on: the whole batch, or its first
+        `distilled_rows` share (at least one row) when some term reads the teacher."""
+        share = self.config.loss.distilled_rows
+        if share >= 1 or not any(reads_teacher(t) for t in self.terms):
+            return batch
+        size = tf.shape(batch["source"]["input_word_ids"])[0]
+        rows = tf.maximum(1, tf.cast(tf.math.ceil(share * tf.cast(size, tf.float32)), tf.int32))
+        return {side: ({name: value[:rows] for name, value in features.items()}
+                       if side in ("source", "target") else features)
+                for side, features in batch.items()}
+
+    def _distilled_batch_size(self):
+        """The global batch of the distilled rows, which their terms average over."""
+        share = self.config.loss.distilled_rows
+        replicas = self.strategy.num_replicas_in_sync
+        per_replica = self.config.global_batch_size // replicas
+        return replicas * max(1, math.ceil(share * per_replica - 1e-9))
+
+    @staticmethod
+    def _distilled_part(vectors):
+        """`vectors` with the distilled rows' student vectors under the plain names
+        (the teacher's already cover only those rows)."""
+        part = dict(vectors)
+        part.update({name: vectors[f"{name}_distilled"] for name in DISTILLED_GATHERED
+                     if vectors.get(f"{name}_distilled") is not None})
+        return part
 
     def _global_terms(self, batch, vectors, candidates, offset):
         """The terms over the global batch, given this replica's `vectors`, the
@@ -246,9 +293,21 @@ class DistillationTask:
                 raise ValueError(f"a term gathers a tensor other than {GATHERED}: add it there")
             return known[x.ref()]
 
-        inputs = self._term_inputs(batch, vectors, gather=gather, offset=offset)
-        return compute_terms([t for t in self.terms if OBJECTIVES[t].gathers], inputs,
-                             self.config.global_batch_size)
+        gathered = [t for t in self.terms if OBJECTIVES[t].gathers]
+        if "student_source_distilled" not in vectors:
+            inputs = self._term_inputs(batch, vectors, gather=gather, offset=offset)
+            return compute_terms(gathered, inputs, self.config.global_batch_size)
+        terms = compute_terms([t for t in gathered if not reads_teacher(t)],
+                              self._term_inputs(batch, vectors, gather=gather, offset=offset),
+                              self.config.global_batch_size)
+        local = tf.shape(batch["source"]["input_word_ids"])[0]
+        rows = tf.shape(vectors["student_source_distilled"])[0]
+        terms.update(compute_terms(
+            [t for t in gathered if reads_teacher(t)],
+            self._term_inputs(batch, self._distilled_part(vectors), gather=gather,
+                              offset=offset // local * rows),
+            self._distilled_batch_size()))
+        return terms
 
     def replica_gradients(self, batch):
         """(terms, weighted total, gradients) on one replica; the gradients are
@@ -284,8 +343,27 @@ class DistillationTask:
         return self.student.embed_function(self.tokenizer, self.teacher)
 
 
+# The student's vectors that the terms reading the teacher see on the distilled
+# rows only (`LossConfig.distilled_rows`), under these names + "_distilled".
+DISTILLED_GATHERED = ("student_source", "student_target", "pooled_source", "pooled_target")
 # The `TermInputs` vectors a term over the global batch may gather across replicas.
-GATHERED = ("student_source", "student_target", "teacher_source", "teacher_target")
+GATHERED = ("student_source", "student_target", "teacher_source", "teacher_target",
+            "student_source_distilled", "student_target_distilled")
+
+
+def reads_teacher(term: str) -> bool:
+    """Whether a term reads the teacher: its vectors, or its layers (hd)."""
+    row = OBJECTIVES[term]
+    return row.needs_teacher or TEACHER_LAYERS in row.heads
+
+
+def _rows(batch):
+    return tf.shape(batch["source"]["input_word_ids"])[0]
+
+
+def _first(x, rows):
+    """The first `rows` rows of `x` (None stays None)."""
+    return None if x is None else x[:rows]
 
 
 def _not_gathered(_):

@@ -364,3 +364,46 @@ def test_a_run_killed_after_its_replan_resumes_to_the_replanned_end(
     steps = [e["step"] for e in reference["evaluations"]]
     assert steps == [0, 3, 6, 9, 12]
     assert [e["step"] for e in resumed["evaluations"]] == steps
+
+
+def test_distilled_rows_run_the_teacher_on_the_first_rows_only(teacher, tiny_parallel_dir,
+                                                               tmp_path):
+    """--distilled_rows=0.5: AMS reads all 8 pairs; the teacher runs on the first
+    4 and the terms that read it (fd, ld, hd) equal those of a whole-batch task
+    given only those 4 pairs (each term the mean over its own rows); a run
+    with it trains."""
+    import dataclasses as dc
+
+    directory, _, pieces = teacher
+    config = tiny_config(len(pieces), tiny_parallel_dir, "ams+fd+ld+hd",
+                         embedding_init="teacher_select", embedding_init_source=directory,
+                         teacher=TeacherConfig(in_step=True))
+    config.encoder = config.encoder.replace(vocabulary_size=len(pieces), num_layers=4,
+                                            pooling="mean", max_sequence_length=24)
+    vocab = os.path.join(directory, SENTENCEPIECE_FILE)
+    half = dc.replace(config, loss=dc.replace(config.loss, distilled_rows=0.5))
+    whole = Trainer(config, str(tmp_path / "whole"), None, vocab, progress=False).task
+    part = Trainer(half, str(tmp_path / "part"), None, vocab, progress=False).task
+    for task in (whole, part):
+        task.initialize_weights()
+    for mine, theirs in zip(part.heads.trainable_weights + part.student.trainable_weights,
+                            whole.heads.trainable_weights + whole.student.trainable_weights):
+        mine.assign(theirs)
+    batch = next(iter(whole.dataset()))
+    first = {side: {k: v[:4] for k, v in value.items()} if side in ("source", "target")
+             else value for side, value in batch.items()}
+
+    def terms(task, rows):
+        return {k: float(v) for k, v in task.loss_terms(rows, training=False).items()}
+
+    on_half, on_first, on_all = terms(part, batch), terms(whole, first), terms(whole, batch)
+    scale = 4 / 8  # the whole-batch task divides the 4 rows' sums by its global batch of 8
+    np.testing.assert_allclose(on_half["ams"], on_all["ams"], rtol=1e-5)
+    for term in ("fd", "hd"):
+        np.testing.assert_allclose(on_half[term], on_first[term] / scale, rtol=1e-4)
+    np.testing.assert_allclose(on_half["ld"], on_first["ld"] / scale, rtol=1e-4)
+    assert part._distilled_batch_size() == 4
+    summary = Trainer(dc.replace(half, train_steps=2), str(tmp_path / "run"), None, vocab,
+                      progress=False).train()
+    assert summary["final_step"] == 2 and all(np.isfinite(summary["last"][t])
+                                              for t in ("ams", "fd", "ld", "hd"))
