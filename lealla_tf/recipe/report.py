@@ -155,7 +155,8 @@ def headline(report: dict) -> dict:
     figures["basis"] = ("Tatoeba: all pairs of every tatoeba_dev language, each model; news: "
                         "the held-out NTREX set, every model on the same pairs (mining F1 over "
                         "news_mining_gold_pairs gold pairs); speed: sentences a second, "
-                        "student over teacher, on the same sentences")
+                        "student over teacher, on the same sentences (the student's float32 "
+                        f"export, the teacher in {report.get('teacher_precision', 'float32')})")
     return figures
 
 

@@ -123,14 +123,20 @@ def check_same_settings(name: str, stored: Optional[dict], wanted: Optional[dict
 
 
 class Models:
-    """Each model is loaded once (`load_embedder`) and shared between stages."""
+    """Each model is loaded once (`load_embedder`, or the loader `register`ed
+    for its path) and shared between stages."""
 
     def __init__(self):
         self._loaded = {}
+        self._loaders = {}
+
+    def register(self, path: str, loader: Callable[[], object]) -> None:
+        """Loads `path` with `loader()` from now on (the teacher in its precision)."""
+        self._loaders[path] = loader
 
     def get(self, path: str):
         if path not in self._loaded:
-            self._loaded[path] = load_embedder(path)
+            self._loaded[path] = self._loaders.get(path, lambda: load_embedder(path))()
         return self._loaded[path]
 
     def clear(self) -> None:

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from lealla_tf.configs import EncoderConfig, config_from_dict
 from lealla_tf.inference.formats import encoder_from_module
+from lealla_tf.inference.loaders import load_embedder
 from lealla_tf.models import kernels
 from lealla_tf.teachers.conversion import SENTENCEPIECE_FILE, read_teacher_summary
 from lealla_tf.teachers.selection import (
@@ -215,3 +216,28 @@ def teacher_network(teacher_dir: str):
                                   dtype=keras.mixed_precision.dtype_policy().name)
     network.trainable = False  # frozen: no gradient tape watches its weights
     return network
+
+
+def teacher_embedder(teacher_dir: str, bfloat16: bool):
+    """The converted teacher as an `Embedder` (its own tokenizer, "query: "
+    prefix and truncation): with `bfloat16`, its network rebuilt in bfloat16
+    with the fused kernels (`teacher_network`'s pass, the in-step teacher's),
+    which a CPU that multiplies bfloat16 natively runs much faster than the
+    float32 module, at vectors within rounding of the module's
+    (benchmarks/teacher_fidelity.py); otherwise, or for a teacher converted
+    before it recorded its architecture, the module itself."""
+    architecture = (read_teacher_summary(teacher_dir) or {}).get("encoder_config")
+    if not (bfloat16 and architecture):
+        return load_embedder(teacher_dir)
+    network = encoder_from_module(os.path.join(teacher_dir, "encoder"),
+                                  config_from_dict(EncoderConfig, architecture),
+                                  dtype="mixed_bfloat16")
+    network.trainable = False
+    fused = kernels.usable()
+
+    def default(inputs):
+        pooled = network.forward(inputs, parts=1, fused_kernels=fused)["pooled_output"]
+        return tf.cast(pooled, tf.float32)
+
+    return load_embedder(teacher_dir, encoder=default,
+                         encoder_description="its network rebuilt in bfloat16")

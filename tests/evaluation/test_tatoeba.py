@@ -1,12 +1,16 @@
 """Tatoeba P@1 by cosine and by margin, against numpy and on an oracle; the
 metrics of one pass; incomplete languages named; scored in blocks of rows, with
-the whole matrix's results and bounded memory."""
+the whole matrix's results and bounded memory; a loaded model embeds it with each
+tf.function traced once, and TensorFlow warns of no retracing."""
 
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
-from conftest import TINY_PAIRS, OracleEmbedder
+from conftest import TINY_PAIRS, OracleEmbedder, multilingual_sentences
 
 from lealla_tf.evaluation.tatoeba import (
     TATOEBA_PRIMARY_METRIC,
@@ -223,3 +227,62 @@ def test_scoring_memory_stays_bounded_whatever_the_set_size(monkeypatch):
             tracemalloc.stop()
         assert peak < n * n * 4 / 4, (score.__name__, peak)
 
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_export(tmp_path_factory):
+    """A tiny LEALLA-format export whose tokenizer is a SentencePiece model, as the
+    main job's student: loading it runs the tokenizer's restored resource functions."""
+    from lealla_tf.configs import EncoderConfig
+    from lealla_tf.inference.formats import export_lealla_model
+    from lealla_tf.models.encoder import build_encoder
+    from lealla_tf.tokenizers.tokenizer import Tokenizer
+    from lealla_tf.tokenizers.vocabulary import learn_sentencepiece
+
+    root = tmp_path_factory.mktemp("sentencepiece_export")
+    sentences = [s.decode("utf-8") for s in multilingual_sentences()]
+    tokenizer = Tokenizer(learn_sentencepiece(sentences * 3, 600, str(root / "vocab")))
+    encoder = build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
+                                          num_heads=2, hidden_dim=16, intermediate_dim=16,
+                                          pooling="mean"))
+    return export_lealla_model(encoder, tokenizer, str(root / "export"))
+
+
+# In a fresh process (TensorFlow's retracing detector is global, and warns twice at
+# most): every tf.function made is kept; a model is loaded twice, as the main job
+# loads its student after the teacher, and Tatoeba is embedded two sentences a call,
+# so batches come in many shapes. Prints the most traces of any one function, then
+# how many retracing warnings TensorFlow logged.
+RETRACING_PROBE = textwrap.dedent("""
+    import logging, sys
+    import tensorflow as tf
+    from lealla_tf.evaluation.tatoeba import embed_tatoeba
+    from lealla_tf.inference.loaders import load_embedder
+
+    made, tf_function = [], tf.function
+    def keep(func=None, **options):
+        if func is None:
+            return lambda f: keep(f, **options)
+        made.append(tf_function(func, **options))
+        return made[-1]
+    tf.function = keep
+    warnings = []
+    class Keep(logging.Handler):
+        def emit(self, record):
+            warnings.append(record.getMessage())
+    logging.getLogger("tensorflow").addHandler(Keep())
+    for _ in range(2):
+        embed_tatoeba(load_embedder(sys.argv[1]), sys.argv[2], batch_size=2)
+    print(max([0] + [f.experimental_get_tracing_count() for f in made]),
+          sum("triggered tf.function retracing" in w for w in warnings))
+""")
+
+
+def test_evaluating_a_loaded_model_traces_each_function_once_and_warns_of_none(
+        sentencepiece_export, tiny_tatoeba_dir):
+    done = subprocess.run([sys.executable, "-c", RETRACING_PROBE, sentencepiece_export,
+                           tiny_tatoeba_dir], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    most_traces, warnings = map(int, done.stdout.split())
+    assert most_traces == 1
+    assert warnings == 0, done.stderr[-3000:]

@@ -88,3 +88,9 @@ def test_each_model_is_loaded_once_until_the_cache_is_cleared(monkeypatch):
     models.clear()
     models.get("export")
     assert loaded == ["export", "teacher", "export"]
+    # A path registered with its own loader (the teacher in its precision) keeps it
+    # across clears.
+    models.register("teacher", lambda: "the teacher in bfloat16")
+    models.clear()
+    assert models.get("teacher") == "the teacher in bfloat16"
+    assert loaded == ["export", "teacher", "export"]

@@ -300,3 +300,34 @@ def test_a_teacher_with_its_architecture_runs_as_a_rebuilt_network(teacher, tmp_
     outputs = half.outputs(inputs)
     assert outputs["default"].dtype == tf.float32
     np.testing.assert_allclose(outputs["default"], theirs["default"], atol=5e-2)
+
+
+def test_the_teacher_embeds_in_bfloat16_at_the_modules_vectors(teacher, tmp_path):
+    """`teacher_embedder`: a teacher that records its architecture embeds with its
+    network rebuilt in bfloat16, through the module's own tokenizer, within
+    rounding of the float32 module; asked for float32, or without a recorded
+    architecture, it is the module itself."""
+    import json
+    import shutil
+
+    from lealla_tf.configs import config_to_dict
+    from lealla_tf.inference.loaders import load_embedder
+    from lealla_tf.teachers.conversion import TEACHER_SUMMARY
+    from lealla_tf.teachers.layers import teacher_embedder
+
+    directory, encoder, _ = teacher
+    recorded = str(tmp_path / "teacher")
+    shutil.copytree(directory, recorded)
+    (tmp_path / "teacher" / TEACHER_SUMMARY).write_text(
+        json.dumps({"encoder_config": config_to_dict(encoder.encoder_config)}))
+    sentences = ["The dog is nice.", "Der Hund ist nett.", "a much longer sentence " * 3]
+    module = load_embedder(directory).encode(sentences)
+    fast = teacher_embedder(recorded, bfloat16=True)
+    assert "bfloat16" in fast.description
+    vectors = fast.encode(sentences)
+    assert vectors.shape == module.shape
+    assert np.min(np.sum(vectors * module, axis=1)) > 0.99
+    assert "bfloat16" not in teacher_embedder(recorded, bfloat16=False).description
+    plain = teacher_embedder(directory, bfloat16=True)  # no architecture recorded
+    assert "bfloat16" not in plain.description
+    np.testing.assert_allclose(plain.encode(sentences), module, atol=1e-6)
