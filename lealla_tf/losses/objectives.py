@@ -242,6 +242,12 @@ def terms_needing(terms: List[str], head: str) -> List[str]:
     return [t for t in terms if head in OBJECTIVES[t].heads]
 
 
+def reads_teacher(term: str) -> bool:
+    """Whether a term reads the teacher: its vectors, or its layers (hd)."""
+    row = OBJECTIVES[term]
+    return row.needs_teacher or TEACHER_LAYERS in row.heads
+
+
 def default_loss_weights(hidden_dim: int) -> Dict[str, float]:
     """Every term's default weight for a student of width `hidden_dim`."""
     return {name: row.default_weight(hidden_dim) for name, row in OBJECTIVES.items()}

@@ -272,7 +272,9 @@ def _run_job(config: RecipeConfig, fresh: bool, job: contextlib.ExitStack) -> di
             if plan.get("planned"):
                 start = plan.get("comparison_start_seconds", plan["start_seconds"])
                 guard = overshoot_guard(0.0, start + steps * plan["seconds_per_step"]
-                                        * COMPARISON_STEP_RATIO + (PLANNED_EVALUATIONS + 1)
+                                        * (plan.get("comparison_step_ratio")
+                                           or COMPARISON_STEP_RATIO)
+                                        + (PLANNED_EVALUATIONS + 1)
                                         * plan["evaluation_seconds"])
         else:
             # A killed planned run resumes with its recorded plan (`BudgetPlanner.start`).

@@ -10,6 +10,7 @@ import os
 from typing import Optional
 
 from lealla_tf.configs import TrainConfig
+from lealla_tf.losses.objectives import parse_objective, reads_teacher
 from lealla_tf.recipe.settings import RecipeConfig
 from lealla_tf.train.resolution import validate_train_config
 
@@ -35,8 +36,14 @@ PLAN_MARGIN = 0.02
 # traces) over the student's, from the main job's report (benchmarks/main_job.py),
 # with a margin: the plan scales it by what this machine measures.
 COMPARISON_STEP_RATIO = 0.6
-# The stages after training, each in units of the student's step as the plan
-# times it on this machine: the export (written, then reloaded in a fresh
+# The teacher-free part of the main job's step with the teacher on every row
+# (AMS alone over the job's step: benchmarks/training_step.py, its ams_alone and
+# job rows); the rest, the teacher's pass and the distillation heads, scales with
+# --distilled_rows (`step_share`).
+TEACHER_FREE_SHARE = 0.55
+# The stages after training, each in units of the main job's step with the
+# teacher on every row (the student's step as the plan times it on this
+# machine, over its `step_share`): the export (written, then reloaded in a fresh
 # process), the evaluations of the export (Tatoeba dev, news) and the mining
 # check. Each is the largest ratio of the stage's seconds to the step that the
 # main job's reports gave on the machines in docs/benchmarks.md ("The reserve
@@ -57,12 +64,23 @@ def overshoot_guard(spent: float, planned: float) -> float:
     return (spent + 4 / 3 * planned) / 60
 
 
-def after_training_seconds(seconds_per_step: float, comparison: bool) -> float:
-    """What the stages after training will take on this machine (`AFTER_TRAINING_STEPS`)."""
+def step_share(config: RecipeConfig) -> float:
+    """The student's step over the main job's step with the teacher on every
+    row, as modelled: the teacher-free part, plus the teacher's part for the
+    share of the rows it runs on (none for an objective that does not read it)."""
+    taught = any(reads_teacher(t) for t in parse_objective(config.objective))
+    rows = min(1.0, max(0.0, config.distilled_rows)) if taught else 0.0
+    return TEACHER_FREE_SHARE + (1 - TEACHER_FREE_SHARE) * rows
+
+
+def after_training_seconds(seconds_per_step: float, comparison: bool,
+                           share: float = 1.0) -> float:
+    """What the stages after training will take on this machine
+    (`AFTER_TRAINING_STEPS`), from the student's step and its `step_share`."""
     units = dict(AFTER_TRAINING_STEPS)
     if comparison:
         units["evaluate"] *= 2
-    return seconds_per_step * sum(units.values())
+    return seconds_per_step / share * sum(units.values())
 
 
 class BudgetPlanner:
@@ -127,9 +145,11 @@ class BudgetPlanner:
         budget = self.config.time_budget_minutes * 60
         spent = self.stages.elapsed()
         after_training = (self.after_training if self.after_training is not None
-                          else after_training_seconds(per_step, self.comparison))
+                          else after_training_seconds(per_step, self.comparison,
+                                                      step_share(self.config)))
         left = budget * (1 - PLAN_MARGIN) - spent - after_training
-        ratio = COMPARISON_STEP_RATIO if self.comparison else 0.0
+        # The comparison's step against this student's (cheaper with fewer distilled rows).
+        ratio = COMPARISON_STEP_RATIO / step_share(self.config) if self.comparison else 0.0
         # The comparison's start: the student's, less its evaluation at step 0
         # (counted with the others), plus its first step's tracing.
         comparison_start = (max(0.0, measured["start_seconds"] - evaluation)

@@ -76,6 +76,12 @@ RECIPE_DECAY_FRACTION = 0.2
 # scale, the same gap) and held at the main job's length
 # (benchmarks/recipe_sweep.py, its s250_margin015 row; benchmarks/main_job.py).
 RECIPE_MARGIN = 0.15
+# The share of each batch's pairs the in-step teacher runs on, and the
+# distillation terms read (AMS reads every pair): a quarter lost under a point of
+# Tatoeba P@1 at equal steps and made the step much cheaper, so a budgeted job
+# trains many more steps (benchmarks/recipe_sweep.py, its zen4_s250_base and
+# zen4_s250_rows025 rows; docs/benchmarks.md, "The teacher's share").
+RECIPE_DISTILLED_ROWS = 0.25
 # The comparison's (AMS alone from weight selection, same steps and data): at
 # the student's rate it falls apart, so it keeps its own best rate
 # (benchmarks/recipe_sweep.py, its ams_lr rows).
@@ -213,7 +219,7 @@ class RecipeConfig:
     clip_norm: float = 1.0
     scale: float = 100.0
     margin: float = RECIPE_MARGIN
-    distilled_rows: float = 1.0
+    distilled_rows: float = RECIPE_DISTILLED_ROWS
     progressive_depth: float = 0.0
     teacher_center: bool = False
     eval_every: int = 0

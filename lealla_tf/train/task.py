@@ -47,6 +47,7 @@ from lealla_tf.losses.objectives import (
     TermInputs,
     compute_terms,
     parse_objective,
+    reads_teacher,
     terms_needing,
 )
 from lealla_tf.teachers.layers import TeacherLayers
@@ -349,12 +350,6 @@ DISTILLED_GATHERED = ("student_source", "student_target", "pooled_source", "pool
 # The `TermInputs` vectors a term over the global batch may gather across replicas.
 GATHERED = ("student_source", "student_target", "teacher_source", "teacher_target",
             "student_source_distilled", "student_target_distilled")
-
-
-def reads_teacher(term: str) -> bool:
-    """Whether a term reads the teacher: its vectors, or its layers (hd)."""
-    row = OBJECTIVES[term]
-    return row.needs_teacher or TEACHER_LAYERS in row.heads
 
 
 def _rows(batch):
