@@ -275,6 +275,9 @@ def parts_table(presets, shapes, part_counts, repeats: int, num_layers: int = 0)
 
     from lealla_tf import build_encoder, get_preset
 
+    def forward_in_parts(encoder, count):
+        return tf.function(lambda x: encoder.forward(x, parts=count)["sentence_embedding"])
+
     rows = []
     for preset in presets:
         config = get_preset(preset).encoder.replace(vocabulary_size=1000)
@@ -283,9 +286,7 @@ def parts_table(presets, shapes, part_counts, repeats: int, num_layers: int = 0)
             ids = np.random.default_rng(0).integers(5, 1000, (batch, length)).astype("int32")
             inputs = {"input_word_ids": tf.constant(ids),
                       "input_mask": tf.ones_like(ids), "input_type_ids": tf.zeros_like(ids)}
-            functions = {count: tf.function(
-                lambda x, count=count: encoder.forward(x, parts=count)["sentence_embedding"])
-                for count in part_counts}
+            functions = {count: forward_in_parts(encoder, count) for count in part_counts}
             for fn in functions.values():  # trace and warm up each
                 fn(inputs).numpy()
             fastest = {count: float("inf") for count in part_counts}

@@ -197,8 +197,8 @@ def main(argv=None):
     schedule = [] if args.warmup_steps is None else [f"--warmup_steps={args.warmup_steps}"]
     if points:
         # every checkpoint kept, the job's own evaluations
-        schedule.append("--decay_fraction=%.6f" % decay_fraction(
-            args.train_steps, args.train_steps - decay_start, warmup))
+        fraction = decay_fraction(args.train_steps, args.train_steps - decay_start, warmup)
+        schedule.append(f"--decay_fraction={fraction:.6f}")
         schedule.append(f"--keep_checkpoints={args.train_steps // spacing + 1}")
     else:
         every = max(1, -(-args.train_steps // args.checkpoints))

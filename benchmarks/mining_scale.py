@@ -60,21 +60,21 @@ SHARD_ROWS = 10 ** 6
 CLUSTERS, CLUSTER_SPREAD, DUPLICATE_NOISE = 1_000, 1.0, 0.3
 SAMPLE, SEED = 10_000, 0
 
-GENERATE = """
+GENERATE = f"""
 import json, os, sys
 import numpy as np
 config, directory = json.loads(sys.argv[1]), sys.argv[2]
 n_c, n_q, d = config["candidates"], config["queries"], config["d"]
 stride = n_c // n_q
-rng = np.random.default_rng({seed})
-centres = rng.standard_normal(({clusters}, d), dtype=np.float32)
+rng = np.random.default_rng({SEED})
+centres = rng.standard_normal(({CLUSTERS}, d), dtype=np.float32)
 centres /= np.linalg.norm(centres, axis=1, keepdims=True)
 
 def unit(x):
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 def clustered(n):
-    noise = rng.standard_normal((n, d), dtype=np.float32) * ({spread} / np.sqrt(d))
+    noise = rng.standard_normal((n, d), dtype=np.float32) * ({CLUSTER_SPREAD} / np.sqrt(d))
     return unit(centres[rng.integers(0, len(centres), n)] + noise)
 
 class Shards:
@@ -82,12 +82,12 @@ class Shards:
         self.prefix, self.rows, self.handle, self.parts = prefix, 0, None, []
     def write(self, x):
         while len(x):
-            if self.rows % {shard_rows} == 0:
+            if self.rows % {SHARD_ROWS} == 0:
                 self.handle and self.handle.close()
                 path = os.path.join(directory, f"{{self.prefix}}-{{len(self.parts):03d}}.f32")
                 self.handle = open(path, "wb")
                 self.parts.append([path, 0, d])
-            room = {shard_rows} - self.rows % {shard_rows}
+            room = {SHARD_ROWS} - self.rows % {SHARD_ROWS}
             self.handle.write(x[:room].astype("<f4").tobytes())
             self.parts[-1][1] += len(x[:room])
             self.rows += len(x[:room])
@@ -97,7 +97,7 @@ class Shards:
         return self.parts
 
 candidates, queries = Shards("candidates"), Shards("queries")
-chunk = {chunk_floats} // d  # rows generated at once: a few copies of 64 MiB
+chunk = {2 ** 24} // d  # rows generated at once: a few copies of 64 MiB
 for start in range(0, n_c, chunk):
     block = clustered(min(chunk, n_c - start))
     candidates.write(block)
@@ -105,12 +105,11 @@ for start in range(0, n_c, chunk):
     if first < last:
         j = np.arange(first, last)
         planted = unit(block[j * stride - start] + rng.standard_normal(
-            (len(j), d), dtype=np.float32) * ({noise} / np.sqrt(d)))
+            (len(j), d), dtype=np.float32) * ({DUPLICATE_NOISE} / np.sqrt(d)))
         queries.write(np.where((j % 2 == 0)[:, None], planted, clustered(len(j))))
 json.dump({{"candidates": candidates.close(), "queries": queries.close(), "stride": stride}},
           open(os.path.join(directory, "parts.json"), "w"))
-""".format(seed=SEED, clusters=CLUSTERS, spread=CLUSTER_SPREAD, noise=DUPLICATE_NOISE,
-           shard_rows=SHARD_ROWS, chunk_floats=2 ** 24)
+"""
 
 MINE = """
 import json, logging, os, sys, time
@@ -144,7 +143,7 @@ print(json.dumps({"seconds": seconds, "pairs": int(len(mined["score"])),
                   "score_range": [float(mined["score"].min()), float(mined["score"].max())]}))
 """
 
-RECALL = """
+RECALL = f"""
 import json, os, sys, time
 import numpy as np
 from lealla_tf.mining.neighbours import Rows, knn
@@ -153,14 +152,14 @@ parts = json.load(open(os.path.join(directory, "parts.json")))
 queries = Rows([tuple(p) for p in parts["queries"]], "queries")
 candidates = Rows([tuple(p) for p in parts["candidates"]], "candidates")
 rng = np.random.default_rng(1)
-sample = np.sort(rng.choice(queries.rows, size=min(config.get("sample", {sample}),
+sample = np.sort(rng.choice(queries.rows, size=min(config.get("sample", {SAMPLE}),
                                                     queries.rows), replace=False))
 with open(os.path.join(directory, "neighbours", "forward.ids"), "rb") as f:
     k = os.path.getsize(f.name) // (8 * queries.rows)
     approximate = np.array([np.frombuffer(os.pread(f.fileno(), 8, 8 * k * int(i)), np.int64)[0]
                             for i in sample])
 start = time.perf_counter()
-_, exact = knn(queries.take(sample, {chunk}), candidates, 1, "flat",
+_, exact = knn(queries.take(sample, {CHUNK}), candidates, 1, "flat",
                memory_budget_gb=config["memory_budget_gb"])
 seconds = time.perf_counter() - start
 hit = approximate == exact[:, 0]
@@ -171,7 +170,7 @@ print(json.dumps({{"recall_at_1": float(hit.mean()),
                   "exact_top1_is_planted": float(np.mean(
                       exact[planted, 0] == sample[planted] * parts["stride"])),
                   "sample": int(len(sample)), "exact_search_seconds": seconds}}))
-""".format(sample=SAMPLE, chunk=CHUNK)
+"""
 
 
 PEAK = """

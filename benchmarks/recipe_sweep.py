@@ -55,10 +55,12 @@ def parse_variant(text: str):
             ".", "").isalnum():
         raise ValueError(f"--variant={text!r}: write NAME=FLAGS, NAME of letters, digits, "
                          "'_', '-' or '.' (FLAGS may be empty: the main job's own student)")
+    from lealla_tf.recipe.command_line import config_from_flags, flag_values
+
     argv = shlex.split(flags)
-    defaults = vars(recipe_parser().parse_args([]))
+    defaults = flag_values([])
     try:
-        parsed = vars(recipe_parser().parse_args(argv))
+        parsed = flag_values(argv)
     except ValueError as error:
         raise ValueError(f"--variant={text!r}: {error}") from None
     changed = sorted(k for k in parsed if parsed[k] != defaults[k])
@@ -67,7 +69,6 @@ def parse_variant(text: str):
         raise ValueError(f"--variant={text!r}: {', '.join('--' + k for k in refused)} would "
                          "need another teacher or vocabulary than the main job's; "
                          f"a row may change only --{', --'.join(TRAINING_FLAGS)}")
-    from lealla_tf.cli.recipe import config_from_args
     from lealla_tf.losses.objectives import OBJECTIVES, parse_objective
     from lealla_tf.recipe.training import (
         check_learning_rates,
@@ -77,7 +78,7 @@ def parse_variant(text: str):
     )
 
     try:
-        config = config_from_args(argparse.Namespace(**parsed))
+        config = config_from_flags(parsed)
         check_learning_rates(config)
         needs_vectors = any(OBJECTIVES[t].needs_teacher
                             for t in parse_objective(config.objective))
@@ -96,20 +97,6 @@ def parse_variant(text: str):
     return name, argv
 
 
-class _QuietParser(argparse.ArgumentParser):
-    def error(self, message):
-        raise ValueError(message)
-
-
-def recipe_parser():
-    """The main job's flags; a mistake is a ValueError, not argparse's usage and exit."""
-    from lealla_tf.cli.recipe import build_parser
-
-    parser = build_parser()
-    parser.__class__ = _QuietParser
-    return parser
-
-
 def finished_stage(work_dir: str, name: str) -> dict:
     path = os.path.join(work_dir, "stages", f"{name}.json")
     if not os.path.exists(path):
@@ -126,9 +113,9 @@ def resolved_recipe(argv) -> dict:
     are the same)."""
     import dataclasses
 
-    from lealla_tf.cli.recipe import build_parser, config_from_args
+    from lealla_tf.recipe.command_line import recipe_config
 
-    settings = dataclasses.asdict(config_from_args(build_parser().parse_args(argv)))
+    settings = dataclasses.asdict(recipe_config(argv))
     return json.loads(json.dumps({k: settings[k] for k in TRAINING_FLAGS}))
 
 
@@ -141,7 +128,6 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
 
     from benchmarks.common import machine as this_machine
     from lealla_tf import load_embedder
-    from lealla_tf.cli.recipe import build_parser, config_from_args
     from lealla_tf.evaluation.news import NEWS_PRIMARY_METRIC
     from lealla_tf.evaluation.tatoeba import (
         TATOEBA_PRIMARY_METRIC,
@@ -150,6 +136,7 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
         tatoeba_metrics_with_margin,
     )
     from lealla_tf.models.model_dir import read_model_config
+    from lealla_tf.recipe.command_line import flag_values, recipe_config
     from lealla_tf.recipe.corpus import sample_stage
     from lealla_tf.recipe.evaluations import news_stage
     from lealla_tf.recipe.stages import Models
@@ -161,7 +148,7 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
     )
     from lealla_tf.train.launch import train
 
-    config = config_from_args(build_parser().parse_args(argv))
+    config = recipe_config(argv)
     teacher = finished_stage(work_dir, "teacher")
     vocabulary = finished_stage(work_dir, "vocabulary")
     weights = student_loss_weights(config)
@@ -172,7 +159,7 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
     sample = os.path.join(work_dir, "sample")
     with open(os.path.join(work_dir, "stages", "sample.json")) as f:
         drawn = json.load(f).get("settings") or {}  # what the job's sample was drawn with
-    defaults = vars(build_parser().parse_args([]))  # an older job's settings lack a flag
+    defaults = flag_values([])  # an older job's settings lack a flag
     if any(getattr(config, flag) != drawn.get(flag, defaults[flag]) for flag in SAMPLE_FLAGS):
         sample = os.path.join(work_dir, "sweep", name + "_sample")
         if not os.path.exists(os.path.join(sample, "DONE")):

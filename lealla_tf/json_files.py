@@ -10,7 +10,6 @@ May import: nothing else of lealla_tf.
 
 import json
 import os
-from typing import Optional
 
 
 def _open(path: str, mode: str):
@@ -33,7 +32,7 @@ def read_json(path: str) -> dict:
         return json.loads(f.read())
 
 
-def read_json_or_none(path: str) -> Optional[dict]:
+def read_json_or_none(path: str) -> dict | None:
     """The JSON file at `path`, or None when there is none."""
     if "://" not in path and not os.path.exists(path):
         return None

@@ -12,10 +12,9 @@ May import: nothing else of lealla_tf.
 
 import os
 import platform
-from typing import Optional
 
 
-def _cpuinfo_value(field: str, cpuinfo: str) -> Optional[str]:
+def _cpuinfo_value(field: str, cpuinfo: str) -> str | None:
     """The first non-empty value of `field` in a /proc/cpuinfo-format file, or
     None (no such field, or no such file)."""
     try:
@@ -29,13 +28,13 @@ def _cpuinfo_value(field: str, cpuinfo: str) -> Optional[str]:
     return None
 
 
-def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> Optional[str]:
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str | None:
     """The processor's model name (Linux), or `platform.processor()` elsewhere;
     None when neither says."""
     return _cpuinfo_value("model name", cpuinfo) or platform.processor() or None
 
 
-def cpu_generation(cpuinfo: str = "/proc/cpuinfo") -> Optional[str]:
+def cpu_generation(cpuinfo: str = "/proc/cpuinfo") -> str | None:
     """'family F, model M' of the processor (Linux x86), or None."""
     family, model = _cpuinfo_value("cpu family", cpuinfo), _cpuinfo_value("model", cpuinfo)
     if family is None or model is None:

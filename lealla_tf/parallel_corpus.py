@@ -28,7 +28,8 @@ import io
 import os
 import re
 import zlib
-from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -72,7 +73,7 @@ class DataFileError(ValueError):
     """A user's data file that cannot be used as it is. The message names the
     file (and the line, where one is at fault); `path` and `line` say the same."""
 
-    def __init__(self, message: str, path: str, line: Optional[int] = None):
+    def __init__(self, message: str, path: str, line: int | None = None):
         super().__init__(message)
         self.path, self.line = path, line
 
@@ -100,7 +101,7 @@ WHITESPACE = "".join(chr(code) for code in range(0x10000) if chr(code).isspace()
 class Line(NamedTuple):
     """A line read (`parse_line`): `kind` None for a pair, else its kind, sides empty."""
 
-    kind: Optional[str]
+    kind: str | None
     source: str = ""
     english: str = ""
 
@@ -131,8 +132,8 @@ class LineCounts:
 
     path: str
     pairs: int = 0
-    skipped_by_kind: Dict[str, int] = dataclasses.field(default_factory=dict)
-    first_line: Dict[str, int] = dataclasses.field(default_factory=dict)
+    skipped_by_kind: dict[str, int] = dataclasses.field(default_factory=dict)
+    first_line: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def skip(self, kind: str, line: int) -> None:
         self.skipped_by_kind[kind] = self.skipped_by_kind.get(kind, 0) + 1
@@ -142,7 +143,7 @@ class LineCounts:
     def skipped(self) -> int:
         return sum(self.skipped_by_kind.values())
 
-    def as_dict(self) -> Dict[str, int]:
+    def as_dict(self) -> dict[str, int]:
         """{"pairs": n, kind: n for each kind skipped at least once}."""
         return {"pairs": self.pairs, **{kind: self.skipped_by_kind[kind]
                                         for kind in SKIPPED_KINDS if kind in self.skipped_by_kind}}
@@ -163,7 +164,7 @@ class CorpusCounts:
     report (JSON), `describe()` for a log or summary line."""
 
     def __init__(self):
-        self.files: Dict[str, LineCounts] = {}
+        self.files: dict[str, LineCounts] = {}
 
     def file(self, path: str) -> LineCounts:
         """The counts of `path`, new (and kept) on first use."""
@@ -254,7 +255,7 @@ def language_of(path: str) -> str:
     return ISO_639_1_TO_3.get(code, code)
 
 
-def find_parallel_files(patterns: Sequence[str]) -> List[ParallelFile]:
+def find_parallel_files(patterns: Sequence[str]) -> list[ParallelFile]:
     """Expands files, directories (searched recursively) and globs to TSV files.
 
     In a directory, the files named `<code>-eng.tsv[.gz]` are taken; a file or
@@ -308,8 +309,8 @@ def _lines_naming(path: str, handle):
         raise DataFileError(f"{path}: unreadable or corrupt file ({error})", path) from None
 
 
-def read_pairs(path: str, stats: Optional[dict] = None,
-               counts: Optional[LineCounts] = None) -> Iterator[Tuple[str, str]]:
+def read_pairs(path: str, stats: dict | None = None,
+               counts: LineCounts | None = None) -> Iterator[tuple[str, str]]:
     """Yields `(source, english)` for each well-formed line of a TSV file:
     UTF-8, exactly one tab, neither side blank (`parse_line`: a line ends at a
     LF, and every CR in it is dropped).
@@ -352,7 +353,7 @@ def check_pair_file(path: str) -> None:
         pairs.close()
 
 
-def find_tatoeba_languages(tatoeba_dir: str) -> List[str]:
+def find_tatoeba_languages(tatoeba_dir: str) -> list[str]:
     """Languages with both `tatoeba.xxx-eng.xxx` and `.eng` files, sorted.
 
     A language with one file of the two is refused (ValueError naming the
@@ -379,7 +380,7 @@ def find_tatoeba_languages(tatoeba_dir: str) -> List[str]:
     return sorted(found)
 
 
-def read_tatoeba(tatoeba_dir: str, language: str) -> Tuple[List[str], List[str]]:
+def read_tatoeba(tatoeba_dir: str, language: str) -> tuple[list[str], list[str]]:
     """The line-aligned (xx sentences, English sentences) of one language."""
     def lines(path):
         with open_text(path) as f:
@@ -393,7 +394,7 @@ def read_tatoeba(tatoeba_dir: str, language: str) -> Tuple[List[str], List[str]]
     return source, english
 
 
-def language_sampling_probabilities(sizes: Dict[str, int], alpha: float) -> Dict[str, float]:
+def language_sampling_probabilities(sizes: dict[str, int], alpha: float) -> dict[str, float]:
     """q_l = n_l^alpha / sum_k n_k^alpha (XLM-R / mBERT temperature sampling).
 
     The one formula behind data mixing in training, the language balance of
@@ -411,7 +412,7 @@ def language_sampling_probabilities(sizes: Dict[str, int], alpha: float) -> Dict
 def sample_pairs(files: Sequence[ParallelFile], num_pairs: int, output_dir: str,
                  alpha: float = 0.3, seed: int = 0, exclude: Sequence[str] = (),
                  min_per_language: int = 1,
-                 line_counts: Optional[CorpusCounts] = None) -> dict:
+                 line_counts: CorpusCounts | None = None) -> dict:
     """Writes a language-balanced sample of pairs as `<lang>-eng.tsv.gz` files.
 
     Languages get shares q_l ∝ n_l^alpha (temperature sampling), each at

@@ -8,13 +8,17 @@ twice, and the `cuInit` error of a machine without a GPU), tensorflow_hub's
 `pkg_resources is deprecated` warning and Beam's import-time and INFO logging
 stay out of the output. Every setting is a default: a variable the user set
 (TF_CPP_MIN_LOG_LEVEL=0 to see TensorFlow's logs again) wins, and
-LEALLA_TF_VERBOSE=1 turns all of this off. Library code never calls it, so a
-program that imports lealla_tf keeps its own settings.
+LEALLA_TF_VERBOSE=1 turns all of this off. Only command lines call it: a program
+that imports lealla_tf keeps its own warnings filters, loggers and tqdm settings;
+`import lealla_tf` only keeps TensorFlow's start-up lines from a CPU user
+(`lealla_tf.tensorflow_startup.quiet_tensorflow_import`, where the import hook
+both use lives).
 
 `worker_output_filtered()` does the same for the worker processes a local Beam
 runner starts (`--direct_running_mode=multi_processing`), which import Beam and
 TensorFlow afresh and log at INFO: while a pipeline runs, what they write to
-the stderr they inherit goes through a filter that leaves out that noise.
+the stderr they inherit goes through a filter that leaves out that noise
+(`lealla_tf.tensorflow_startup.is_log_noise`).
 
 `progress_bar(...)` is what every progress display in lealla_tf goes through:
 tqdm's bar where its stream (stderr) is a terminal; where it is a file or a pipe
@@ -29,25 +33,29 @@ reading bar, then a bar of the lines processed, from what `poll()` reports.
 `logged_progress(*loggers)` shows a library's INFO lines (the steps it logs as it
 finishes them) on stderr while a command line runs, one line each.
 
-May import: nothing else of lealla_tf.
+May import: lealla_tf.tensorflow_startup.
 """
 
 import contextlib
-import importlib.abc
-import importlib.util
 import logging
 import math
 import os
 import re
 import sys
-import tempfile
 import threading
 import warnings
-from typing import Callable, Optional, Tuple
+from collections.abc import Callable
+
+from lealla_tf.tensorflow_startup import (
+    filter_tensorflow_import,
+    gpu_driver_present,
+    is_log_noise,
+    min_log_level,
+    verbose,
+)
 
 SECONDS_VARIABLE = "LEALLA_TF_PROGRESS_SECONDS"
 DEFAULT_SECONDS = 30.0
-VERBOSE_VARIABLE = "LEALLA_TF_VERBOSE"
 
 # Cursor movements tqdm writes for nested bars: meaningless in a log.
 _ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -74,103 +82,8 @@ def is_terminal(stream) -> bool:
         return False
 
 
-# absl's C++ log lines: severity, date, time (00:00:<epoch seconds> before absl
-# is initialised), thread, file:line.
-_CPP_LOG_LINE = re.compile(r"^([IWEF])\d{4} [\d:.]+ +\d+ [^ ]+:\d+\] ")
-_CPP_SEVERITIES = "IWEF"
-# Said once by each of TensorFlow's libraries before it logs its first line, and
-# the second line of the CPU-feature notice.
-_CPP_NOISE = ("WARNING: All log messages before absl::InitializeLog() is called",
-              "To enable the following instructions:")
 # Logged on the root logger as Beam is imported (BigQuery's optional client).
 _BEAM_IMPORT_NOISE = ("apitools not found",)
-# Python logging's default format, as Beam's workers log: their INFO lines, and
-# the warnings every local worker gives as it starts (also passed on by the
-# runner, "Worker: severity: WARN ...").
-_PYTHON_LOG_NOISE = re.compile(r"^(INFO|DEBUG):|^WARNING:root:apitools not found|"
-                               r"No semi_persistent_directory found")
-
-
-def verbose() -> bool:
-    """Whether the user asked to see every log line (LEALLA_TF_VERBOSE=1)."""
-    return os.environ.get(VERBOSE_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _min_log_level() -> int:
-    try:
-        return int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0"))
-    except ValueError:
-        return 0
-
-
-def is_log_noise(line: str, min_level: int) -> bool:
-    """Whether `line` is start-up or worker log noise: one of TensorFlow's C++
-    lines below `min_level` (TF_CPP_MIN_LOG_LEVEL: 0 info, 1 warning, 2 error;
-    fatal lines always show), absl's notice before them, or a Beam worker's INFO
-    line or start-up warning."""
-    match = _CPP_LOG_LINE.match(line)
-    if match:
-        return _CPP_SEVERITIES.index(match.group(1)) < min(min_level, 3)
-    if min_level > 0 and line.startswith(_CPP_NOISE):
-        return True
-    return bool(_PYTHON_LOG_NOISE.search(line))
-
-
-@contextlib.contextmanager
-def _held_stderr(min_level: int):
-    """While in the block, what is written to file descriptor 2 (C++ libraries
-    and Python alike) is held in a temporary file; afterwards the lines that are
-    not start-up noise are written out, in order. A file, not a pipe, so that a
-    library that logs much while it loads cannot block on a full pipe."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            held.seek(0)
-            kept = [line for line in held.read().decode("utf-8", "replace").splitlines(True)
-                    if not is_log_noise(line, min_level)]
-            if kept:
-                os.write(2, "".join(kept).encode("utf-8"))
-
-
-class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: on the first `import tensorflow` it hands the import
-    to the real finder, with stderr filtered (`_held_stderr`) while the
-    package and its libraries load. TensorFlow's own C++ library prints its
-    start-up lines whatever TF_CPP_MIN_LOG_LEVEL says."""
-
-    def __init__(self, min_level: int):
-        self._min_level = min_level
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "tensorflow":
-            return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _FilteringLoader(spec.loader, self._min_level)
-        return spec
-
-
-class _FilteringLoader(importlib.abc.Loader):
-    def __init__(self, loader, min_level: int):
-        self._loader, self._min_level = loader, min_level
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        spec = module.__spec__
-        spec.loader = module.__loader__ = self._loader  # the real one, once loaded
-        with _held_stderr(self._min_level):
-            self._loader.exec_module(module)
 
 
 class _DropRecords(logging.Filter):
@@ -180,10 +93,6 @@ class _DropRecords(logging.Filter):
 
     def filter(self, record):
         return not str(record.msg).startswith(self._prefixes)
-
-
-def _gpu_driver_present() -> bool:
-    return any(os.path.exists(path) for path in ("/dev/nvidiactl", "/proc/driver/nvidia"))
 
 
 def quiet_startup() -> None:
@@ -209,10 +118,9 @@ def quiet_startup() -> None:
         return
     users_choice = any(name in os.environ
                        for name in ("TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL"))
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2" if _gpu_driver_present() else "3")
-    if not users_choice and "tensorflow" not in sys.modules and not any(
-            isinstance(finder, _QuietTensorFlowImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _QuietTensorFlowImport(int(os.environ["TF_CPP_MIN_LOG_LEVEL"])))
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2" if gpu_driver_present() else "3")
+    if not users_choice:
+        filter_tensorflow_import(int(os.environ["TF_CPP_MIN_LOG_LEVEL"]))
     warnings.filterwarnings("ignore", message="pkg_resources is deprecated",
                             category=UserWarning)
     if not is_terminal(sys.stderr):
@@ -249,7 +157,7 @@ def worker_output_filtered():
     if verbose() or not direct:
         yield
         return
-    min_level = _min_log_level()
+    min_level = min_log_level()
     sys.stderr.flush()
     real = os.dup(2)
     read_end, write_end = os.pipe()
@@ -394,7 +302,7 @@ class PipelineProgress:
     at the run's final counts, the `skipped` lines left out of the total.
     With `poll` None it shows nothing. The bars close when the block ends."""
 
-    def __init__(self, poll: Optional[Callable[[], Tuple[int, int, int]]], files: int,
+    def __init__(self, poll: Callable[[], tuple[int, int, int]] | None, files: int,
                  unit: str = "sentence", work: str = "embedding", interval: float = 1.0,
                  file=None):
         self._poll, self._files, self._unit, self._work = poll, files, unit, work

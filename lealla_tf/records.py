@@ -14,7 +14,6 @@ May import: nothing else of lealla_tf.
 """
 
 import struct
-from typing import Optional
 
 import google_crc32c
 import numpy as np
@@ -59,7 +58,7 @@ def pair_features(teacher_dimension=None, has_source: bool = True) -> dict:
     return features
 
 
-def embedding_example(identifier: str, vector: np.ndarray, text: Optional[str] = None) -> bytes:
+def embedding_example(identifier: str, vector: np.ndarray, text: str | None = None) -> bytes:
     """A serialized embedding record: id, float32 vector and (optionally) the sentence."""
     feature = {EMBEDDING_ID: _bytes_feature(identifier),
                EMBEDDING_VECTOR: _bytes_feature(np.asarray(vector, dtype="<f4").tobytes())}

@@ -239,12 +239,23 @@ def test_no_test_module_imports_another():
     assert not offenders, offenders
 
 
-# === Private Keras and keras-hub attributes live in the named adapters ===
+# === Private Keras, keras-hub and TensorFlow APIs live in the named adapters ===
 
 # The only modules that may read, write or override a private attribute of a Keras
 # or keras-hub object; each checks that what it uses is there, and names the
 # version and the attribute when a release renames one.
 PRIVATE_API_ADAPTERS = {"models.keras_adapter", "models.transformer_adapter"}
+# The only modules that may import TensorFlow's or tensorflow-text's implementation
+# modules (`tensorflow.python...`, `tensorflow_text.python...`) or read
+# `tf.__internal__`; it names each internal and checks it is there.
+TENSORFLOW_ADAPTERS = {"tokenizers.tensorflow_adapter"}
+# The libraries' implementation packages, which are not their API (TensorFlow's is
+# `tf.*`, Keras' `keras.*`), and the API TensorFlow marks internal.
+PRIVATE_PACKAGES = ("tensorflow.python", "tensorflow_text.python", "keras.src",
+                    "keras_hub.src", "tf_keras.src")
+PRIVATE_PACKAGE_PATH = re.compile(
+    "(" + "|".join(re.escape(package) for package in PRIVATE_PACKAGES) + r")(\.\w+)*")
+INTERNAL_ATTRIBUTES = ("__internal__",)
 # Underscored names of other libraries that the package may use, and whose they are.
 OTHER_PRIVATE_NAMES = {
     "_replace": "typing.NamedTuple's public API",
@@ -361,3 +372,51 @@ def test_no_private_keras_attribute_outside_the_adapters():
         "private Keras / keras-hub attributes outside "
         f"{sorted(PRIVATE_API_ADAPTERS)} (move the use into an adapter, or add a name "
         f"of another library to OTHER_PRIVATE_NAMES): {offenders}")
+
+
+def private_package_uses(tree) -> list:
+    """(line, what) for each import of a private package (`PRIVATE_PACKAGES`), each
+    read of an attribute TensorFlow marks internal (`tf.__internal__`), and each
+    private package named in a string (`importlib.import_module("tensorflow.python...")`)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, f"import {alias.name}") for alias in node.names
+                      if PRIVATE_PACKAGE_PATH.fullmatch(alias.name)]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if PRIVATE_PACKAGE_PATH.fullmatch(node.module):
+                found.append((node.lineno, f"from {node.module} import"))
+        elif isinstance(node, ast.Attribute) and node.attr in INTERNAL_ATTRIBUTES:
+            found.append((node.lineno, ast.unparse(node)))
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and PRIVATE_PACKAGE_PATH.fullmatch(node.value)):
+            found.append((node.lineno, repr(node.value)))
+    return found
+
+
+def test_no_private_tensorflow_api_outside_the_adapters():
+    """TensorFlow's `tensorflow.python`, tensorflow-text's `tensorflow_text.python`
+    (and Keras' `keras.src`) are the libraries' implementation, and `tf.__internal__`
+    is marked internal: any release may move what they hold. Only the adapters
+    may use them, naming each internal and checking it is there, so an upgrade
+    breaks in one place, with words."""
+    adapters = PRIVATE_API_ADAPTERS | TENSORFLOW_ADAPTERS
+    offenders = [f"lealla_tf/{path.relative_to(PACKAGE)}:{line} uses {what}"
+                 for name, path in sorted(modules().items()) if name not in adapters
+                 for line, what in private_package_uses(ast.parse(path.read_text()))]
+    assert not offenders, (
+        f"private TensorFlow / tensorflow-text / Keras APIs outside {sorted(adapters)} "
+        f"(move the use into an adapter): {offenders}")
+
+
+def test_the_private_api_check_sees_every_form():
+    uses = private_package_uses(ast.parse(
+        "import tensorflow.python.trackable\n"
+        "from tensorflow_text.python.ops import bert_tokenizer\n"
+        "from keras.src import backend\n"
+        "root = tf.__internal__.tracking.AutoTrackable()\n"
+        "ops = importlib.import_module('tensorflow.python.ops')\n"
+        "import tensorflow, tensorflow_text\n"
+        "from tensorflow.python_io import x\n"
+        "text = 'see tensorflow.python for how'\n"))
+    assert sorted(line for line, _ in uses) == [1, 2, 3, 4, 5]

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import lealla_tf
-from lealla_tf import progress
+from lealla_tf import tensorflow_startup
 
 
 def _after_import(code, environment=None):
@@ -75,7 +75,7 @@ def test_tensorflow_starts_silently_in_a_program_that_imports_lealla_tf(level):
     """A CPU user's program sees none of TensorFlow's start-up lines, whether it leaves
     TF_CPP_MIN_LOG_LEVEL unset or sets it to 3 (which TensorFlow's libraries read only
     after their first lines)."""
-    if level is None and progress._gpu_driver_present():
+    if level is None and tensorflow_startup.gpu_driver_present():
         pytest.skip("with an NVIDIA driver TensorFlow's own log level applies")
     assert _start_up_lines(USES_TENSORFLOW, level) == []
 

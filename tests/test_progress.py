@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from lealla_tf import progress
+from lealla_tf import progress, tensorflow_startup
 
 
 class Terminal(io.StringIO):
@@ -120,7 +120,7 @@ def test_quiet_startup_sets_defaults_that_the_users_settings_override(
     for name in ("TF_CPP_MIN_LOG_LEVEL", "TQDM_MININTERVAL"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(sys, "stderr", io.StringIO())  # a log
-    monkeypatch.setattr(progress, "_gpu_driver_present", lambda: False)
+    monkeypatch.setattr(progress, "gpu_driver_present", lambda: False)
     progress.quiet_startup()
     assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "3"  # the cuInit error line too
     assert os.environ["TQDM_MININTERVAL"] == "30"
@@ -128,7 +128,7 @@ def test_quiet_startup_sets_defaults_that_the_users_settings_override(
     progress.quiet_startup()
     assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"
     monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL")
-    monkeypatch.setattr(progress, "_gpu_driver_present", lambda: True)
+    monkeypatch.setattr(progress, "gpu_driver_present", lambda: True)
     progress.quiet_startup()
     assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"  # errors of a real GPU still show
 
@@ -169,29 +169,6 @@ def test_every_progress_display_goes_through_the_helper():
     assert set(users) == {"progress.py"}, users
 
 
-def test_log_noise_is_what_tensorflow_and_beam_workers_print_as_they_start():
-    noise = ["WARNING: All log messages before absl::InitializeLog() is called are written to "
-             "STDERR",
-             "I0000 00:00:1795682891.780398    4335 port.cc:153] oneDNN custom operations are on.",
-             "W1126 08:01:02.123456    4335 gpu_device.cc:2] some warning",
-             "E0000 00:00:1795682895.281743    4335 cuda_platform.cc:52] failed call to cuInit",
-             "To enable the following instructions: AVX2 FMA, in other operations, rebuild",
-             "INFO:apache_beam.runners.worker.sdk_worker:Control channel established.",
-             "WARNING:root:apitools not found, and bigquery client libraries are not available",
-             "WARNING:__main__:No semi_persistent_directory found:  User registered objects"]
-    for line in noise:
-        assert progress.is_log_noise(line, 3), line
-    kept = ["F0000 00:00:1795682895.281743    4335 x.cc:1] Check failed: fatal",
-            "error: --k must be at least 1", "embedding:  50% (1/2) [00:01<00:01, 1.0batch/s]",
-            "WARNING:apache_beam.io.filesystem:a real warning",
-            "Traceback (most recent call last):"]
-    for line in kept:
-        assert not progress.is_log_noise(line, 3), line
-    # TF_CPP_MIN_LOG_LEVEL=2 keeps TensorFlow's errors, 0 all of its lines
-    assert not progress.is_log_noise(noise[3], 2) and progress.is_log_noise(noise[2], 2)
-    assert not any(progress.is_log_noise(line, 0) for line in noise[:5])
-
-
 def test_worker_output_is_filtered_and_the_processs_own_messages_pass():
     """In a fresh process whose stderr is file descriptor 2 (in this one pytest
     captures sys.stderr, and the filter stands aside)."""
@@ -210,13 +187,13 @@ def test_worker_output_is_filtered_and_the_processs_own_messages_pass():
             subprocess.run([sys.executable, "-c", {worker!r}])
         print("after", file=sys.stderr)
         """)
-    env = {k: v for k, v in os.environ.items() if k != progress.VERBOSE_VARIABLE}
+    env = {k: v for k, v in os.environ.items() if k != tensorflow_startup.VERBOSE_VARIABLE}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines() == ["own message", "a worker error", "after"]
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**env, progress.VERBOSE_VARIABLE: "1"}, timeout=60)
+                          env={**env, tensorflow_startup.VERBOSE_VARIABLE: "1"}, timeout=60)
     assert "INFO:__main__:Logging handler created." in done.stderr.splitlines()
 
 

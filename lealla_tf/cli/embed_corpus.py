@@ -51,7 +51,6 @@ import logging
 import os
 import sys
 import time
-from typing import Optional
 
 # The pipeline loads TensorFlow: it is imported where it runs, so that --help and
 # a bad flag answer before (tests/cli/test_scripts.py).
@@ -69,7 +68,7 @@ def reading_example(output: str) -> str:
             ".parts, .ids(rows), .texts(rows)")
 
 
-def format_summary(manifest: dict, output: str, seconds: Optional[float] = None) -> str:
+def format_summary(manifest: dict, output: str, seconds: float | None = None) -> str:
     """The command line's closing summary of a committed run: what was read,
     embedded and dead-lettered, where the output is and how to read it."""
     from lealla_tf.pipelines.corpus_steps import DEAD_LETTER_FILE

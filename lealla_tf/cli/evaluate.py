@@ -73,12 +73,12 @@ def main(argv=None) -> int:
         per_language,
         tatoeba_with_margin,
     )
+    from lealla_tf.inference.collapse import collapse_warning
     from lealla_tf.inference.loaders import load_embedder
-    from lealla_tf.mining.margins import collapse_warning
     from lealla_tf.parallel_corpus import find_tatoeba_languages
 
     plot = args.plot or os.path.splitext(args.output_json)[0] + ".png"
-    languages = [l for l in args.bucc_languages.split(",") if l]
+    languages = [code for code in args.bucc_languages.split(",") if code]
     try:
         if args.max_pairs < 0:
             raise ValueError(f"--max_pairs must be >= 0 (0: all pairs), got {args.max_pairs}")

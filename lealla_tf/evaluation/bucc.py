@@ -8,7 +8,7 @@ Every F1 states the gold pairs behind it (`gold_pairs_note`).
 
 import collections
 import os
-from typing import Callable, Dict, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -175,7 +175,7 @@ def bucc_candidates(source_embeddings, english_embeddings, source_ids, english_i
             [english_ids[i] for i in mined["target"]])
 
 
-def score_against_gold(scores, sources, englishes, gold, threshold: float) -> Dict[str, float]:
+def score_against_gold(scores, sources, englishes, gold, threshold: float) -> dict[str, float]:
     """Precision, recall and F1 of the candidates scoring >= threshold."""
     kept = [(s, e) for score, s, e in zip(scores, sources, englishes) if score >= threshold]
     hits = sum(1 for pair in kept if pair in gold)
@@ -187,7 +187,7 @@ def score_against_gold(scores, sources, englishes, gold, threshold: float) -> Di
 
 def evaluate_bucc(embed: Callable, bucc_dir: str, languages: Sequence[str],
                   batch_size: int = PIPELINE_BATCH_SIZE,
-                  progress: bool = False) -> Dict[str, float]:
+                  progress: bool = False) -> dict[str, float]:
     """The BUCC 2018 protocol (LASER tasks/bucc): mine with ratio margin (k=4,
     retrieval max), choose the threshold with the best F1 on the `training`
     split's gold, report precision / recall / F1 on `test` at that threshold.

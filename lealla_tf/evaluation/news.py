@@ -25,7 +25,7 @@ Importing it loads no TensorFlow: `NEWS_LANGUAGES` is a default of
 
 import hashlib
 import os
-from typing import Callable, Dict, List, Sequence, Tuple
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -62,19 +62,19 @@ def split_of(english: str) -> str:
     return "training" if _hash(english.strip(), "lealla_tf.news.split") % 2 else "test"
 
 
-def band_name(band: Tuple[int, int]) -> str:
+def band_name(band: tuple[int, int]) -> str:
     low, high = band
     return f"{low}+" if high >= 10 ** 9 else f"{low}-{high - 1}"
 
 
-def ntrex_files(ntrex_dir: str) -> Dict[str, str]:
+def ntrex_files(ntrex_dir: str) -> dict[str, str]:
     """{code: path} of NTREX's `<code>-eng.tsv.gz` files, by the file's own code
     (`zho-CN` and `zho-TW`, `fra` and `fra-CA` are different sets)."""
     return {os.path.basename(f.path).split("-eng.")[0]: f.path
             for f in find_parallel_files([ntrex_dir])}
 
 
-def held_out_pairs(path: str) -> List[Tuple[str, str]]:
+def held_out_pairs(path: str) -> list[tuple[str, str]]:
     """The held-out (source, English) pairs of one NTREX file, in file order."""
     return [(s, e) for s, e in read_pairs(path) if is_held_out(e)]
 
@@ -123,7 +123,7 @@ def write_news_set(ntrex_dir: str, output_dir: str, languages: Sequence[str] = N
     return summary
 
 
-def read_news_pairs(news_dir: str, language: str) -> List[Tuple[str, str]]:
+def read_news_pairs(news_dir: str, language: str) -> list[tuple[str, str]]:
     with open(os.path.join(news_dir, f"{language}.pairs.tsv"), encoding="utf-8") as f:
         return [tuple(line.rstrip("\n").split("\t", 1)) for line in f]
 
@@ -135,7 +135,7 @@ class CachedEmbedder:
 
     def __init__(self, embedder):
         self.embedder = embedder
-        self.cache: Dict[str, np.ndarray] = {}
+        self.cache: dict[str, np.ndarray] = {}
 
     def __call__(self, strings):
         return self.encode([s.decode("utf-8") if isinstance(s, bytes) else s
@@ -154,7 +154,7 @@ class CachedEmbedder:
 
 
 def p_at_1_by_length(embed, news_dir: str, languages: Sequence[str],
-                     count_tokens: Callable[[List[str]], np.ndarray]) -> Dict[str, float]:
+                     count_tokens: Callable[[list[str]], np.ndarray]) -> dict[str, float]:
     """P@1 (both directions, averaged) of every held-out pair, by the longer
     side's token count (`count_tokens`, one tokenizer for every model compared,
     so each model is scored on the same pairs in each band).
@@ -188,7 +188,7 @@ def p_at_1_by_length(embed, news_dir: str, languages: Sequence[str],
 
 
 def evaluate_news(embedder, news_dir: str, languages: Sequence[str],
-                  count_tokens: Callable[[List[str]], np.ndarray]) -> Dict[str, float]:
+                  count_tokens: Callable[[list[str]], np.ndarray]) -> dict[str, float]:
     """Both news evaluations of one model: `news/<lang>/{precision,recall,f1,
     threshold}` and `news/average_f1` (BUCC protocol, ratio margin, threshold
     from the training half) with the gold pairs behind them (`news/<lang>/gold_pairs`,
@@ -208,5 +208,5 @@ def evaluate_news(embedder, news_dir: str, languages: Sequence[str],
     return metrics
 
 
-def length_band_names() -> List[str]:
+def length_band_names() -> list[str]:
     return [band_name(band) for band in LENGTH_BANDS]

@@ -2,7 +2,6 @@
 
 import json
 import os
-from typing import Dict
 
 import numpy as np
 
@@ -20,7 +19,7 @@ def _pyplot():
     return plt
 
 
-def plot_per_language(series: Dict[str, Dict[str, float]], path: str, title: str) -> str:
+def plot_per_language(series: dict[str, dict[str, float]], path: str, title: str) -> str:
     """A sorted horizontal bar chart of per-language P@1, one bar per series.
 
     Languages are rows, sorted by the first series (best at the top), so 56+
@@ -62,7 +61,7 @@ def read_jsonl(path: str) -> list:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def plot_training(runs: Dict[str, str], path: str, eval_pairs: int = 0) -> str:
+def plot_training(runs: dict[str, str], path: str, eval_pairs: int = 0) -> str:
     """Each loss term and dev P@1 against step, for each {name: model_dir}.
 
     The loss panel draws every term of every run unweighted (a term is the same

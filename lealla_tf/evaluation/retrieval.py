@@ -10,7 +10,7 @@ of the set (`lealla_tf.evaluation.tatoeba`).
 its translation among all the English sentences of the pool.
 """
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -31,7 +31,7 @@ BLOCK_BYTES = 32 << 20
 
 def embed_sentences(embed: Callable, sentences: Sequence, batch_size: int = PIPELINE_BATCH_SIZE,
                     progress: bool = False, description: str = "embedding",
-                    max_tokens: Optional[int] = PIPELINE_MAX_TOKENS) -> np.ndarray:
+                    max_tokens: int | None = PIPELINE_MAX_TOKENS) -> np.ndarray:
     """Embeds `sentences` in batches of similar length; rows in input order.
 
     Sorting by length before batching means little padding (each batch is
@@ -67,9 +67,9 @@ def retrieval_accuracy(queries: np.ndarray, pool: np.ndarray, gold: np.ndarray,
     return float(np.mean(indices[:, 0] == np.asarray(gold)))
 
 
-def evaluate_un_style(embed: Callable, pairs_by_language: Dict[str, list],
+def evaluate_un_style(embed: Callable, pairs_by_language: dict[str, list],
                       distractor_english: Sequence[str], batch_size: int = PIPELINE_BATCH_SIZE,
-                      index_type: str = "flat", progress: bool = False) -> Dict[str, float]:
+                      index_type: str = "flat", progress: bool = False) -> dict[str, float]:
     """UN-style P@1 (LaBSE / LEALLA's UN task): each source sentence retrieves
     its translation among ALL English sentences of the pool (every language's
     gold English plus distractors); P@1 xx -> en.
@@ -95,7 +95,7 @@ def evaluate_un_style(embed: Callable, pairs_by_language: Dict[str, list],
 
 # === Scoring a similarity matrix a block of rows at a time ===
 
-def row_blocks(rows: int, columns: int, block_rows: Optional[int] = None) -> List[slice]:
+def row_blocks(rows: int, columns: int, block_rows: int | None = None) -> list[slice]:
     """Slices covering `rows` rows, a block of at most `block_rows` each
     (default: as many as `BLOCK_BYTES` of float32 similarities with `columns`
     columns hold). The blocks are even, so that none is a sliver of a row or
@@ -110,7 +110,7 @@ def row_blocks(rows: int, columns: int, block_rows: Optional[int] = None) -> Lis
     return [slice(start, stop) for start, stop in zip(bounds[:-1], bounds[1:])]
 
 
-def merge_column_top(top: Optional[np.ndarray], block: np.ndarray, k: int) -> np.ndarray:
+def merge_column_top(top: np.ndarray | None, block: np.ndarray, k: int) -> np.ndarray:
     """Each column's `k` largest values among the rows merged so far and
     `block`'s: a `[<= k, columns]` array, largest first and NaN last, as
     `-np.sort(-matrix, axis=0)[:k]` orders the whole matrix's (`top`: None
@@ -121,8 +121,8 @@ def merge_column_top(top: Optional[np.ndarray], block: np.ndarray, k: int) -> np
     return -np.sort(negated, axis=0)
 
 
-def merge_column_argmax(best: Optional[Tuple[np.ndarray, np.ndarray]], block: np.ndarray,
-                        offset: int) -> Tuple[np.ndarray, np.ndarray]:
+def merge_column_argmax(best: tuple[np.ndarray, np.ndarray] | None, block: np.ndarray,
+                        offset: int) -> tuple[np.ndarray, np.ndarray]:
     """(values, rows) of each column's maximum among the rows merged so far and
     `block`'s (its rows numbered from `offset`), exactly as np.argmax(axis=0)
     of the whole matrix picks it: the first of equal maxima, and the first NaN

@@ -11,7 +11,7 @@ metric: `tatoeba/average_p_at_1`.
 """
 
 import time
-from typing import Callable, Dict, List, Optional
+from collections.abc import Callable
 
 import numpy as np
 
@@ -22,7 +22,8 @@ from lealla_tf.evaluation.retrieval import (
     row_blocks,
 )
 from lealla_tf.inference.batching import PIPELINE_BATCH_SIZE
-from lealla_tf.mining.margins import margin_scores, mean_cosine
+from lealla_tf.inference.collapse import mean_cosine
+from lealla_tf.mining.margins import margin_scores
 from lealla_tf.parallel_corpus import find_tatoeba_languages, read_tatoeba
 
 # The metric names, spelled here and nowhere else.
@@ -38,7 +39,7 @@ def _unit_rows(x):
 
 
 def nearest_candidates(queries: np.ndarray, candidates: np.ndarray,
-                       block_rows: Optional[int] = None) -> np.ndarray:
+                       block_rows: int | None = None) -> np.ndarray:
     """Each query row's nearest candidate by cosine (the first of ties, as
     np.argmax gives it), scored a block of query rows at a time (`row_blocks`)
     so that no matrix of every query and candidate is held."""
@@ -49,7 +50,7 @@ def nearest_candidates(queries: np.ndarray, candidates: np.ndarray,
 
 
 def nearest_neighbor_accuracy(queries: np.ndarray, candidates: np.ndarray,
-                              block_rows: Optional[int] = None) -> float:
+                              block_rows: int | None = None) -> float:
     """Fraction of rows i whose nearest candidate by cosine is candidate i."""
     return _fraction_on_the_diagonal(nearest_candidates(queries, candidates, block_rows))
 
@@ -59,7 +60,7 @@ def _fraction_on_the_diagonal(nearest: np.ndarray) -> float:
 
 
 def tatoeba_accuracy(source: np.ndarray, english: np.ndarray,
-                     block_rows: Optional[int] = None) -> Dict[str, float]:
+                     block_rows: int | None = None) -> dict[str, float]:
     """P@1 of the LASER / LaBSE Tatoeba protocol for one language.
 
     Row i of `source` translates row i of `english`. Each sentence retrieves its
@@ -75,8 +76,8 @@ def tatoeba_accuracy(source: np.ndarray, english: np.ndarray,
     return {"xx_to_en": forward, "en_to_xx": backward, "p_at_1": (forward + backward) / 2}
 
 
-def embed_tatoeba(embed: Callable, tatoeba_dir: str, languages: Optional[List[str]] = None,
-                  max_pairs: Optional[int] = None, batch_size: int = PIPELINE_BATCH_SIZE,
+def embed_tatoeba(embed: Callable, tatoeba_dir: str, languages: list[str] | None = None,
+                  max_pairs: int | None = None, batch_size: int = PIPELINE_BATCH_SIZE,
                   progress: bool = False):
     """Embeds every Tatoeba language in one length-sorted pass.
 
@@ -102,7 +103,7 @@ def embed_tatoeba(embed: Callable, tatoeba_dir: str, languages: Optional[List[st
             for language, (start, count) in spans.items()}
 
 
-def tatoeba_metrics(embedded) -> Dict[str, float]:
+def tatoeba_metrics(embedded) -> dict[str, float]:
     """Flat Tatoeba metrics of `embed_tatoeba`'s output: `tatoeba/<lang>/p_at_1`,
     `.../xx_to_en`, `.../en_to_xx`, `.../pairs`, `tatoeba/average_p_at_1`,
     `tatoeba/languages`."""
@@ -121,9 +122,9 @@ def tatoeba_metrics(embedded) -> Dict[str, float]:
     return metrics
 
 
-def evaluate_tatoeba(embed: Callable, tatoeba_dir: str, languages: Optional[List[str]] = None,
-                     max_pairs: Optional[int] = None, batch_size: int = PIPELINE_BATCH_SIZE,
-                     progress: bool = False) -> Dict[str, float]:
+def evaluate_tatoeba(embed: Callable, tatoeba_dir: str, languages: list[str] | None = None,
+                     max_pairs: int | None = None, batch_size: int = PIPELINE_BATCH_SIZE,
+                     progress: bool = False) -> dict[str, float]:
     """Tatoeba P@1 per language and averaged (the primary metric).
 
     Args:
@@ -140,7 +141,7 @@ def evaluate_tatoeba(embed: Callable, tatoeba_dir: str, languages: Optional[List
                                          progress))
 
 
-def per_language(metrics: Dict[str, float], name: str = "p_at_1") -> Dict[str, float]:
+def per_language(metrics: dict[str, float], name: str = "p_at_1") -> dict[str, float]:
     """{language: value} of one per-language Tatoeba metric."""
     result = {}
     for key, value in metrics.items():
@@ -154,7 +155,7 @@ def per_language(metrics: Dict[str, float], name: str = "p_at_1") -> Dict[str, f
 
 def tatoeba_margin_accuracy(source: np.ndarray, english: np.ndarray, k: int = 4,
                             margin: str = "ratio",
-                            block_rows: Optional[int] = None) -> Dict[str, float]:
+                            block_rows: int | None = None) -> dict[str, float]:
     """Tatoeba P@1 where candidates are ranked by margin (Artetxe & Schwenk
     2019) instead of raw cosine: hubs that are close to everything lose.
     Scored in blocks of rows (`margin_nearest`)."""
@@ -164,7 +165,7 @@ def tatoeba_margin_accuracy(source: np.ndarray, english: np.ndarray, k: int = 4,
 
 
 def neighbourhood_averages(source: np.ndarray, english: np.ndarray, k: int = 4,
-                           block_rows: Optional[int] = None):
+                           block_rows: int | None = None):
     """(each source row's, each English row's) mean cosine to its `k` nearest on
     the other side, from blocks of source rows (`row_blocks`): the English
     side's k nearest are merged block by block (`merge_column_top`), in the
@@ -186,7 +187,7 @@ def _averages(source, english, k, block_rows):
 
 
 def margin_nearest(source: np.ndarray, english: np.ndarray, k: int = 4, margin: str = "ratio",
-                   block_rows: Optional[int] = None):
+                   block_rows: int | None = None):
     """(each source row's, each English row's) nearest on the other side by
     `margin` (the first of ties, as np.argmax gives it), in two passes over
     blocks of source rows: the neighbourhood averages, then the scores, each
@@ -202,9 +203,9 @@ def margin_nearest(source: np.ndarray, english: np.ndarray, k: int = 4, margin: 
     return np.concatenate(forward), backward[1]
 
 
-def evaluate_tatoeba_margin(source_by_language: Dict[str, np.ndarray],
-                            english_by_language: Dict[str, np.ndarray],
-                            margin: str = "ratio", k: int = 4) -> Dict[str, float]:
+def evaluate_tatoeba_margin(source_by_language: dict[str, np.ndarray],
+                            english_by_language: dict[str, np.ndarray],
+                            margin: str = "ratio", k: int = 4) -> dict[str, float]:
     """Margin-based Tatoeba over precomputed embeddings, flat metrics under
     `tatoeba_margin/...` with `tatoeba_margin/average_p_at_1`."""
     metrics = {}
@@ -220,9 +221,9 @@ def evaluate_tatoeba_margin(source_by_language: Dict[str, np.ndarray],
 
 # === Tatoeba in one pass, as reports use it ===
 
-def tatoeba_with_margin(embed: Callable, tatoeba_dir: str, max_pairs: Optional[int] = None,
+def tatoeba_with_margin(embed: Callable, tatoeba_dir: str, max_pairs: int | None = None,
                         progress: bool = True,
-                        batch_size: int = PIPELINE_BATCH_SIZE) -> Dict[str, float]:
+                        batch_size: int = PIPELINE_BATCH_SIZE) -> dict[str, float]:
     """Cosine and margin Tatoeba metrics from ONE embedding pass, plus the
     sentence count and sentences/s of that pass."""
     start = time.time()
@@ -240,7 +241,7 @@ def first_pairs(embedded, count: int):
             for language, (source, english) in embedded.items()}
 
 
-def tatoeba_metrics_with_margin(embedded, seconds: float) -> Dict[str, float]:
+def tatoeba_metrics_with_margin(embedded, seconds: float) -> dict[str, float]:
     """Cosine and margin metrics of `embed_tatoeba`'s output, with the sentence
     count and the sentences/s of the pass that took `seconds`."""
     metrics = tatoeba_metrics(embedded)
@@ -268,7 +269,7 @@ def format_tatoeba_table(metrics: dict) -> str:
     return "\n".join(lines)
 
 
-def best_and_worst(values: Dict[str, float], count: int = 10):
+def best_and_worst(values: dict[str, float], count: int = 10):
     """(best `count`, worst `count`) languages of {language: value}, best first."""
     ranked = sorted(values, key=lambda language: (-values[language], language))
     return ranked[:count], ranked[-count:]

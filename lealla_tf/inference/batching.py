@@ -15,7 +15,7 @@ per batch (one to sort, one to embed); `benchmarks/embedding_speed.py` measures 
 import collections.abc
 import dataclasses
 import time
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -67,7 +67,7 @@ def _check_count(name: str, value) -> None:
 
 
 def length_batches(sorted_lengths: Sequence[int], batch_size: int,
-                   max_tokens: Optional[int] = None) -> list:
+                   max_tokens: int | None = None) -> list:
     """Cuts sentences sorted by length into `(start, stop)` batches: at most
     `batch_size` sentences each and, with `max_tokens`, at most that many padded
     positions (sentences x the batch's longest); a sentence longer than
@@ -90,10 +90,10 @@ def length_batches(sorted_lengths: Sequence[int], batch_size: int,
 
 
 def encode_in_length_order(embed_batch: Callable, sentences: Sequence, batch_size: int = 64,
-                           lengths: Optional[Sequence[int]] = None,
+                           lengths: Sequence[int] | None = None,
                            show_progress_bar: bool = False,
                            description: str = "embedding",
-                           max_tokens: Optional[int] = None) -> (np.ndarray, dict):
+                           max_tokens: int | None = None) -> (np.ndarray, dict):
     """Embeds `sentences` in batches of similar length; rows in input order.
 
     Args:
@@ -160,11 +160,11 @@ class TokenPath:
     tokenize: Callable
     embed_inputs: Callable
     pad_id: int = 0
-    embed_raw: Optional[Callable] = None
+    embed_raw: Callable | None = None
 
 
 def tokenize_once(tokenize: Callable, sentences: Sequence,
-                  chunk: Optional[int] = None) -> (np.ndarray, np.ndarray):
+                  chunk: int | None = None) -> (np.ndarray, np.ndarray):
     """Token ids of all `sentences`, as flat int32 ids and per-sentence lengths
     (specials included); memory is the tokens, not `n x longest`. `chunk`:
     sentences per `tokenize` call (default `TOKENIZE_CHUNK`)."""
@@ -179,7 +179,7 @@ def tokenize_once(tokenize: Callable, sentences: Sequence,
 
 
 def pack_rows(flat: np.ndarray, lengths: np.ndarray, rows, pad_id: int = 0,
-              starts: Optional[np.ndarray] = None) -> dict:
+              starts: np.ndarray | None = None) -> dict:
     """BERT inputs of sentences `rows` of a `tokenize_once` result, padded to
     their longest. `starts` (`cumsum(lengths) - lengths`): pass it when packing
     many batches of one result, so each batch costs its own rows, not all of them."""

@@ -16,7 +16,7 @@ user has.
 
 import time
 import warnings
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -48,9 +48,9 @@ class Embedder:
             for `encode(normalize_embeddings=False)` (without it, `embed_fn`'s).
     """
 
-    def __init__(self, embed_fn: Optional[Callable], dimension: int, description: str,
-                 token_lengths: Optional[Callable] = None, tokens: Optional[TokenPath] = None,
-                 raw_fn: Optional[Callable] = None):
+    def __init__(self, embed_fn: Callable | None, dimension: int, description: str,
+                 token_lengths: Callable | None = None, tokens: TokenPath | None = None,
+                 raw_fn: Callable | None = None):
         if tokens is not None and embed_fn is None:
             def embed_fn(strings):  # one batch, cut to its longest sentence
                 if not len(strings):
@@ -79,7 +79,7 @@ class Embedder:
             strings = strings if isinstance(strings, bytes) else list(strings)
         return np.asarray(self._embed(sentence_list(strings)), dtype=np.float32)
 
-    def token_lengths(self, sentences: Sequence) -> Optional[np.ndarray]:
+    def token_lengths(self, sentences: Sequence) -> np.ndarray | None:
         """Token counts of `sentences`, or None when the model hides its tokenizer."""
         if self._token_lengths is None:
             return None
@@ -87,7 +87,7 @@ class Embedder:
 
     def encode(self, sentences: Sequence, batch_size: int = PIPELINE_BATCH_SIZE,
                show_progress_bar: bool = False, description: str = "embedding",
-               max_tokens: Optional[int] = PIPELINE_MAX_TOKENS, *,
+               max_tokens: int | None = PIPELINE_MAX_TOKENS, *,
                normalize_embeddings: bool = True, convert_to_numpy: bool = True):
         """Embeds any number of sentences with length-aware batching (see module doc).
 

@@ -53,18 +53,13 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
-from lealla_tf.mining.margins import collapse_warning, mean_cosine
+from lealla_tf.inference.collapse import collapse_warning, mean_cosine
 from lealla_tf.models.checkpoint_conversion import read_saved_model_variables
 from lealla_tf.models.encoder import build_encoder
 from lealla_tf.models.model_dir import load_encoder, load_tokenizer
+from lealla_tf.tokenizers.tensorflow_adapter import export_root
 
 INPUT_NAMES = ("input_word_ids", "input_mask", "input_type_ids")
-
-
-def _new_root():
-    # tf.Module's variables / trainable_variables are read-only properties and
-    # are not saved; a plain AutoTrackable root takes them as lists.
-    return tf.__internal__.tracking.AutoTrackable()
 
 
 def _attach_variables(root, encoder, extra_trainable=()):
@@ -129,7 +124,7 @@ def export_lealla_model(encoder, tokenizer, export_path: str, jit_compile: bool 
     of `JIT_LENGTH_MULTIPLE` and `JIT_ROWS_MULTIPLE` rows (same outputs;
     benchmarks/embedding_speed.py measures it as the model `student_xla`).
     """
-    root = _new_root()
+    root = export_root()
     root.tokenizer = tokenizer
     root.vocab_file = tokenizer.vocab_file
     _attach_variables(root, encoder)
@@ -164,7 +159,7 @@ def export_lealla_model(encoder, tokenizer, export_path: str, jit_compile: bool 
 
 
 def _bert_pack_inputs(tokenizer, default_seq_length):
-    module = _new_root()
+    module = export_root()
 
     def pack(segments, seq_length=default_seq_length):
         return tokenizer.pack(list(segments), seq_length=seq_length)
@@ -191,13 +186,13 @@ def export_labse_pair(encoder, tokenizer, export_path: str, seq_length: int = No
              "encoder": os.path.join(export_path, "encoder")}
     strings = tf.TensorSpec([None], tf.string, name="inputs")
 
-    preprocessor = _new_root()
+    preprocessor = export_root()
     preprocessor.tokenizer = tokenizer
     preprocessor.vocab_file = tokenizer.vocab_file
     preprocess = tf.function(lambda inputs: tokenizer(inputs, seq_length=seq_length),
                              input_signature=[strings])
     preprocessor.__call__ = preprocess
-    tokenize = _new_root()
+    tokenize = export_root()
 
     def tokens_as_words(inputs):
         tokens = tokenizer.tokenize(inputs)
@@ -211,7 +206,7 @@ def export_labse_pair(encoder, tokenizer, export_path: str, seq_length: int = No
     tf.saved_model.save(preprocessor, paths["preprocessor"],
                         signatures={"serving_default": preprocess})
 
-    module = _new_root()
+    module = export_root()
     module.vocab_file = tokenizer.vocab_file
     module.do_lower_case = tf.Variable(tokenizer.lower_case, trainable=False, name="do_lower_case")
     _attach_variables(module, encoder)
@@ -261,7 +256,7 @@ def encoder_from_module(encoder_dir: str, config, dtype=None, name: str = "teach
 
 def export_encoder_only(encoder, export_path: str) -> str:
     """Exports int32 ids -> L2-normalised embeddings, with no text ops."""
-    root = _new_root()
+    root = export_root()
     _attach_variables(root, encoder)
 
     def embed(input_word_ids, input_mask, input_type_ids, training=False):

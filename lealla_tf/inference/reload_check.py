@@ -65,7 +65,9 @@ def fit_changes(model, layer, batch, loss):
     model.compile(optimizer="adam", loss=loss)
     before = [np.array(w.numpy()) for w in layer.trainable_weights]
     labels = tf.constant([i % 2 for i in range(int(batch.shape[0]))])
-    model.fit(tf.data.Dataset.from_tensor_slices((batch, labels)).batch(4), epochs=2, verbose=0)
+    # fit never shuffles a Dataset; saying so keeps Keras 3's warning that it ignores shuffle
+    model.fit(tf.data.Dataset.from_tensor_slices((batch, labels)).batch(4), epochs=2,
+              shuffle=False, verbose=0)
     return np.array(sum(not np.array_equal(b, np.array(w.numpy()))
                         for b, w in zip(before, layer.trainable_weights)))
 
@@ -98,7 +100,9 @@ def main():
             text = tf_keras.Input(shape=(), dtype=tf.string)
             model = tf_keras.Model(text, layer(text))
             results["batch"] = model.predict(batch, batch_size=len(sentences), verbose=0)
-            embed = lambda x, training: layer(x, training=training)  # noqa: E731
+
+            def embed(x, training):
+                return layer(x, training=training)
         else:
             preprocessor = hub.KerasLayer(os.path.join(args.path, "preprocessor"))
             layer = hub.KerasLayer(os.path.join(args.path, "encoder"), trainable=True)
@@ -106,7 +110,9 @@ def main():
             outputs = layer(preprocessor(text))
             model = tf_keras.Model(text, outputs["default"])
             results["batch"] = model.predict(batch, batch_size=len(sentences), verbose=0)
-            embed = lambda x, training: layer(preprocessor(x), training=training)["default"]  # noqa
+
+            def embed(x, training):
+                return layer(preprocessor(x), training=training)["default"]
         results["training_false"] = embed(batch, False).numpy()
         results["training_a"] = embed(batch, True).numpy()
         results["training_b"] = embed(batch, True).numpy()
@@ -141,7 +147,10 @@ def main():
     else:
         if args.format == "lealla":
             model = tf.saved_model.load(args.path)
-            embed = lambda x, training: model(x, training=training)  # noqa: E731
+
+            def embed(x, training):
+                return model(x, training=training)
+
             results["signature"] = model.signatures["serving_default"](inputs=batch)[
                 "default"].numpy()
             weights = model.trainable_variables
@@ -149,8 +158,10 @@ def main():
         else:
             preprocessor = tf.saved_model.load(os.path.join(args.path, "preprocessor"))
             encoder = tf.saved_model.load(os.path.join(args.path, "encoder"))
-            embed = lambda x, training: encoder(preprocessor(x), training=training)[  # noqa
-                "default"]
+
+            def embed(x, training):
+                return encoder(preprocessor(x), training=training)["default"]
+
             packed = preprocessor.bert_pack_inputs([preprocessor.tokenize(batch)])
             results["via_tokenize"] = encoder(packed)["default"].numpy()
             results["do_lower_case"] = np.array(encoder.do_lower_case.numpy())
@@ -163,7 +174,8 @@ def main():
         results["training_a"] = embed(batch, True).numpy()
         results["training_b"] = embed(batch, True).numpy()
     for i, weight in enumerate(weights):
-        results[f"weight_{i:04d}"] = np.asarray(getattr(weight, "numpy", lambda: weight)())
+        results[f"weight_{i:04d}"] = np.asarray(weight.numpy() if hasattr(weight, "numpy")
+                                                 else weight)
     np.savez(args.output, **results)
 
 

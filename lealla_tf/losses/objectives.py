@@ -21,7 +21,7 @@ the CLI's `--objective` help and the checks all read this table.
 """
 
 import dataclasses
-from typing import Callable, Dict, List, Optional, Tuple
+from collections.abc import Callable
 
 PROJECTION, REDUCTION, RECONSTRUCTION = "projection", "reduction", "reconstruction"
 TEACHER_LAYERS = "teacher_layers"
@@ -58,9 +58,9 @@ class TermInputs:
     scale: float
     margin: float
     temperature: float
-    batch: Optional[dict] = None
-    hidden_source: Optional[list] = None
-    hidden_target: Optional[list] = None
+    batch: dict | None = None
+    hidden_source: list | None = None
+    hidden_target: list | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +87,7 @@ class Objective:
     needs_teacher: bool
     gathers: bool
     default_weight: Callable[[int], float]
-    heads: Tuple[str, ...] = ()
+    heads: tuple[str, ...] = ()
     teacher_width_pooler: bool = False
     description: str = ""
 
@@ -191,7 +191,7 @@ def _hdsrc(x: TermInputs):
     return _hd_side(x, "source")
 
 
-OBJECTIVES: Dict[str, Objective] = {row.name: row for row in [
+OBJECTIVES: dict[str, Objective] = {row.name: row for row in [
     Objective("ams", _ams, needs_teacher=False, gathers=True, default_weight=lambda d: 1.0,
               description="additive margin softmax, negatives from the global batch"),
     Objective("fd", _fd, needs_teacher=True, gathers=False, default_weight=paper_beta,
@@ -223,7 +223,7 @@ OBJECTIVES: Dict[str, Objective] = {row.name: row for row in [
 ALIASES = {"lealla": "ams+fd+ld", "reimers": "mse", "ding": "mcl+mse"}
 
 
-def parse_objective(objective: str) -> List[str]:
+def parse_objective(objective: str) -> list[str]:
     """["ams", "fd", "ld"] for "ams+fd+ld" or "lealla"; an alias may be one of the
     joined parts ("lealla+hd"); ValueError otherwise."""
     terms = [term for part in objective.split("+") if part.strip()
@@ -237,7 +237,7 @@ def parse_objective(objective: str) -> List[str]:
     return terms
 
 
-def terms_needing(terms: List[str], head: str) -> List[str]:
+def terms_needing(terms: list[str], head: str) -> list[str]:
     """The terms of `terms` whose row needs `head`."""
     return [t for t in terms if head in OBJECTIVES[t].heads]
 
@@ -248,7 +248,7 @@ def reads_teacher(term: str) -> bool:
     return row.needs_teacher or TEACHER_LAYERS in row.heads
 
 
-def default_loss_weights(hidden_dim: int) -> Dict[str, float]:
+def default_loss_weights(hidden_dim: int) -> dict[str, float]:
     """Every term's default weight for a student of width `hidden_dim`."""
     return {name: row.default_weight(hidden_dim) for name, row in OBJECTIVES.items()}
 
@@ -260,7 +260,7 @@ def objective_help() -> str:
     return "'+'-joined terms: " + "; ".join(rows) + ". Aliases: " + ", ".join(aliases)
 
 
-def compute_terms(terms: List[str], inputs: TermInputs, global_batch_size: int) -> Dict:
+def compute_terms(terms: list[str], inputs: TermInputs, global_batch_size: int) -> dict:
     """{term: this replica's share of the batch-mean loss} for `terms`.
 
     Each row's per-example loss is summed over the replica's rows and divided

@@ -42,7 +42,6 @@ import enum
 import logging
 import os
 import time
-from typing import Dict, Optional, Tuple
 
 import numpy as np
 
@@ -51,7 +50,6 @@ from lealla_tf.mining.neighbours import (
     NeighbourLists,
     Rows,
     invalid_rows,
-    normalize_rows,
     plan_mining,
     search_neighbours,
     spill_folder,
@@ -74,40 +72,9 @@ class Retrieval(enum.Enum):
     MAX = "max"
 
 
-# Embeddings of different sentences whose mean cosine is this high carry no
-# information: a collapsed model (every sentence at one point) scores 1, trained
-# students and teachers far below it.
-COLLAPSED_MEAN_COSINE = 0.99
-
-
-def mean_cosine(embeddings, max_rows: int = 2000) -> float:
-    """The mean cosine between the embeddings of different rows (the first
-    `max_rows`): near 1 when a model maps every sentence to the same point. Rows
-    of zeros (a model collapsed to the origin) count as the same point: cosine
-    1 with each other, 0 with the rest."""
-    x = normalize_rows(np.asarray(embeddings)[:max_rows])
-    n = len(x)
-    if n < 2:
-        return float("nan")
-    zeros = int(np.sum(~np.any(x, axis=1)))
-    total = x.sum(axis=0, dtype=np.float64)
-    pairs = total @ total - np.einsum("ij,ij->", x, x, dtype=np.float64) + zeros * (zeros - 1)
-    return float(pairs / (n * (n - 1)))
-
-
-def collapse_warning(cosine: float, what: str) -> Optional[str]:
-    """A warning naming `what` when `mean_cosine` says it has collapsed, else None."""
-    if not cosine >= COLLAPSED_MEAN_COSINE:
-        return None
-    return (f"WARNING: {what} has collapsed: different sentences have a mean cosine of "
-            f"{cosine:.5f}, so its embeddings barely tell them apart. Train longer, lower "
-            "the learning rate, or train with the main job's recipe on your pairs "
-            "(python -m lealla_tf.recipe --data_dir=DIR)")
-
-
 def margin_scores(cosines: np.ndarray, source_average: np.ndarray,
                   target_average: np.ndarray, margin: Margin,
-                  positive: Optional[np.ndarray] = None) -> np.ndarray:
+                  positive: np.ndarray | None = None) -> np.ndarray:
     """Margin of candidate cosines; averages broadcast against `cosines`.
 
     A NaN average (a sentence whose search found no neighbour) is left out of
@@ -167,9 +134,9 @@ def greedy_one_to_one(scores: np.ndarray, sources: np.ndarray,
     return kept[np.argsort(-scores[kept], kind="stable")]
 
 
-def _best_pairs(neighbours: NeighbourLists, own: Tuple[np.ndarray, np.ndarray],
-                other: Tuple[np.ndarray, np.ndarray], margin: Margin,
-                chunk: int) -> Tuple[Tuple[np.ndarray, np.ndarray, np.ndarray], int]:
+def _best_pairs(neighbours: NeighbourLists, own: tuple[np.ndarray, np.ndarray],
+                other: tuple[np.ndarray, np.ndarray], margin: Margin,
+                chunk: int) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], int]:
     """((score, row, partner) of each row's best-scoring found neighbour, the
     number of found neighbours left out because their ratio is undefined).
     `own` and `other` are the (averages, positive) of the two sides."""
@@ -195,10 +162,10 @@ def _best_pairs(neighbours: NeighbourLists, own: Tuple[np.ndarray, np.ndarray],
 
 
 def mine(source, target, k: int = 4, margin: str = "ratio", retrieval: str = "max",
-         threshold: Optional[float] = None, index_type: str = "flat",
-         chunk_size: int = 65_536, memory_budget_gb: Optional[float] = None,
-         work_dir: Optional[str] = None, skip_invalid: bool = False,
-         neighbours_dir: Optional[str] = None, **index_options) -> Dict[str, np.ndarray]:
+         threshold: float | None = None, index_type: str = "flat",
+         chunk_size: int = 65_536, memory_budget_gb: float | None = None,
+         work_dir: str | None = None, skip_invalid: bool = False,
+         neighbours_dir: str | None = None, **index_options) -> dict[str, np.ndarray]:
     """Mines translation pairs between two embedding matrices.
 
     Args:
@@ -314,7 +281,7 @@ def mine(source, target, k: int = 4, margin: str = "ratio", retrieval: str = "ma
             "target": targets.astype(np.int64), **report}
 
 
-def best_threshold(scores: np.ndarray, correct: np.ndarray, num_gold: int) -> Dict[str, float]:
+def best_threshold(scores: np.ndarray, correct: np.ndarray, num_gold: int) -> dict[str, float]:
     """The score threshold with the best F1 against gold (BUCC training split).
 
     Args:

@@ -23,7 +23,8 @@ import contextlib
 import math
 import os
 import tempfile
-from typing import NamedTuple, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -98,7 +99,7 @@ class Rows:
             return np.zeros((0, self.dim), np.float32)
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
-    def chunks(self, size: int, start: int = 0, stop: Optional[int] = None):
+    def chunks(self, size: int, start: int = 0, stop: int | None = None):
         """(first row, float32 copy) of consecutive chunks of rows [start, stop)."""
         stop = self.rows if stop is None else stop
         for first in range(start, stop, size):
@@ -127,7 +128,7 @@ def _read_part(part, start: int, stop: int) -> np.ndarray:
         mapped._mmap.close()  # unmapped now: the chunk's pages leave this process
 
 
-def invalid_rows(rows: Rows, chunk: int = 65_536) -> Tuple[np.ndarray, np.ndarray]:
+def invalid_rows(rows: Rows, chunk: int = 65_536) -> tuple[np.ndarray, np.ndarray]:
     """(indices, reasons) of rows that cannot be mined: a NaN or infinite value,
     or all zeros (no direction). Reasons are "non_finite" or "zero"."""
     indices, reasons = [np.zeros(0, np.int64)], [np.zeros(0, object)]
@@ -145,9 +146,9 @@ def invalid_rows(rows: Rows, chunk: int = 65_536) -> Tuple[np.ndarray, np.ndarra
 
 # === Indexes ===
 
-def _index_options(n: int, d: int, index_type: str, nlist: Optional[int] = None,
-                   nprobe: int = 16, pq_subquantizers: Optional[int] = None,
-                   train_size: Optional[int] = None, seed: int = 0) -> dict:
+def _index_options(n: int, d: int, index_type: str, nlist: int | None = None,
+                   nprobe: int = 16, pq_subquantizers: int | None = None,
+                   train_size: int | None = None, seed: int = 0) -> dict:
     """Checked index settings for n candidates: {type, nlist, nprobe, m, train_size}."""
     if index_type not in ("flat", "ivf", "ivfpq"):
         raise ValueError(f"index_type must be flat, ivf or ivfpq, got {index_type!r}")
@@ -175,8 +176,8 @@ def _bytes_per_vector(d: int, options: dict) -> int:
     return (options["m"] if options["type"] == "ivfpq" else 4 * d) + 16
 
 
-def _trained_index(candidates: Rows, skip: Optional[np.ndarray], options: dict,
-                   sample_rows: Optional[int], seed: int, chunk: int):
+def _trained_index(candidates: Rows, skip: np.ndarray | None, options: dict,
+                   sample_rows: int | None, seed: int, chunk: int):
     """An empty faiss inner-product index, trained on a sample of the valid candidates."""
     import faiss  # noqa: PLC0415 - heavy: loads only when an index is built or searched
 
@@ -201,9 +202,9 @@ def _trained_index(candidates: Rows, skip: Optional[np.ndarray], options: dict,
     return index
 
 
-def build_index(vectors, index_type: str = "flat", nlist: Optional[int] = None,
-                nprobe: int = 16, pq_subquantizers: Optional[int] = None, seed: int = 0,
-                chunk_size: int = 65_536, train_size: Optional[int] = None):
+def build_index(vectors, index_type: str = "flat", nlist: int | None = None,
+                nprobe: int = 16, pq_subquantizers: int | None = None, seed: int = 0,
+                chunk_size: int = 65_536, train_size: int | None = None):
     """A faiss inner-product index over the unit rows of `vectors` (array or Rows).
 
     Args:
@@ -223,7 +224,7 @@ def build_index(vectors, index_type: str = "flat", nlist: Optional[int] = None,
     return index
 
 
-def _fill(index, rows: Rows, skip: Optional[np.ndarray], start: int, stop: int,
+def _fill(index, rows: Rows, skip: np.ndarray | None, start: int, stop: int,
           chunk: int) -> None:
     """Adds the valid rows [start, stop) of `rows`, unit length, under their row numbers."""
     for first, x in rows.chunks(chunk, start, stop):
@@ -242,7 +243,7 @@ class NeighbourLists:
     [-1, 1]; -inf where none) and ids (-1 where none), in memory or in two files
     that are read and written a row range at a time."""
 
-    def __init__(self, n: int, k: int, directory: Optional[str] = None, name: str = ""):
+    def __init__(self, n: int, k: int, directory: str | None = None, name: str = ""):
         self.n, self.k, self._files = n, k, None
         if directory is None:
             self._sims = np.full((n, k), -np.inf, np.float32)
@@ -259,7 +260,7 @@ class NeighbourLists:
         while self._files:
             os.close(self._files.pop())
 
-    def read(self, start: int, stop: int) -> Tuple[np.ndarray, np.ndarray]:
+    def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         if self._files is None:
             return self._sims[start:stop], self._ids[start:stop]
         shape = (stop - start, self.k)
@@ -290,7 +291,7 @@ class NeighbourLists:
             ids = np.take_along_axis(ids, order, 1)
         self.write(start, sims, ids)
 
-    def averages(self, chunk: int) -> Tuple[np.ndarray, np.ndarray]:
+    def averages(self, chunk: int) -> tuple[np.ndarray, np.ndarray]:
         """(mean similarity of each row's found neighbours, NaN where none was
         found; whether all of them are > 0, True where none was found)."""
         out, positive = np.empty(self.n, np.float32), np.ones(self.n, bool)
@@ -309,13 +310,13 @@ class MiningPlan(NamedTuple):
     """How `plan_mining` fits the work into a memory budget."""
 
     query_rows: int  # queries searched (and candidates added) at once
-    block_rows: Optional[int]  # candidates indexed at once (None: a whole side)
-    sample_rows: Optional[int]  # cap on the index's training sample
+    block_rows: int | None  # candidates indexed at once (None: a whole side)
+    sample_rows: int | None  # cap on the index's training sample
     spill: bool  # neighbour lists on disk
 
 
 def plan_mining(n_source: int, n_target: int, d: int, k: int, index_type: str = "flat",
-                memory_budget_gb: Optional[float] = None, chunk_size: int = 65_536,
+                memory_budget_gb: float | None = None, chunk_size: int = 65_536,
                 **index_options) -> MiningPlan:
     """Checks mining settings and fits the work into `memory_budget_gb`.
 
@@ -353,8 +354,8 @@ def plan_mining(n_source: int, n_target: int, d: int, k: int, index_type: str = 
 
 
 def search_neighbours(queries: Rows, candidates: Rows, k: int, plan: MiningPlan,
-                      result: NeighbourLists, skip_queries: Optional[np.ndarray] = None,
-                      skip_candidates: Optional[np.ndarray] = None, index_type: str = "flat",
+                      result: NeighbourLists, skip_queries: np.ndarray | None = None,
+                      skip_candidates: np.ndarray | None = None, index_type: str = "flat",
                       seed: int = 0, index=None, **index_options) -> None:
     """Fills `result` with the k nearest valid candidates of every query.
 
@@ -394,7 +395,7 @@ SPILL_FOLDER = r"mining-(?P<pid>\d+)-(?P<host>[A-Za-z0-9_]+)-[a-z0-9_]+"
 
 
 @contextlib.contextmanager
-def spill_folder(work_dir: Optional[str]):
+def spill_folder(work_dir: str | None):
     """A fresh folder for spilled neighbour lists in `work_dir` (default: the
     temporary folder), named by this process and host and removed after use;
     the folders of killed runs found there (their process gone) go first."""
@@ -405,8 +406,8 @@ def spill_folder(work_dir: Optional[str]):
 
 
 def knn(queries, candidates, k: int, index_type: str = "flat", chunk_size: int = 65_536,
-        index=None, memory_budget_gb: Optional[float] = None,
-        **index_options) -> Tuple[np.ndarray, np.ndarray]:
+        index=None, memory_budget_gb: float | None = None,
+        **index_options) -> tuple[np.ndarray, np.ndarray]:
     """k nearest candidates of each query by cosine: (similarities, indices).
 
     Rows are normalised chunk by chunk; queries are searched `chunk_size` at a

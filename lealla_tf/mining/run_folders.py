@@ -29,7 +29,6 @@ import os
 import re
 import shutil
 import socket
-from typing import List, Optional
 
 from lealla_tf.json_files import read_json_or_none
 
@@ -49,7 +48,7 @@ class DamagedManifestError(ValueError):
         self.path = path
 
 
-def read_manifest(output_dir: str) -> Optional[dict]:
+def read_manifest(output_dir: str) -> dict | None:
     """The manifest of a pipeline output directory, or None when it has none;
     DamagedManifestError (naming the file) when it is cut short or no manifest."""
     path = os.path.join(output_dir, MANIFEST)
@@ -71,7 +70,7 @@ def read_manifest(output_dir: str) -> Optional[dict]:
     return manifest
 
 
-def manifest_files(output_dir: str, suffix: str = ".tfrecord.gz") -> List[str]:
+def manifest_files(output_dir: str, suffix: str = ".tfrecord.gz") -> list[str]:
     """The shard files of the last complete run (FileNotFoundError if none,
     DamagedManifestError if its manifest is damaged)."""
     manifest = read_manifest(output_dir)
@@ -118,7 +117,7 @@ def _committed(output_dir: str, run_dir: str) -> bool:
     return manifest is not None and manifest["run"] == os.path.basename(run_dir)
 
 
-def commit_run(output_dir: str, run_dir: str, files: List[str], **details) -> dict:
+def commit_run(output_dir: str, run_dir: str, files: list[str], **details) -> dict:
     """Points the manifest at `run_dir` (atomically), then deletes the runs
     this output made before: the one the old manifest named and the ones its
     record lists. A folder neither names is not ours and stays. Returns the
@@ -139,7 +138,7 @@ def commit_run(output_dir: str, run_dir: str, files: List[str], **details) -> di
     return manifest
 
 
-def remove_abandoned_runs(output_dir: str) -> List[str]:
+def remove_abandoned_runs(output_dir: str) -> list[str]:
     """Removes the run folders that the record of `output_dir` lists and its
     manifest does not name: runs of this output that were killed or refused
     before they committed (a folder the record does not list is not ours and
@@ -163,7 +162,7 @@ def remove_abandoned_runs(output_dir: str) -> List[str]:
     return removed
 
 
-def _recorded_runs(output_dir: str) -> List[str]:
+def _recorded_runs(output_dir: str) -> list[str]:
     """The run folders the record of `output_dir` lists ([] for none, or for an
     unreadable record: a run it no longer knows is left, never guessed at)."""
     path = os.path.join(output_dir, RUNS_RECORD)
@@ -179,7 +178,7 @@ def _recorded_runs(output_dir: str) -> List[str]:
         return []
 
 
-def _record_runs(output_dir: str, runs: List[str]) -> None:
+def _record_runs(output_dir: str, runs: list[str]) -> None:
     """Replaces the record of `output_dir` (atomically) with `runs`."""
     path = os.path.join(output_dir, RUNS_RECORD)
     temporary = f"{path}.tmp-{os.getpid()}"
@@ -188,7 +187,7 @@ def _record_runs(output_dir: str, runs: List[str]) -> None:
     os.replace(temporary, path)
 
 
-def _remove_runs(output_dir: str, names: List[str]) -> List[str]:
+def _remove_runs(output_dir: str, names: list[str]) -> list[str]:
     """Removes the run folders `names` of `output_dir` (names that are not run
     folders' and symbolic links are left); returns the removed paths."""
     removed = []
@@ -200,7 +199,7 @@ def _remove_runs(output_dir: str, names: List[str]) -> List[str]:
     return removed
 
 
-def file_in_the_way(path: str) -> Optional[str]:
+def file_in_the_way(path: str) -> str | None:
     """The nearest existing folder above the local `path` when it is no folder
     (a file a run could not write below), else None; None for remote paths."""
     if "://" in path:
@@ -218,7 +217,7 @@ def host_tag() -> str:
     return re.sub(r"[^A-Za-z0-9]", "_", socket.gethostname())[:40] or "host"
 
 
-def remove_dead_leftovers(directory: str, pattern: str) -> List[str]:
+def remove_dead_leftovers(directory: str, pattern: str) -> list[str]:
     """Removes the leftovers of killed runs from the local folder `directory`:
     the entries whose whole name matches `pattern` and whose run is over.
 

@@ -13,7 +13,7 @@ import os
 import re
 import shutil
 import struct
-from typing import List, NamedTuple, Optional, Tuple
+from typing import NamedTuple
 
 import google_crc32c
 import numpy as np
@@ -30,12 +30,12 @@ from lealla_tf.records import EMBEDDING_ID, EMBEDDING_TEXT, EMBEDDING_VECTOR, em
 log = logging.getLogger(__name__)
 
 
-def _embedding_files(output_dir: str) -> List[str]:
+def _embedding_files(output_dir: str) -> list[str]:
     return [f for f in manifest_files(output_dir) if os.path.basename(f).startswith(
         "embeddings")]
 
 
-def _parsed_batches(files: List[str], batch_size: int):
+def _parsed_batches(files: list[str], batch_size: int):
     """The embedding records of `files`, parsed `batch_size` at a time, in file order."""
     features = embedding_features()
     return tf.data.TFRecordDataset(files, compression_type="GZIP").batch(batch_size).map(
@@ -86,7 +86,7 @@ class StringColumn:
         self._data, self._ends = (os.path.join(directory, f"{name}.{suffix}")
                                   for suffix in ("bin", "ends"))
 
-    def lookup(self, indices) -> List[str]:
+    def lookup(self, indices) -> list[str]:
         with open(self._data, "rb") as data, open(self._ends, "rb") as ends:
             strings = []
             for i in np.asarray(indices, np.int64).tolist():
@@ -105,7 +105,7 @@ class StringColumn:
 
 
 class MappedShard(NamedTuple):
-    vectors: Tuple[str, int, int]  # (path, rows, dim) of raw little-endian float32
+    vectors: tuple[str, int, int]  # (path, rows, dim) of raw little-endian float32
     ids: StringColumn
     texts: StringColumn
 
@@ -115,7 +115,7 @@ class MappedEmbeddings:
     `lealla_tf.mining.neighbours.Rows`; `ids` / `texts` look up strings by
     global row number."""
 
-    def __init__(self, shards: List[MappedShard]):
+    def __init__(self, shards: list[MappedShard]):
         self.shards = shards
         self.parts = [shard.vectors for shard in shards]
         self._starts = np.cumsum([0] + [rows for _, rows, _ in self.parts])
@@ -123,7 +123,7 @@ class MappedEmbeddings:
         dims = {dim for _, rows, dim in self.parts if rows}
         self.dim = dims.pop() if len(dims) == 1 else (0 if not dims else None)
 
-    def _lookup(self, column: str, indices) -> List[str]:
+    def _lookup(self, column: str, indices) -> list[str]:
         indices = np.asarray(indices, np.int64)
         shard = np.searchsorted(self._starts, indices, side="right") - 1
         out = [None] * len(indices)
@@ -135,14 +135,14 @@ class MappedEmbeddings:
                 out[position] = string
         return out
 
-    def ids(self, indices) -> List[str]:
+    def ids(self, indices) -> list[str]:
         return self._lookup("ids", indices)
 
-    def texts(self, indices) -> List[str]:
+    def texts(self, indices) -> list[str]:
         return self._lookup("texts", indices)
 
 
-def mmap_embeddings(output_dir: str, cache_dir: Optional[str] = None,
+def mmap_embeddings(output_dir: str, cache_dir: str | None = None,
                     batch_size: int = 4096) -> MappedEmbeddings:
     """The embedding shards of an `embed_corpus` output as memory-mappable files.
 
@@ -189,7 +189,7 @@ def mmap_embeddings(output_dir: str, cache_dir: Optional[str] = None,
     return MappedEmbeddings(shards)
 
 
-def _mapped_copy(path: str, folder: str) -> Tuple[Optional[dict], Optional[str]]:
+def _mapped_copy(path: str, folder: str) -> tuple[dict | None, str | None]:
     """(meta, None) when the copy in `folder` matches shard `path`, else (None, why not)."""
     try:
         with open(os.path.join(folder, _META)) as f:
@@ -236,7 +236,7 @@ def _file_crc32c(path: str, block: int = 16 * 2 ** 20) -> int:
     return crc
 
 
-def _stamp(path: str) -> List[int]:
+def _stamp(path: str) -> list[int]:
     """Size and modification time of a shard: a copy made of another file is redone."""
     if "://" in path:
         stat = tf.io.gfile.stat(path)
@@ -281,7 +281,7 @@ class _ChecksummedFile:
         self.crc = google_crc32c.extend(self.crc, data)
 
 
-def _write_mapped(path: str, folder: str, batch_size: int) -> Tuple[int, int, dict]:
+def _write_mapped(path: str, folder: str, batch_size: int) -> tuple[int, int, dict]:
     """Writes the vectors, ids and texts of shard `path` into `folder`: (rows, dim,
     {file name: [size, CRC32C]})."""
     rows, dim, ends = 0, 0, {EMBEDDING_ID: 0, EMBEDDING_TEXT: 0}

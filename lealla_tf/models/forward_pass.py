@@ -27,7 +27,8 @@ The keras-hub sublayers it reads come from `lealla_tf.models.transformer_adapter
 """
 
 import math
-from typing import Collection, NamedTuple, Optional
+from collections.abc import Collection
+from typing import NamedTuple
 
 import keras
 import tensorflow as tf
@@ -43,7 +44,7 @@ from lealla_tf.models.transformer_adapter import TransformerParts, transformer_p
 INFERENCE_PARTS = 2
 
 
-def forward(encoder, inputs, training=False, parts: Optional[int] = None,
+def forward(encoder, inputs, training=False, parts: int | None = None,
             fused_kernels: bool = False, skipped_layers: Collection[int] = ()) -> dict:
     """The outputs of `encoder(inputs, training=training)` (see the module).
 
@@ -221,9 +222,8 @@ def activate(activation, x):
     """`activation(x)`, computed in float32 when `x` is bfloat16 (then cast back):
     TensorFlow's bfloat16 elementwise kernels are slower than its float32 ones
     on a CPU (the `float32_activation` lever of the retired
-    `benchmarks/train_throughput.py --levers`, in `git show
-    db0a34d:benchmarks/results/train_levers.json`), and it rounds once instead
-    of at every op."""
+    `benchmarks/train_throughput.py --levers`: docs/benchmarks.md, "Settings chosen
+    by retired benchmarks"), and it rounds once instead of at every op."""
     if x.dtype != tf.bfloat16:
         return activation(x)
     return tf.cast(activation(tf.cast(x, tf.float32)), x.dtype)

@@ -11,7 +11,6 @@ tokenizer from this directory alone.
 
 import dataclasses
 import os
-from typing import Optional
 
 import tensorflow as tf
 
@@ -35,7 +34,7 @@ def vocab_file_name(vocab_file: str) -> str:
 
 
 def write_model_config(model_dir: str, encoder: EncoderConfig, tokenizer: TokenizerConfig,
-                       source_vocab_file: Optional[str] = None, **sections) -> dict:
+                       source_vocab_file: str | None = None, **sections) -> dict:
     """Writes config.json (and copies the vocabulary in) and returns the config.
 
     Args:
@@ -103,7 +102,7 @@ def tokenizer_config_of(model_dir: str) -> TokenizerConfig:
     return _config_section(model_dir, "tokenizer", TokenizerConfig)
 
 
-def build_tokenizer(config: TokenizerConfig, vocab_file: Optional[str] = None):
+def build_tokenizer(config: TokenizerConfig, vocab_file: str | None = None):
     """The `Tokenizer` a `TokenizerConfig` describes, on `vocab_file` (default
     `config.vocab_file`): the one place that maps settings to the constructor."""
     from lealla_tf.tokenizers.tokenizer import Tokenizer  # noqa: PLC0415 - tensorflow_text
@@ -122,12 +121,12 @@ def load_tokenizer(model_dir: str):
     return build_tokenizer(config, vocab_file)
 
 
-def latest_checkpoint(model_dir: str) -> Optional[str]:
+def latest_checkpoint(model_dir: str) -> str | None:
     """Path prefix of the newest checkpoint, or None."""
     return tf.train.latest_checkpoint(os.path.join(model_dir, CHECKPOINT_DIR))
 
 
-def load_encoder(model_dir: str, checkpoint: Optional[str] = None, dtype=None):
+def load_encoder(model_dir: str, checkpoint: str | None = None, dtype=None):
     """The encoder of a model directory with its trained weights.
 
     Args:

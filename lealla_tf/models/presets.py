@@ -5,7 +5,6 @@ its exact parameter count for a vocabulary size (default: LaBSE's 501,153 tokens
 """
 
 import dataclasses
-from typing import Dict, Optional
 
 from lealla_tf.configs import EncoderConfig
 
@@ -26,7 +25,7 @@ class Preset:
     encoder: EncoderConfig
     description: str
     paper_parameters: str
-    released_parameters: Optional[int] = None
+    released_parameters: int | None = None
 
 
 def _encoder(num_layers, hidden_dim, num_heads, intermediate_dim):
@@ -35,7 +34,7 @@ def _encoder(num_layers, hidden_dim, num_heads, intermediate_dim):
         num_heads=num_heads, hidden_dim=hidden_dim, intermediate_dim=intermediate_dim)
 
 
-PRESETS: Dict[str, Preset] = {
+PRESETS: dict[str, Preset] = {
     "labse": Preset(_encoder(12, 768, 12, 3072), "LaBSE, the teacher (Table 1 #0)",
                     "471M", 470_926_848),
     "lealla_small": Preset(_encoder(24, 128, 8, 512), "LEALLA-small, released (#8)",
@@ -73,7 +72,7 @@ def get_preset(name: str) -> Preset:
 DIMENSION_REDUCTION = "dimension_reduction"
 
 
-def student_preset(name: str, overrides: Optional[dict] = None, reduction_dim: int = 128,
+def student_preset(name: str, overrides: dict | None = None, reduction_dim: int = 128,
                    objective: str = "lealla"):
     """What a trainer's --preset means: (student kind, EncoderConfig, objective).
 

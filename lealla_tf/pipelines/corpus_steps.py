@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import zlib
-from typing import Any, Dict, Optional
+from typing import Any
 
 import apache_beam as beam
 import numpy as np
@@ -38,11 +38,11 @@ SHARD_CHUNK = 8192  # sentences a shard embeds between two reports
 
 # One loaded model per worker process, whatever the runner does with DoFn instances
 # (the DaskRunner sets a DoFn up again for every bundle).
-_MODELS: Dict[str, Any] = {}
+_MODELS: dict[str, Any] = {}
 
 
-def _embedder(model: str, max_seq_length: Optional[int] = None,
-              threads: Optional[int] = None):
+def _embedder(model: str, max_seq_length: int | None = None,
+              threads: int | None = None):
     if (model, max_seq_length) not in _MODELS:
         if threads:
             limit_threads(threads)
@@ -65,7 +65,7 @@ def limit_threads(threads: int) -> bool:
     return True
 
 
-def _report(progress_dir: Optional[str], name: str, value: str) -> None:
+def _report(progress_dir: str | None, name: str, value: str) -> None:
     """Replaces `progress_dir/name` with `value` (best effort: progress never
     fails a run)."""
     if progress_dir is None:
@@ -81,7 +81,7 @@ def _report(progress_dir: Optional[str], name: str, value: str) -> None:
         pass
 
 
-def read_progress(progress_dir: str) -> Dict[str, int]:
+def read_progress(progress_dir: str) -> dict[str, int]:
     """What a run's progress files say: files_read (completely), lines_read
     (so far) and embedded (so far)."""
     state = {"files_read": 0, "lines_read": 0, "embedded": 0}
@@ -129,7 +129,7 @@ class ReadLines(beam.DoFn):
     files called deu.txt in different folders give different ids.
     """
 
-    def __init__(self, root: str = "", progress_dir: Optional[str] = None):
+    def __init__(self, root: str = "", progress_dir: str | None = None):
         self._root = root
         self._progress_dir = progress_dir
 
@@ -258,15 +258,15 @@ class EmbedShard(beam.DoFn):
     """
 
     def __init__(self, model: str, run_dir: str, num_shards: int, pairs: bool,
-                 english_only: bool, batch_size: int, max_seq_length: Optional[int] = None,
-                 max_tokens: Optional[int] = None, threads: Optional[int] = None,
-                 progress_dir: Optional[str] = None):
+                 english_only: bool, batch_size: int, max_seq_length: int | None = None,
+                 max_tokens: int | None = None, threads: int | None = None,
+                 progress_dir: str | None = None):
         self._model, self._run_dir, self._num_shards = model, run_dir, num_shards
         self._pairs, self._english_only, self._batch_size = pairs, english_only, batch_size
         self._max_seq_length, self._max_tokens = max_seq_length, max_tokens
         self._threads, self._progress_dir = threads, progress_dir
 
-    def _encode(self, embedder, sides: Dict[str, list], report: str) -> Dict[str, np.ndarray]:
+    def _encode(self, embedder, sides: dict[str, list], report: str) -> dict[str, np.ndarray]:
         """{side: sentences} -> {side: [n, d] rows}, in chunks of similar length
         (sorted by the first side's characters)."""
         first = next(iter(sides.values()))

@@ -28,7 +28,7 @@ import json
 import logging
 import os
 import shutil
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -64,7 +64,7 @@ from lealla_tf.pipelines.options import pipeline_options, run_pipeline
 from lealla_tf.progress import PipelineProgress
 
 
-def threads_per_worker(options, asked: Optional[int] = None) -> Optional[int]:
+def threads_per_worker(options, asked: int | None = None) -> int | None:
     """TensorFlow threads for each worker's model: `asked` when given (0: TensorFlow's
     own default, all cores), else, when the local runner starts several worker
     processes (--direct_num_workers=N --direct_running_mode=multi_processing), this
@@ -88,9 +88,9 @@ def threads_per_worker(options, asked: Optional[int] = None) -> Optional[int]:
 def build_pipeline(pipeline, files: Sequence[str], model: str, run_dir: str,
                    input_format: str = "lines", pairs: bool = False, english_only: bool = False,
                    num_shards: int = 4, model_batch_size: int = PIPELINE_BATCH_SIZE,
-                   max_seq_length: Optional[int] = None,
-                   model_max_tokens: Optional[int] = PIPELINE_MAX_TOKENS,
-                   threads: Optional[int] = None, progress_dir: Optional[str] = None):
+                   max_seq_length: int | None = None,
+                   model_max_tokens: int | None = PIPELINE_MAX_TOKENS,
+                   threads: int | None = None, progress_dir: str | None = None):
     """Adds the embedding steps to `pipeline`; returns the run summary's PCollection.
 
     Lines are read, parsed (dead letters aside), grouped into `num_shards`
@@ -156,9 +156,9 @@ def expand_inputs(patterns: Sequence[str]):
 def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: str = "lines",
                  pairs: bool = False, english_only: bool = False, num_shards: int = 4,
                  model_batch_size: int = PIPELINE_BATCH_SIZE, pipeline_args: Sequence[str] = (),
-                 test_pipeline=None, max_seq_length: Optional[int] = None,
-                 model_max_tokens: Optional[int] = PIPELINE_MAX_TOKENS,
-                 threads_per_worker_asked: Optional[int] = None,
+                 test_pipeline=None, max_seq_length: int | None = None,
+                 model_max_tokens: int | None = PIPELINE_MAX_TOKENS,
+                 threads_per_worker_asked: int | None = None,
                  progress: bool = False) -> dict:
     """Embeds the files matching `inputs` into `output`; returns the committed manifest.
 

@@ -36,7 +36,8 @@ runner and the model cache), the stages by subject: `corpus` (vocabulary, sample
 news set), `training` (the students' configs, training, export) and `evaluations`
 (Tatoeba, news, mining), with the teacher's stages in `lealla_tf.teachers.vectors`;
 `planner` (the students' steps planned to the time budget) and `report` (the
-summary and headline figures). The command line is `lealla_tf.cli.recipe`.
+summary and headline figures). The command line is `lealla_tf.cli.recipe`; its flags,
+and the RecipeConfig they make for a program that passes them on, are `command_line`.
 
 May import: anything in lealla_tf but lealla_tf.cli.
 """

@@ -5,7 +5,6 @@ on pairs the sample left out (`mine_stage`)."""
 import os
 import pathlib
 import time
-from typing import Dict, Tuple
 
 from lealla_tf.evaluation.bucc import (
     BUCC_AVERAGE_F1,
@@ -30,7 +29,7 @@ from lealla_tf.recipe.stages import Models
 from lealla_tf.tokenizers.tokenizer import Tokenizer
 
 
-def evaluate_stage(models: Dict[str, Tuple[str, int]], tatoeba_dir: str,
+def evaluate_stage(models: dict[str, tuple[str, int]], tatoeba_dir: str,
                    loaded: Models) -> dict:
     """Tatoeba dev evaluation of each {name: (model, max pairs a language, 0: all)};
     also sentences/s. A model evaluated on all pairs is embedded once: its entries
@@ -61,7 +60,7 @@ def evaluate_stage(models: Dict[str, Tuple[str, int]], tatoeba_dir: str,
     return {name: results[name] for name in models}
 
 
-def news_stage(models: Dict[str, str], news_dir: str, languages, vocab_file: str,
+def news_stage(models: dict[str, str], news_dir: str, languages, vocab_file: str,
                loaded: Models) -> dict:
     """The news evaluations (`lealla_tf.evaluation.news.evaluate_news`) of each
     {name: model}, length bands counted with the students' tokenizer."""
@@ -84,7 +83,7 @@ def news_stage(models: Dict[str, str], news_dir: str, languages, vocab_file: str
 
 
 def mine_stage(config: RecipeConfig, data_dir, sample_dir: str, bucc_dir: str,
-               models: Dict[str, str], report_dir: str, loaded: Models) -> dict:
+               models: dict[str, str], report_dir: str, loaded: Models) -> dict:
     """BUCC-style evaluation on pairs NOT in the training sample."""
     used = set()
     for path in pathlib.Path(sample_dir).glob("*.tsv.gz"):

@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import json
 import os
-from typing import Dict
 
 from lealla_tf.evaluation.plots import plot_per_language, plot_training
 from lealla_tf.evaluation.tatoeba import TATOEBA_PRIMARY_METRIC, per_language
@@ -64,7 +63,7 @@ from lealla_tf.train.distribution import make_strategy
 
 # === The job ===
 
-def stage_settings(config: RecipeConfig, data_dir, precision: bool) -> Dict[str, dict]:
+def stage_settings(config: RecipeConfig, data_dir, precision: bool) -> dict[str, dict]:
     """The flags each stage's output depends on: its own and every earlier
     stage's (`Stages.run(settings=)`)."""
     values = dataclasses.asdict(config)

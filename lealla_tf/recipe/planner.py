@@ -7,7 +7,6 @@ defaults, and its --help answers before TensorFlow loads (tests/cli/test_scripts
 import dataclasses
 import json
 import os
-from typing import Optional
 
 from lealla_tf.configs import TrainConfig
 from lealla_tf.losses.objectives import parse_objective, reads_teacher
@@ -103,15 +102,15 @@ class BudgetPlanner:
     itself if the killed run had not yet.
     """
 
-    def __init__(self, config: RecipeConfig, stages, after_training: Optional[float],
-                 comparison: bool, model_dir: str, recorded: Optional[dict] = None):
+    def __init__(self, config: RecipeConfig, stages, after_training: float | None,
+                 comparison: bool, model_dir: str, recorded: dict | None = None):
         self.config, self.stages = config, stages
         self.after_training, self.comparison = after_training, comparison
         self.model_dir = model_dir
-        self.plan: Optional[dict] = dict(recorded) if recorded else None
-        self.resumed_at: Optional[int] = None
+        self.plan: dict | None = dict(recorded) if recorded else None
+        self.resumed_at: int | None = None
 
-    def start(self, steps_done: int) -> Optional[dict]:
+    def start(self, steps_done: int) -> dict | None:
         """The settings a run resuming at `steps_done` trains with (None: no plan
         was recorded): the recorded plan, its end the one before the re-plan
         until the step the re-plan was made at."""
@@ -129,7 +128,7 @@ class BudgetPlanner:
                          if key in self.plan})
         return settings
 
-    def __call__(self, measured: dict) -> Optional[dict]:
+    def __call__(self, measured: dict) -> dict | None:
         step = measured["step"]
         if self.plan is not None:
             replanned = self.plan.get("replanned_at_step")
@@ -193,7 +192,7 @@ class BudgetPlanner:
         """The comparison's time besides its steps: its start and evaluations."""
         return start + (PLANNED_EVALUATIONS + 1) * evaluation if self.comparison else 0.0
 
-    def replan(self, measured: dict) -> Optional[dict]:
+    def replan(self, measured: dict) -> dict | None:
         """At `REPLAN_AT_FRACTION` of the plan (once): the steps that fit what is
         left, timed over every step so far, so the job ends at its budget
         whichever length buckets came first. Only the end moves (the
@@ -240,9 +239,9 @@ def planned_every(steps: int) -> int:
     return max(1, -(-steps // PLANNED_EVALUATIONS))
 
 
-def student_run_config(train: "TrainConfig", config: RecipeConfig, steps: Optional[int],
+def student_run_config(train: "TrainConfig", config: RecipeConfig, steps: int | None,
                        guard_minutes: float = 0.0,
-                       recorded: Optional[dict] = None) -> "TrainConfig":
+                       recorded: dict | None = None) -> "TrainConfig":
     """A student's config: `steps` (with warmup, evaluations and checkpoints that
     follow from them), or a provisional one whose `BudgetPlanner` decides.
     `recorded`: the plan a resumed run made (`plan.json`); its evaluations and
@@ -266,7 +265,7 @@ def student_run_config(train: "TrainConfig", config: RecipeConfig, steps: Option
     return run
 
 
-def read_plan(model_dir: str) -> Optional[dict]:
+def read_plan(model_dir: str) -> dict | None:
     """The plan a student's run recorded (`PLAN_FILE`), or None."""
     path = os.path.join(model_dir, PLAN_FILE)
     if not os.path.exists(path):

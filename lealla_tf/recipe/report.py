@@ -57,9 +57,9 @@ def format_summary(report: dict) -> str:
             values = per_language(tatoeba[name])
             best, worst = best_and_worst(values)
             lines.append(f"{name} best 10:  " + ", ".join(
-                f"{l} {100 * values[l]:.1f}" for l in best))
+                f"{code} {100 * values[code]:.1f}" for code in best))
             lines.append(f"{name} worst 10: " + ", ".join(
-                f"{l} {100 * values[l]:.1f}" for l in worst))
+                f"{code} {100 * values[code]:.1f}" for code in worst))
     comparison = report["distillation"]
     if comparison:
         rates = comparison.get("learning_rates") or {}
@@ -112,7 +112,7 @@ def format_summary(report: dict) -> str:
         for name, result in mining["results"].items():
             gold = result.get(BUCC_GOLD_PAIRS, mining["gold_pairs"] * len(mining["languages"]))
             lines.append(f"BUCC-style mining F1 {name:<10} " + ", ".join(
-                f"{l} {100 * result[f'bucc/{l}/f1']:.1f}" for l in mining["languages"])
+                f"{code} {100 * result[f'bucc/{code}/f1']:.1f}" for code in mining["languages"])
                 + f"; average {100 * result[BUCC_AVERAGE_F1]:.1f} ({gold_pairs_note(gold)})")
     lines.append(f"report: {report['report_dir']}")
     lines.append("=" * 78)

@@ -11,7 +11,7 @@ from `RecipeConfig`, and its --help answers before TensorFlow loads
 
 import dataclasses
 import pathlib
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from lealla_tf.evaluation.news import NEWS_LANGUAGES
 from lealla_tf.losses.objectives import parse_objective
@@ -46,15 +46,14 @@ def find_data_dir(data_dir=None) -> pathlib.Path:
 
 # The main job's loss weights for a 384-d multilingual teacher (FD on both
 # sides, LD over the global batch, hidden-state distillation), chosen by
-# benchmarks that are retired now: fd and ld by loss_weight_sweep.py (`git show
-# 7f8c4f8:benchmarks/results/loss_weight_sweep.json`; docs/design.md,
-# "Differences from the paper"), hd by student_recipe.py (its
-# select_lealla_hd<N> rows, `git show b41a2ce:benchmarks/results/student_recipe.json`);
-# the paper's (`lealla_tf.losses.objectives`) are for LaBSE at batch 8192.
+# benchmarks that are retired now: fd and ld by loss_weight_sweep.py
+# (docs/design.md, "Differences from the paper"), hd by student_recipe.py
+# (docs/benchmarks.md, "Settings chosen by retired benchmarks"); the paper's
+# (`lealla_tf.losses.objectives`) are for LaBSE at batch 8192.
 RECIPE_LOSS_WEIGHTS = {"fd": 1.0, "ld": 1e4, "hd": 300.0}
 
 
-def recipe_loss_weights(objective: str) -> Dict[str, float]:
+def recipe_loss_weights(objective: str) -> dict[str, float]:
     """The main job's weights of the terms `objective` has (the others keep the
     objectives table's defaults)."""
     terms = parse_objective(objective)
@@ -188,23 +187,23 @@ class RecipeConfig:
             student's rate, the ablation would measure the rate, not distillation.
     """
 
-    data_dir: Optional[str] = None
+    data_dir: str | None = None
     work_dir: str = "runs/recipe"
     teacher: str = "multilingual-e5-small"
     teacher_backend: str = "auto"
     vocabulary: str = "teacher_pruned"
-    vocab_size: Optional[int] = None
+    vocab_size: int | None = None
     sample_pairs: int = 150000
     language_alpha: float = SAMPLE_LANGUAGE_ALPHA
     preset: str = "lealla_small"
-    encoder_overrides: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    encoder_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
     dropout: float = RECIPE_DROPOUT
     pooling: str = "mean"
     embedding_init: str = "teacher_select"
     objective: str = "lealla+hd"
-    loss_weights: Optional[Dict[str, float]] = None
+    loss_weights: dict[str, float] | None = None
     comparison_objective: str = ""
-    comparison_learning_rate: Optional[float] = COMPARISON_LEARNING_RATE
+    comparison_learning_rate: float | None = COMPARISON_LEARNING_RATE
     time_budget_minutes: float = 38.0
     train_steps: int = 0
     global_batch_size: int = 64
@@ -213,8 +212,8 @@ class RecipeConfig:
     truncate_teacher: bool = True
     teacher_in_step: bool = True
     teacher_eval_pairs: int = 0
-    learning_rate: Optional[float] = RECIPE_LEARNING_RATE
-    warmup_steps: Optional[int] = None
+    learning_rate: float | None = RECIPE_LEARNING_RATE
+    warmup_steps: int | None = None
     decay_fraction: float = RECIPE_DECAY_FRACTION
     clip_norm: float = 1.0
     scale: float = 100.0
@@ -225,9 +224,9 @@ class RecipeConfig:
     eval_every: int = 0
     eval_max_pairs: int = 50
     keep_checkpoints: int = 3
-    news_languages: List[str] = dataclasses.field(
+    news_languages: list[str] = dataclasses.field(
         default_factory=lambda: list(NEWS_LANGUAGES))
-    bucc_languages: List[str] = dataclasses.field(
+    bucc_languages: list[str] = dataclasses.field(
         default_factory=lambda: ["deu", "fra", "rus", "cmn"])
     bucc_gold: int = 200
     bucc_distractors: int = 300
@@ -235,5 +234,5 @@ class RecipeConfig:
     strategy: str = "default"
     tpu: str = ""
     # None: bfloat16 where the CPU computes it natively (lealla_tf.recipe.training.mixed_precision)
-    mixed_precision: Optional[bool] = None
+    mixed_precision: bool | None = None
     seed: int = 0

@@ -12,7 +12,7 @@ vectors), `lealla_tf.recipe.corpus` (vocabulary, sample, news set),
 import json
 import os
 import time
-from typing import Callable, Dict, Optional
+from collections.abc import Callable
 
 from lealla_tf.inference.loaders import load_embedder
 
@@ -31,15 +31,15 @@ class Stages:
         self.directory = os.path.join(work_dir, "stages")
         os.makedirs(self.directory, exist_ok=True)
         self.log = log
-        self.results: Dict[str, dict] = {}
-        self.seconds: Dict[str, float] = {}
+        self.results: dict[str, dict] = {}
+        self.seconds: dict[str, float] = {}
         self.reused = []
         self.started = self._stage_started = time.time()
 
     def marker(self, name: str) -> str:
         return os.path.join(self.directory, f"{name}.json")
 
-    def check_settings(self, settings: Dict[str, dict]) -> None:
+    def check_settings(self, settings: dict[str, dict]) -> None:
         """Before any stage runs: every finished stage's marker against the
         flags now, all differing flags named in one line (`ValueError`)."""
         stored, wanted = {}, {}
@@ -59,7 +59,7 @@ class Stages:
         return sum(self.seconds.values()) + time.time() - self._stage_started
 
     def run(self, name: str, function: Callable[[], dict],
-            settings: Optional[dict] = None) -> dict:
+            settings: dict | None = None) -> dict:
         marker = self.marker(name)
         self.log(f"\n=== {name} ===")
         if os.path.exists(marker):
@@ -102,7 +102,7 @@ ADDED_FLAGS = {"decay_fraction": 1.0, "clip_norm": 1.0, "scale": 100.0, "margin"
                "progressive_depth": 0.0}
 
 
-def check_same_settings(name: str, stored: Optional[dict], wanted: Optional[dict]) -> None:
+def check_same_settings(name: str, stored: dict | None, wanted: dict | None) -> None:
     """ValueError in one line naming every flag whose value differs from the one
     a finished stage was made with. A marker without settings (an older job's,
     which recorded none) cannot be shown to match, and is refused too."""

@@ -6,7 +6,7 @@ process and compared with the in-memory student (`export_stage`)."""
 import math
 import os
 import shutil
-from typing import Dict, Optional
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -39,7 +39,7 @@ from lealla_tf.train import launch
 from lealla_tf.train.resolution import validate_train_config
 
 
-def student_loss_weights(config: RecipeConfig) -> Dict[str, float]:
+def student_loss_weights(config: RecipeConfig) -> dict[str, float]:
     """The student's per-term weights: `--loss_weights`, or the recipe's for its
     objective's terms (`RECIPE_LOSS_WEIGHTS`)."""
     return (config.loss_weights if config.loss_weights is not None
@@ -55,7 +55,7 @@ def check_learning_rates(config: RecipeConfig) -> None:
             raise ValueError(f"{flag} must be a finite rate >= 0, got {rate!r}")
 
 
-def teacher_in_step(config: RecipeConfig, student_dir: Optional[str] = None) -> bool:
+def teacher_in_step(config: RecipeConfig, student_dir: str | None = None) -> bool:
     """Whether the main job's students take their fd/ld targets from the teacher
     run in the step (the pass the hd term runs), skipping the teacher-vectors
     stage. A student already started in `student_dir` keeps what it was started
@@ -67,7 +67,7 @@ def teacher_in_step(config: RecipeConfig, student_dir: Optional[str] = None) -> 
         terms_needing(parse_objective(config.objective), TEACHER_LAYERS))
 
 
-def mixed_precision(config: RecipeConfig, run_dir: Optional[str] = None) -> bool:
+def mixed_precision(config: RecipeConfig, run_dir: str | None = None) -> bool:
     """Whether a run trains in bfloat16: `--mixed_precision` / `--no_mixed_precision`,
     else as the run in `run_dir` was started (a run keeps its precision), else
     where this CPU multiplies bfloat16 natively (`lealla_tf.machine`): there the
@@ -133,7 +133,7 @@ def train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_dir: str
     return train
 
 
-def trained_rate(model_dir: str) -> Optional[float]:
+def trained_rate(model_dir: str) -> float | None:
     """The peak rate a student in `model_dir` was trained at (its config.json),
     or None when it has none."""
     if not os.path.exists(os.path.join(model_dir, CONFIG_FILE)):
@@ -141,7 +141,7 @@ def trained_rate(model_dir: str) -> Optional[float]:
     return read_model_config(model_dir)["optimizer"]["learning_rate"]
 
 
-def check_started_rate(model_dir: str, rate: Optional[float], flag: str) -> None:
+def check_started_rate(model_dir: str, rate: float | None, flag: str) -> None:
     """A student already started in `model_dir` (a checkpoint there) resumes only
     at the rate it started with: ValueError in one line naming it and the flag,
     instead of the trainer's list of differing settings (the default rates of the
@@ -154,7 +154,7 @@ def check_started_rate(model_dir: str, rate: Optional[float], flag: str) -> None
                      f"{rate:g}: pass {flag}={started:g} to resume it, or --fresh to start over")
 
 
-def trained_precision(model_dir: str) -> Optional[bool]:
+def trained_precision(model_dir: str) -> bool | None:
     """Whether a student in `model_dir` was trained in bfloat16 (its config.json),
     or None when it has none."""
     if not os.path.exists(os.path.join(model_dir, CONFIG_FILE)):
@@ -162,14 +162,14 @@ def trained_precision(model_dir: str) -> Optional[bool]:
     return bool(read_model_config(model_dir).get("mixed_precision", False))
 
 
-def started_precision(model_dir: str) -> Optional[bool]:
+def started_precision(model_dir: str) -> bool | None:
     """Whether the run started in `model_dir` (a checkpoint there) trains in
     bfloat16; None when nothing was started there."""
     recorded = trained_precision(model_dir)
     return None if recorded is None or latest_checkpoint(model_dir) is None else recorded
 
 
-def check_started_precision(model_dir: str, wanted: Optional[bool]) -> None:
+def check_started_precision(model_dir: str, wanted: bool | None) -> None:
     """A run already started resumes only in its own precision: ValueError in one
     line naming it and the flags, instead of the trainer's list of differing
     settings."""

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import uuid
-from typing import Optional
 
 from lealla_tf.folder_lock import LOCK_FILE, check_folder, hold_folder, release_folder
 from lealla_tf.recipe.settings import COMPARISON, STUDENT
@@ -27,7 +26,7 @@ WORK_DIR_ENTRIES = ("stages", "teacher", "vocab.model", "vocab.txt", "sample", "
                     "report", JOB_MARKER + ".tmp")
 
 
-def claim_work_dir(work: str, fresh: bool) -> Optional[int]:
+def claim_work_dir(work: str, fresh: bool) -> int | None:
     """Makes `work` this job's, and this job its one writer: returns the
     descriptor of its lock (`lealla_tf.folder_lock`), which the job releases
     when it ends; FolderInUseError (naming the pid) while another job writes it.

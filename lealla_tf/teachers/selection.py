@@ -14,7 +14,6 @@ WordPiece token `t` to the teacher's word-initial `▁t`, `##t` to `t`.
 """
 
 import os
-from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -27,7 +26,7 @@ from lealla_tf.tokenizers.tokenizer import read_wordpiece_vocabulary
 WORD_START = "\u2581"
 
 
-def teacher_pieces(teacher_dir: str) -> List[str]:
+def teacher_pieces(teacher_dir: str) -> list[str]:
     """The pieces, in id order, of a converted teacher's SentencePiece vocabulary."""
     model_file = os.path.join(teacher_dir, SENTENCEPIECE_FILE)
     if not os.path.exists(model_file):
@@ -37,7 +36,7 @@ def teacher_pieces(teacher_dir: str) -> List[str]:
     return [p.piece for p in parse_model(read_model_proto(model_file)).pieces]
 
 
-def student_pieces(tokenizer) -> List[str]:
+def student_pieces(tokenizer) -> list[str]:
     """The student's vocabulary as strings, in id order."""
     if tokenizer.kind == "sentencepiece":
         return [p.piece for p in parse_model(read_model_proto(
@@ -45,9 +44,9 @@ def student_pieces(tokenizer) -> List[str]:
     return read_wordpiece_vocabulary(tokenizer.vocab_file.asset_path.numpy().decode())
 
 
-def match_rows(student: List[str], teacher: List[str]) -> np.ndarray:
+def match_rows(student: list[str], teacher: list[str]) -> np.ndarray:
     """For each student token, the teacher row with the same piece, or -1."""
-    index: Dict[str, int] = {}
+    index: dict[str, int] = {}
     for i, piece in enumerate(teacher):
         index.setdefault(piece, i)
     rows = []
@@ -92,7 +91,7 @@ def selected_coordinates(teacher_dir: str, rows: np.ndarray, width: int,
                                           encoder=encoder)[:width])
 
 
-def distilled_layer_pairs(student_layers: int, teacher_layers: int) -> List[Tuple[int, int]]:
+def distilled_layer_pairs(student_layers: int, teacher_layers: int) -> list[tuple[int, int]]:
     """(student layer, teacher layer) whose outputs correspond under `layer_sources`.
 
     A student layer's output corresponds to the teacher layer it started from,
@@ -112,7 +111,7 @@ def distilled_layer_pairs(student_layers: int, teacher_layers: int) -> List[Tupl
     return pairs
 
 
-def layer_sources(student_layers: int, teacher_layers: int) -> List[Optional[int]]:
+def layer_sources(student_layers: int, teacher_layers: int) -> list[int | None]:
     """For each student layer, the teacher layer it starts from, or None (a pass-through layer).
 
     A deeper student spreads the teacher's layers evenly (the ones in between
@@ -120,7 +119,7 @@ def layer_sources(student_layers: int, teacher_layers: int) -> List[Optional[int
     layers.
     """
     if student_layers >= teacher_layers:
-        sources: List[Optional[int]] = [None] * student_layers
+        sources: list[int | None] = [None] * student_layers
         for i in range(teacher_layers):
             sources[int(np.floor(i * student_layers / teacher_layers))] = i
         return sources

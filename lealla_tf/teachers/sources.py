@@ -22,7 +22,6 @@
 """
 
 import os
-from typing import Optional, Tuple
 
 import tensorflow as tf
 
@@ -179,7 +178,7 @@ class CenteredTeacher(Teacher):
     distance and logit distillation's cosine matrix then measure mostly that
     shared direction; centring keeps what tells sentences apart (the cosines
     before and after, measured by the retired benchmarks/teacher_anisotropy.py:
-    `git show c3db023:benchmarks/results/teacher_anisotropy.json`).
+    docs/benchmarks.md, "Settings chosen by retired benchmarks").
 
     `mean` is a non-trainable variable (created in the strategy's scope, saved
     with the checkpoint): `estimate_mean` sets it once on a fresh run from the
@@ -220,8 +219,8 @@ class CenteredTeacher(Teacher):
         return {"pairs": count, "mean_norm": float(tf.norm(self.mean))}
 
 
-def build_teacher(config: TeacherConfig, precomputed: Optional[Tuple[int, bool]] = None,
-                  layers=None) -> Optional[Teacher]:
+def build_teacher(config: TeacherConfig, precomputed: tuple[int, bool] | None = None,
+                  layers=None) -> Teacher | None:
     """The teacher a config gives (None: no teacher).
 
     `config.in_step` runs the encoder of `layers` (a `TeacherLayers`, which the

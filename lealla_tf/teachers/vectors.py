@@ -9,7 +9,7 @@ import os
 import pathlib
 import shutil
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from lealla_tf.inference.batching import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
 from lealla_tf.parallel_corpus import read_pairs
@@ -72,7 +72,7 @@ def choose_teacher_backend(teacher: str, teacher_dir: str, wanted: str, truncate
 
 
 def embed_teacher_vectors(sample_dir: str, backend: dict, output: str, workers: int,
-                          english_only: bool, max_seq_length: Optional[int] = None) -> dict:
+                          english_only: bool, max_seq_length: int | None = None) -> dict:
     """Both sides of every pair of the sample's TSVs (the English side only, for
     a monolingual teacher) embedded by `backend` (`choose_teacher_backend`'s)
     into pair records in `output`, with `lealla_tf.pipelines.embed_corpus` on

@@ -21,7 +21,7 @@ future work: embeddings are 64M of LEALLA-small's 69M parameters.
 
 import collections
 import time
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import sentencepiece
 import tensorflow as tf
@@ -53,7 +53,7 @@ def count_pieces(processor, by_language, batch_size: int = 4096, progress: bool 
 
 
 def prune_teacher_vocabulary(teacher_model: str, inputs: Sequence[str], output: str,
-                             max_pieces: Optional[int] = None, alpha: float = 0.3,
+                             max_pieces: int | None = None, alpha: float = 0.3,
                              progress: bool = True) -> dict:
     """Writes the pruned SentencePiece model to `output` (see the module docstring).
 

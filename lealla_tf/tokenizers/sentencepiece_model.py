@@ -25,7 +25,7 @@ import dataclasses
 import os
 import struct
 import tempfile
-from typing import Dict, Iterator, List, Sequence, Tuple
+from collections.abc import Iterator, Sequence
 
 import sentencepiece
 
@@ -59,7 +59,7 @@ class SentencePieceModel:
         byte_fallback: unknown characters become `<0xNN>` byte pieces.
     """
 
-    pieces: List[Piece]
+    pieces: list[Piece]
     normalizer_spec: bytes
     unk_piece: str = "<unk>"
     bos_piece: str = "<s>"
@@ -144,7 +144,7 @@ def parse_model(data: bytes) -> SentencePieceModel:
                               **names)
 
 
-def normalizer_spec_from_map(norm_map: Dict[int, Sequence[int]], name: str) -> bytes:
+def normalizer_spec_from_map(norm_map: dict[int, Sequence[int]], name: str) -> bytes:
     """A serialized `NormalizerSpec` whose precompiled charsmap applies `norm_map`.
 
     `norm_map` maps a code point to its replacement code points (empty:
@@ -157,7 +157,8 @@ def normalizer_spec_from_map(norm_map: Dict[int, Sequence[int]], name: str) -> b
                      + _field_varint(4, 1) + _field_varint(5, 1))
     lines = []
     for code_point, replacement in sorted(norm_map.items()):
-        lines.append("%X\t%s" % (code_point, " ".join("%X" % c for c in replacement)))
+        hexes = " ".join(f"{c:X}" for c in replacement)
+        lines.append(f"{code_point:X}\t{hexes}")
     with tempfile.NamedTemporaryFile("w", suffix=".tsv", delete=False, encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
         rules = f.name
@@ -223,7 +224,7 @@ def _field_bytes(number: int, value: bytes) -> bytes:
     return _tag(number, _BYTES) + _varint(len(value)) + value
 
 
-def _read_varint(data: bytes, position: int) -> Tuple[int, int]:
+def _read_varint(data: bytes, position: int) -> tuple[int, int]:
     result = shift = 0
     while True:
         byte = data[position]
@@ -240,14 +241,14 @@ def _signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _fields(data: bytes) -> Iterator[Tuple[int, object]]:
+def _fields(data: bytes) -> Iterator[tuple[int, object]]:
     """(field number, value) of a serialized message: ints for varints, bytes
     for length-delimited and fixed-width fields."""
     for number, value, _, _ in _field_spans(data):
         yield number, value
 
 
-def _field_spans(data: bytes) -> Iterator[Tuple[int, object, int, int]]:
+def _field_spans(data: bytes) -> Iterator[tuple[int, object, int, int]]:
     """`_fields`, with where each field (its tag included) starts and ends."""
     position = 0
     while position < len(data):

@@ -4,14 +4,13 @@ The same object tokenizes training data in tf.data and is exported inside the
 SavedModel, so a model sees exactly the ids it was trained on.
 """
 
-import hashlib
 import os
 
 import sentencepiece
 import tensorflow as tf
 import tensorflow_text as text
-from tensorflow.python.trackable import resource
-from tensorflow_text.python.ops import sentencepiece_tokenizer as _sentencepiece_ops
+
+from lealla_tf.tokenizers.tensorflow_adapter import SharedSentencepieceTokenizer
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
 DEFAULT_MAX_SEQ_LENGTH = 128
@@ -39,46 +38,6 @@ def read_wordpiece_vocabulary(vocab_file: str) -> list:
 def is_sentencepiece_model(path: str) -> bool:
     """True for a SentencePiece model file (by its `.model` extension)."""
     return os.path.splitext(path)[1] == ".model"
-
-
-class _SharedSentencepieceModel(resource.TrackableResource):
-    """tensorflow-text's SentencePiece model resource, kept by name instead of by kernel.
-
-    tensorflow-text creates the model as a resource private to the kernel
-    that made it; `tf.random.set_seed` (and so `keras.utils.set_random_seed`)
-    clears TensorFlow's eager kernel cache, which deletes that resource, and
-    every later tokenization failed with NotFoundError. Named after the
-    model's bytes, the resource lives in the resource manager instead:
-    tokenizers of the same model share it, and it outlives the kernel cache,
-    also when the tokenizer is restored from a SavedModel.
-    """
-
-    def __init__(self, model: bytes):
-        super().__init__()
-        self._model = model
-        self._shared_name = "lealla_tf_sentencepiece_" + hashlib.sha256(model).hexdigest()[:24]
-        _ = self.resource_handle  # creates the resource now, as tensorflow-text's does
-
-    def _create_resource(self):
-        return _sentencepiece_ops.gen_sentencepiece_tokenizer.sentencepiece_op(
-            model=self._model, shared_name=self._shared_name)
-
-
-class _NamedSentencepieceTokenizer(text.SentencepieceTokenizer):
-    """tensorflow-text's `SentencepieceTokenizer` (int32 ids, no sampling, no BOS/EOS)
-    on a `_SharedSentencepieceModel`. Its own `__init__` is skipped, because it would
-    load the model a second time into the kernel-owned resource this replaces.
-
-    The resource's options (BOS/EOS, reverse) are set in place by each tokenize
-    call, so every tokenizer sharing one must keep tensorflow-text's defaults, as
-    this one does.
-    """
-
-    def __init__(self, model: bytes):
-        super(text.SentencepieceTokenizer, self).__init__()
-        self.nbest_size, self.alpha, self.out_type = 0, 1.0, tf.int32
-        self.reverse = self.add_bos = self.add_eos = self.return_nbest = False
-        self._model_resource = _SharedSentencepieceModel(model)
 
 
 class Tokenizer(tf.Module):
@@ -190,7 +149,7 @@ class Tokenizer(tf.Module):
         if missing:
             raise ValueError(f"{model_file} lacks the special pieces {missing}; "
                              "build it with `lealla-vocab --sentencepiece`")
-        return (ids, processor.get_piece_size(), _NamedSentencepieceTokenizer(proto),
+        return (ids, processor.get_piece_size(), SharedSentencepieceTokenizer(proto),
                 tuple(special_tokens))
 
     def tokenize(self, strings):

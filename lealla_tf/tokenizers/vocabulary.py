@@ -28,7 +28,7 @@ import re
 import tempfile
 import time
 import zlib
-from typing import Dict, List, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import sentencepiece as spm  # not `sentencepiece`: build_vocabulary has a flag of that name
@@ -61,11 +61,11 @@ def count_words(files, batch_size: int = 16384, progress: bool = True):
         word bytes, `sentences[language]` the number of sentences seen (English
         de-duplicated), `stats` the pairs read and malformed lines skipped.
     """
-    from tensorflow_text.python.ops.bert_tokenizer import (  # noqa: PLC0415 - heavy
-        BasicTokenizer,
+    from lealla_tf.tokenizers.tensorflow_adapter import (  # noqa: PLC0415 - heavy
+        basic_tokenizer,
     )
 
-    splitter = BasicTokenizer(lower_case=False)
+    splitter = basic_tokenizer(lower_case=False)
     counts = collections.defaultdict(collections.Counter)
     sentences = collections.Counter()
     seen_english = set()
@@ -91,7 +91,7 @@ def count_words(files, batch_size: int = 16384, progress: bool = True):
     return counts, sentences, stats
 
 
-def language_weights(sentences: Dict[str, int], alpha: float) -> Dict[str, float]:
+def language_weights(sentences: dict[str, int], alpha: float) -> dict[str, float]:
     """Factor by which each language's counts are scaled: q_l / p_l.
 
     q_l = n_l^alpha / sum_k n_k^alpha, p_l = n_l / N.
@@ -101,7 +101,7 @@ def language_weights(sentences: Dict[str, int], alpha: float) -> Dict[str, float
     return {lang: share / (sentences[lang] / total) for lang, share in shares.items()}
 
 
-def balanced_word_counts(counts, sentences, alpha: float, max_words: int) -> List[tuple]:
+def balanced_word_counts(counts, sentences, alpha: float, max_words: int) -> list[tuple]:
     """The `max_words` most frequent words after language balancing.
 
     Returns (word, weighted count) pairs, decoded, most frequent first.
@@ -141,7 +141,7 @@ def _train_sentencepiece(**kwargs):
 
 
 def learn_wordpiece(words: Sequence[tuple], vocab_size: int, character_coverage: float = 0.9999,
-                    max_piece_length: int = 16, num_threads: int = 2) -> List[str]:
+                    max_piece_length: int = 16, num_threads: int = 2) -> list[str]:
     """A WordPiece vocabulary of exactly `vocab_size` tokens (or all there are).
 
     BPE by SentencePiece over `words` (word, weight) with the pieces turned
@@ -202,7 +202,7 @@ def read_sentences(files, progress: bool = True):
     return by_language, stats
 
 
-def sample_sentences(by_language, alpha: float, num_sentences: int, seed: int = 0) -> List[str]:
+def sample_sentences(by_language, alpha: float, num_sentences: int, seed: int = 0) -> list[str]:
     """`num_sentences` sentences drawn with temperature sampling over languages."""
     sizes = {lang: len(s) for lang, s in by_language.items() if s}
     weights = language_weights(sizes, alpha)

@@ -17,7 +17,7 @@ import collections
 import gzip
 import os
 import zlib
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import tensorflow as tf
 from google.protobuf.message import DecodeError
@@ -53,7 +53,7 @@ LANGUAGE = "language"
 KIND = "kind"  # a TSV line's kind (`parse_lines`): "" for a pair
 
 
-def find_training_files(patterns: Sequence[str]) -> List[ParallelFile]:
+def find_training_files(patterns: Sequence[str]) -> list[ParallelFile]:
     """TSV pair files and TFRecord files for `patterns` (files, dirs, globs)."""
     if isinstance(patterns, str):
         patterns = [p for p in patterns.split(",") if p]
@@ -88,7 +88,7 @@ def find_training_files(patterns: Sequence[str]) -> List[ParallelFile]:
     return files
 
 
-def count_pairs(path: str, counts: Optional[LineCounts] = None) -> int:
+def count_pairs(path: str, counts: LineCounts | None = None) -> int:
     """Well-formed pairs in a TSV file, or records in a TFRecord file; `counts` gets
     them, and a TSV file's skipped lines by kind (`read_pairs`). Raises ValueError
     naming the file when it is corrupt (a broken gzip stream, a truncated TFRecord)
@@ -111,8 +111,8 @@ def count_pairs(path: str, counts: Optional[LineCounts] = None) -> int:
         raise ValueError(f"{path}: unreadable or corrupt file ({error})") from None
 
 
-def language_sizes(files: List[ParallelFile],
-                   line_counts: Optional[CorpusCounts] = None) -> Dict[str, int]:
+def language_sizes(files: list[ParallelFile],
+                   line_counts: CorpusCounts | None = None) -> dict[str, int]:
     """Pairs per language; ValueError when no file holds a well-formed pair.
     `line_counts` gets each file's pairs and skipped lines (`count_pairs`)."""
     line_counts = line_counts if line_counts is not None else CorpusCounts()
@@ -152,7 +152,7 @@ def parse_lines(lines):
     return {KIND: kind, SOURCE: sides[:, 0], TARGET: sides[:, 1]}
 
 
-def tsv_lines(paths: List[str], pairs_only: bool = False):
+def tsv_lines(paths: list[str], pairs_only: bool = False):
     """Every line of TSV files `paths`, in order, as `parse_lines` reads it; with
     `pairs_only`, the pairs alone ({SOURCE, TARGET}: what `read_pairs` yields)."""
     if any(p.endswith(".gz") for p in paths) and not all(p.endswith(".gz") for p in paths):
@@ -172,7 +172,7 @@ def tsv_lines(paths: List[str], pairs_only: bool = False):
         parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
 
 
-def _record_pairs(paths: List[str], teacher_dim: Optional[int], has_source: bool = True):
+def _record_pairs(paths: list[str], teacher_dim: int | None, has_source: bool = True):
     compression = "GZIP" if all(p.endswith(".gz") for p in paths) else ""
     features = pair_features(teacher_dim, has_source)
     records = tf.data.TFRecordDataset(paths, compression_type=compression)
@@ -180,7 +180,7 @@ def _record_pairs(paths: List[str], teacher_dim: Optional[int], has_source: bool
                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-def first_record_features(path: str) -> Optional[Dict[str, tf.train.Feature]]:
+def first_record_features(path: str) -> dict[str, tf.train.Feature] | None:
     """The features of the first record of TFRecord file `path` (None: no record).
 
     Raises ValueError naming the file when it is corrupt, or when its records
@@ -209,7 +209,7 @@ def first_record_features(path: str) -> Optional[Dict[str, tf.train.Feature]]:
     return features
 
 
-def precomputed_teacher_layout(files: List[ParallelFile]) -> Optional[Tuple[int, bool]]:
+def precomputed_teacher_layout(files: list[ParallelFile]) -> tuple[int, bool] | None:
     """(dimension, has source side) of the teacher vectors in TFRecord inputs, or None.
 
     Every TFRecord file must hold the same layout: records without teacher
@@ -240,16 +240,16 @@ def precomputed_teacher_layout(files: List[ParallelFile]) -> Optional[Tuple[int,
     return distinct.pop() if distinct else None
 
 
-def teacher_dimension_of(files: List[ParallelFile]) -> Optional[int]:
+def teacher_dimension_of(files: list[ParallelFile]) -> int | None:
     """Length of the precomputed teacher vectors in TFRecord inputs (None if absent)."""
     layout = precomputed_teacher_layout(files)
     return layout[0] if layout else None
 
 
 def pair_dataset(config: DataConfig, global_batch_size: int, steps_done: int = 0,
-                 input_context: Optional[tf.distribute.InputContext] = None,
-                 teacher_dim: Optional[int] = None, files: Optional[List[ParallelFile]] = None,
-                 sizes: Optional[Dict[str, int]] = None, teacher_source: bool = True):
+                 input_context: tf.distribute.InputContext | None = None,
+                 teacher_dim: int | None = None, files: list[ParallelFile] | None = None,
+                 sizes: dict[str, int] | None = None, teacher_source: bool = True):
     """An endless, language-balanced stream of pairs for one input pipeline.
 
     Each language is its own shuffled, repeated stream, sharded across input
@@ -374,7 +374,7 @@ def tokenize_batches(pairs, batch_size: int, tokenizer, teacher=None, length_buc
 
 # === Fixed shapes for an XLA-compiled step (--jit_compile) ===
 
-def fixed_lengths(max_seq_length: int, shortest: int = 8) -> List[int]:
+def fixed_lengths(max_seq_length: int, shortest: int = 8) -> list[int]:
     """The lengths a compiled step's batches are padded to: powers of two from
     `shortest` below `max_seq_length`, then `max_seq_length`. XLA compiles the
     step once per shape, so a run compiles it at most this many times, and a
@@ -417,7 +417,7 @@ def pad_to_fixed_lengths(features: dict, lengths: Sequence[int], pad_id: int) ->
 FEW_CORES = 4
 
 
-def input_pipeline_options(cpu_count: Optional[int] = None) -> tf.data.Options:
+def input_pipeline_options(cpu_count: int | None = None) -> tf.data.Options:
     """tf.data options for a training input pipeline on this host.
 
     On a host with few cores, tf.data's own thread pool and its autotuner

@@ -3,7 +3,7 @@ data (Tatoeba directories or sentence files) are dropped, compared case-folded
 and stripped, by an in-graph lookup that runs inside tf.data (`Decontaminator`,
 `DataConfig.decontaminate`)."""
 
-from typing import List, Sequence
+from collections.abc import Sequence
 
 import tensorflow as tf
 
@@ -17,7 +17,7 @@ def normalize_for_matching(strings):
     return tf.strings.strip(text.case_fold_utf8(strings))
 
 
-def evaluation_sentences(paths: Sequence[str]) -> List[str]:
+def evaluation_sentences(paths: Sequence[str]) -> list[str]:
     """Every sentence of evaluation files or Tatoeba directories."""
     sentences = []
     for path in paths:

@@ -11,7 +11,7 @@ import os
 import socket
 import threading
 import urllib.parse
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -60,7 +60,11 @@ def check_tpu_flag(tpu: str, connect_timeout: float = 5.0) -> str:
                 "without --tpu")
         return tpu
     product = "/sys/class/dmi/id/product_name"
-    on_gce = os.path.exists(product) and "Google" in open(product).read()
+    if os.path.exists(product):
+        with open(product) as f:
+            on_gce = "Google" in f.read()
+    else:
+        on_gce = False
     if not on_gce:
         raise TPUUnavailableError(
             f"--tpu={tpu!r} names a Cloud TPU, which is resolved through the GCE metadata "
@@ -85,7 +89,7 @@ def _speaks_http2(connection: socket.socket, timeout: float) -> bool:
             if not chunk:
                 return False
             header += chunk
-    except (socket.timeout, OSError):
+    except (TimeoutError, OSError):
         return False
     return header[3] == 4
 
@@ -234,6 +238,6 @@ def default_jit_compile(strategy: tf.distribute.Strategy) -> bool:
     return is_tpu_strategy(strategy)
 
 
-def resolve_jit_compile(requested: Optional[bool], strategy: tf.distribute.Strategy) -> bool:
+def resolve_jit_compile(requested: bool | None, strategy: tf.distribute.Strategy) -> bool:
     """The `jit_compile` setting (None: `default_jit_compile`) as a bool."""
     return default_jit_compile(strategy) if requested is None else bool(requested)

@@ -4,8 +4,6 @@ The frozen teacher's layer outputs the hd term reads (`TeacherLayers`) are the
 teacher's: `lealla_tf.teachers.layers`.
 """
 
-from typing import List, Optional
-
 import keras
 import tensorflow as tf
 
@@ -65,7 +63,7 @@ class DistillationHeads(tf.Module):
     `lealla_tf.train.task.build_teacher_layers`'s).
     """
 
-    def __init__(self, terms: List[str], embedding_dim: int, teacher_dim: Optional[int],
+    def __init__(self, terms: list[str], embedding_dim: int, teacher_dim: int | None,
                  reduction_dir: str = "", vocabulary_size: int = 0, num_languages: int = 0,
                  special_ids=(), teacher_layers=None):
         super().__init__(name="distillation_heads")

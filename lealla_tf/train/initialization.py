@@ -30,7 +30,6 @@ the teacher lacks keep their random initialisation; the match rate is reported.
 """
 
 import os
-from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -46,7 +45,7 @@ from lealla_tf.teachers.selection import (
 
 
 def teacher_vocabulary_and_table(teacher_dir: str
-                                 ) -> Tuple[List[str], np.ndarray, Dict[str, np.ndarray]]:
+                                 ) -> tuple[list[str], np.ndarray, dict[str, np.ndarray]]:
     """(pieces in id order, token embedding table [vocabulary, D], every encoder
     variable by name) of a converted teacher."""
     pieces = teacher_pieces(teacher_dir)
@@ -58,7 +57,7 @@ def teacher_vocabulary_and_table(teacher_dir: str
     return pieces, np.asarray(tables[0], np.float32), variables
 
 
-def pca(table: np.ndarray, dimension: int) -> Tuple[np.ndarray, np.ndarray]:
+def pca(table: np.ndarray, dimension: int) -> tuple[np.ndarray, np.ndarray]:
     """(mean [D], components [D, dimension]) of the rows of `table`."""
     if dimension > table.shape[1]:
         raise ValueError(f"cannot project {table.shape[1]}-d teacher embeddings up to "
@@ -118,7 +117,7 @@ def initialize_token_embeddings(encoder, tokenizer, teacher_dir: str, mode: str)
             "variance_kept": variance}
 
 
-def _teacher_layer_count(variables: Dict[str, np.ndarray]) -> int:
+def _teacher_layer_count(variables: dict[str, np.ndarray]) -> int:
     layers = {name.split("/")[0] for name in variables if name.startswith("transformer_layer_")}
     return len(layers)
 
@@ -138,7 +137,7 @@ def pass_through_layers(student_layers: int, teacher_dir: str) -> frozenset:
     return frozenset(j for j, source in enumerate(sources) if source is None)
 
 
-def pass_through_norm(gamma: np.ndarray, beta: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def pass_through_norm(gamma: np.ndarray, beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The layer norm weights under which a layer with zero output projections
     hands its input on, as nearly as a layer norm can.
 
@@ -170,7 +169,7 @@ def _axis_roles(key: str) -> str:
 
 
 def select_teacher_weights(encoder, rows: np.ndarray, teacher_dir: str,
-                           variables: Optional[Dict[str, np.ndarray]] = None) -> dict:
+                           variables: dict[str, np.ndarray] | None = None) -> dict:
     """"teacher_select" (see the module docstring); `rows`: `match_rows`'s output;
     `variables`: the teacher encoder's, when the caller has read them already."""
     if encoder.embedding_projection is not None or encoder.num_unique_layers:

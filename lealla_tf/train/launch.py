@@ -15,7 +15,6 @@ writes `config.json`, and runs the `DistillationTask` with a `Trainer`.
 import contextlib
 import hashlib
 import os
-from typing import Optional
 
 import keras
 import tensorflow as tf
@@ -46,7 +45,7 @@ def file_sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def model_vocab_file(model_dir: str) -> Optional[str]:
+def model_vocab_file(model_dir: str) -> str | None:
     """The vocabulary inside an existing model directory, or None for a new one."""
     if not os.path.exists(os.path.join(model_dir, CONFIG_FILE)):
         return None
@@ -59,7 +58,7 @@ def check_model_dir(model_dir: str) -> None:
     check_folder(model_dir, f"--model_dir={model_dir}")
 
 
-def prepare(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = None,
+def prepare(config: TrainConfig, model_dir: str, vocab_file: str | None = None,
             strategy=None):
     """Everything `train` does before the first step; returns
     (resolved config, tokenizer, teacher, files, sizes, strategy, vocab file)."""
@@ -98,9 +97,9 @@ def prepare(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = Non
     return resolved, tokenizer, teacher, files, sizes, strategy, vocab_file
 
 
-def build_trainer(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = None,
+def build_trainer(config: TrainConfig, model_dir: str, vocab_file: str | None = None,
                   strategy=None, progress: bool = True,
-                  writer: Optional[contextlib.ExitStack] = None):
+                  writer: contextlib.ExitStack | None = None):
     """A `Trainer` ready to run `config` in `model_dir` (see `train`).
 
     `config.json` is written here, after every check passed; a model directory
@@ -131,7 +130,7 @@ def build_trainer(config: TrainConfig, model_dir: str, vocab_file: Optional[str]
     return trainer
 
 
-def train(config: TrainConfig, model_dir: str, vocab_file: Optional[str] = None,
+def train(config: TrainConfig, model_dir: str, vocab_file: str | None = None,
           strategy=None, progress: bool = True, planner=None) -> dict:
     """Trains (or resumes) the model of `config` in `model_dir`; returns the summary.
     Keras' global dtype policy is the caller's again when it returns.

@@ -3,14 +3,14 @@ eval_log.jsonl, TensorBoard scalars, and the one-screen summary at the end."""
 
 import json
 import os
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
 
 from lealla_tf.evaluation.tatoeba import TATOEBA_MEAN_COSINE, TATOEBA_PRIMARY_METRIC
 from lealla_tf.inference import formats
-from lealla_tf.mining.margins import collapse_warning, mean_cosine
+from lealla_tf.inference.collapse import collapse_warning, mean_cosine
 
 
 class RunLogs:
@@ -32,7 +32,7 @@ class RunLogs:
                 tf.summary.scalar("learning_rate", row["learning_rate"])
                 tf.summary.scalar("pairs_per_second", row["pairs_per_second"])
 
-    def evaluation(self, step: int, metrics: Optional[dict], evaluations: list):
+    def evaluation(self, step: int, metrics: dict | None, evaluations: list):
         if not metrics:
             return None
         row = {"step": step, "train_seconds": self.train_seconds(), **metrics}

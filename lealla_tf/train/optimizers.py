@@ -5,8 +5,8 @@
 temporary of its size, which on lealla_small's 501,153 x 128 token table is a
 large share of a training step on a CPU (`benchmarks/training_step.py --profile`,
 its optimizer group; what this class gained is the `fused_adamw` lever of the
-retired `benchmarks/train_throughput.py --levers`, in
-`git show d674191:benchmarks/results/train_throughput.json`). `FusedAdamW`
+retired `benchmarks/train_throughput.py --levers`: docs/benchmarks.md, "Settings
+chosen by retired benchmarks"). `FusedAdamW`
 computes the same update with two ops a dense variable: the decoupled weight
 decay, then `ResourceApplyAdam`, whose formula is Keras' Adam's term for term
 (alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t); m += (g - m)(1 - beta_1);

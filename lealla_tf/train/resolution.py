@@ -7,7 +7,6 @@ width), and what a resumed run may change (`check_resumable`).
 """
 
 import copy
-from typing import Optional
 
 from lealla_tf.configs import EMBEDDING_INITS, STUDENTS, EncoderConfig, TeacherConfig, TrainConfig
 from lealla_tf.losses.objectives import OBJECTIVES, TEACHER_LAYERS, parse_objective, terms_needing
@@ -104,7 +103,7 @@ def validate_train_config(config: TrainConfig) -> None:
 
 
 def resolve_train_config(config: TrainConfig, vocabulary_size: int,
-                         teacher_dimension: Optional[int]) -> TrainConfig:
+                         teacher_dimension: int | None) -> TrainConfig:
     """A copy of `config` with every default filled in from what the run has.
 
     - the encoder's vocabulary is the tokenizer's; dimension reduction gets

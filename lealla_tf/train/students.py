@@ -13,7 +13,6 @@
 
 import dataclasses
 import os
-from typing import Optional
 
 import keras
 import tensorflow as tf
@@ -33,8 +32,8 @@ class StudentOutputs:
     target: object
     pooled_source: object = None
     pooled_target: object = None
-    hidden_source: Optional[list] = None
-    hidden_target: Optional[list] = None
+    hidden_source: list | None = None
+    hidden_target: list | None = None
 
 
 class EncoderStudent:
@@ -167,7 +166,7 @@ def load_reduction(model_dir: str):
         raise ValueError(f"{model_dir} is not a dimension_reduction run")
     layer = keras.layers.Dense(config["encoder"]["hidden_dim"], name="teacher_reduction")
     layer.build((None, config["teacher_dimension"]))
-    checkpoint: Optional[str] = latest_checkpoint(model_dir)
+    checkpoint: str | None = latest_checkpoint(model_dir)
     if checkpoint is None:
         raise FileNotFoundError(f"no checkpoint in {model_dir}")
     status = tf.train.Checkpoint(reduction=layer).restore(checkpoint)

@@ -36,7 +36,6 @@ steps.
 """
 
 import math
-from typing import Dict, List, Optional
 
 import tensorflow as tf
 
@@ -79,7 +78,7 @@ class DistillationTask:
     """
 
     def __init__(self, config: TrainConfig, strategy, tokenizer, teacher=None,
-                 files: Optional[List] = None, sizes: Optional[Dict[str, int]] = None):
+                 files: list | None = None, sizes: dict[str, int] | None = None):
         self.config = config
         self.strategy = strategy
         self.tokenizer = tokenizer
@@ -157,11 +156,11 @@ class DistillationTask:
 
     # === Data ===
 
-    def _precomputed(self) -> Optional[PrecomputedTeacher]:
+    def _precomputed(self) -> PrecomputedTeacher | None:
         base = self.teacher.base if self.teacher is not None else None
         return base if isinstance(base, PrecomputedTeacher) else None
 
-    def dataset(self, input_context: Optional[tf.distribute.InputContext] = None,
+    def dataset(self, input_context: tf.distribute.InputContext | None = None,
                 steps_done: int = 0):
         """Tokenized batches for one input pipeline, `steps_done` global batches in."""
         per_replica = (input_context.get_per_replica_batch_size(self.config.global_batch_size)
@@ -183,7 +182,7 @@ class DistillationTask:
 
     # === One step ===
 
-    def loss_terms(self, batch, training: bool = True) -> Dict[str, tf.Tensor]:
+    def loss_terms(self, batch, training: bool = True) -> dict[str, tf.Tensor]:
         """Per-term losses of one replica's batch, each already divided by the
         global batch size (so summing over replicas gives the batch mean).
 

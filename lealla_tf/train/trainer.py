@@ -34,7 +34,7 @@ import shutil
 import signal
 import tempfile
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import tensorflow as tf
 
@@ -65,7 +65,7 @@ _XLA_ERROR = re.compile(r"tf2xla conversion failed|Detected unsupported operatio
                         r"XLA compilation|must be a compile-time constant|XLA_\w+_JIT")
 
 
-def compile_error(error: Exception) -> Optional[CompileError]:
+def compile_error(error: Exception) -> CompileError | None:
     """A one-line `CompileError` for XLA's error compiling the step (None when
     `error` is something else): the op, what it is, and the flag that avoids it."""
     message = getattr(error, "message", None) or str(error)
@@ -196,7 +196,7 @@ class Trainer:
         self.initialization = self.task.initialize_weights()
         return 0
 
-    def evaluate(self) -> Optional[dict]:
+    def evaluate(self) -> dict | None:
         """Tatoeba P@1 on the dev directory (None when no directory is set, and
         on workers other than the chief)."""
         if not self.config.tatoeba_dir or not self.role.chief:
@@ -211,7 +211,7 @@ class Trainer:
 
     # === Loop ===
 
-    def train(self, planner: Optional[Callable[[dict], Optional[dict]]] = None) -> dict:
+    def train(self, planner: Callable[[dict], dict | None] | None = None) -> dict:
         """Runs until `train_steps` (or the time budget); returns a summary.
 
         `planner`, for a run that decides its own length: called after each
@@ -420,7 +420,7 @@ class Trainer:
         self.total_steps.assign(self.config.train_steps)
         return self.config
 
-    def _stop_reason(self, signal_name: Optional[str], over_budget: bool) -> Optional[str]:
+    def _stop_reason(self, signal_name: str | None, over_budget: bool) -> str | None:
         """Why the loop stops before the next step (None: it goes on). Workers
         agree: when one stops, all stop at the same step."""
         reason = None

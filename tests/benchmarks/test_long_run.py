@@ -87,8 +87,8 @@ def test_a_cooldown_branch_resumes_the_trunks_checkpoint_and_decays(
     final = long_run.cooldown_branch(str(trunk), 4, 5, str(tmp_path / "branch"))
     assert final.endswith("ckpt-5") and long_run.kept_checkpoints(str(tmp_path / "branch"))
     rates = [json.loads(line)["learning_rate"]
-             for line in open(tmp_path / "branch" / "train_log.jsonl")]
+             for line in (tmp_path / "branch" / "train_log.jsonl").read_text().splitlines()]
     assert rates == [pytest.approx(0.0, abs=1e-9)]  # one step, decayed to its end
-    assert json.load(open(tmp_path / "branch" / "branch.json"))["point"] == 4
+    assert json.loads((tmp_path / "branch" / "branch.json").read_text())["point"] == 4
     assert sorted(p.name for p in (trunk / "checkpoints").iterdir()) == before
     assert long_run.cooldown_branch(str(trunk), 4, 5, str(tmp_path / "branch")) == final

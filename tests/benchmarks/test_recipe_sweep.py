@@ -7,7 +7,7 @@ import os
 import pytest
 
 from benchmarks.recipe_sweep import main, parse_variant, resolved_recipe
-from lealla_tf.cli.recipe import build_parser, config_from_args
+from lealla_tf.recipe.command_line import recipe_config
 
 
 def test_a_recipe_sweep_row_changes_only_training_flags(tmp_path, capsys):
@@ -18,7 +18,7 @@ def test_a_recipe_sweep_row_changes_only_training_flags(tmp_path, capsys):
     unknown flag or a malformed row is refused, naming it, before anything trains."""
     name, argv = parse_variant("lr1e-3=--learning_rate=1e-3 --train_steps=300")
     assert name == "lr1e-3" and argv == ["--learning_rate=1e-3", "--train_steps=300"]
-    config = config_from_args(build_parser().parse_args(argv))
+    config = recipe_config(argv)
     assert (config.learning_rate, config.train_steps) == (1e-3, 300)
     assert parse_variant("main_job=") == ("main_job", [])
     assert parse_variant("ams=--objective=ams")[1] == ["--objective=ams"]

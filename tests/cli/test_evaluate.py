@@ -2,6 +2,7 @@
 a collapsed model named; every input fault one line, before the model loads."""
 
 import json
+import pathlib
 import shutil
 
 import pytest
@@ -52,7 +53,7 @@ def test_evaluate_names_a_collapsed_model(sentence_vocab_file, tiny_tatoeba_dir,
         assert main([f"--model={model}", f"--tatoeba_dir={tiny_tatoeba_dir}",
                      f"--output_json={output}", "--no_progress"]) == 0
         error = capsys.readouterr().err
-        warning = json.load(open(output)).get("collapse_warning")
+        warning = json.loads(pathlib.Path(output).read_text()).get("collapse_warning")
         assert ("has collapsed" in error) == collapsed, error
         assert bool(warning) == collapsed
         if collapsed:
@@ -76,7 +77,7 @@ def test_evaluate_faults(exported_model, tiny_tatoeba_dir, tmp_path, capsys):
                           "tatoeba.xho-eng.xho")
     # --max_pairs=1 keeps exactly one pair a language (not "all but the last").
     assert main(base + ["--max_pairs=1", f"--output_json={tmp_path / 'one.json'}"]) == 0
-    metrics = json.load(open(tmp_path / "one.json"))["metrics"]
+    metrics = json.loads((tmp_path / "one.json").read_text())["metrics"]
     assert {v for k, v in metrics.items() if k.endswith("/pairs")} == {1}
 
 

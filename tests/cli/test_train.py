@@ -4,6 +4,7 @@ mistake and fault in its flags and data as one line naming it."""
 import gzip
 import json
 import os
+import pathlib
 import signal
 import socket
 import subprocess
@@ -56,7 +57,8 @@ def final_weights(model_dir):
 
 
 def log_rows(model_dir):
-    return [json.loads(line) for line in open(os.path.join(model_dir, "train_log.jsonl"))]
+    with open(os.path.join(model_dir, "train_log.jsonl")) as f:
+        return [json.loads(line) for line in f]
 
 
 def fingerprints(model_dir):
@@ -132,8 +134,8 @@ def test_tpu_flag_is_checked_before_any_connection(tmp_path, capsys):
         check_tpu_flag("grpc://127.0.0.1")
     with pytest.raises(TPUUnavailableError, match="is empty"):
         check_tpu_flag(" ")
-    if not os.path.exists("/sys/class/dmi/id/product_name") or "Google" not in open(
-            "/sys/class/dmi/id/product_name").read():
+    product = pathlib.Path("/sys/class/dmi/id/product_name")
+    if not product.exists() or "Google" not in product.read_text():
         with pytest.raises(TPUUnavailableError, match="not a Google Cloud VM"):
             check_tpu_flag("my-tpu")
 
@@ -316,7 +318,7 @@ def test_a_compiled_run_exports_a_student_that_scores_as_the_uncompiled_one(
         done = subprocess.run(args, env=training_environment(), capture_output=True, text=True,
                               timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
-        summary = json.load(open(os.path.join(model_dir, "train_summary.json")))
+        summary = json.loads(pathlib.Path(model_dir, "train_summary.json").read_text())
         assert summary["jit_compile"] is bool(extra) and summary["final_step"] == 30
         assert export([f"--model_dir={model_dir}", f"--export_path={tmp_path / name}_export"]) == 0
         model = tf.saved_model.load(str(tmp_path / f"{name}_export"))

@@ -193,7 +193,7 @@ def test_evaluate_prints_the_gold_pairs_behind_each_bucc_f1(tmp_path, tiny_tatoe
                           f"--bucc_dir={tmp_path / 'bucc'}", "--bucc_languages=deu",
                           "--no_progress"]) == 0
     out = capsys.readouterr().out
-    line = [l for l in out.splitlines() if l.startswith("BUCC deu")][0]
+    line = [row for row in out.splitlines() if row.startswith("BUCC deu")][0]
     assert "over 12 gold pairs" in line and "few" in line
     metrics = json.loads((tmp_path / "e.json").read_text())["metrics"]
     assert metrics["bucc/deu/gold_pairs"] == 12

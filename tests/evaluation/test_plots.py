@@ -2,6 +2,7 @@
 and the training curves of every loss term and the dev P@1."""
 
 import json
+import pathlib
 
 import pytest
 
@@ -27,7 +28,7 @@ def test_languages_are_sorted_best_on_top_with_each_series_average(tmp_path, kep
     series = {"student": {"deu": 0.9, "fra": 0.5, "cmn": 0.7},
               "teacher": {"deu": 0.95, "fra": 0.8, "cmn": 0.6}}
     path = plots.plot_per_language(series, str(tmp_path / "sub" / "p.png"), "Tatoeba")
-    assert open(path, "rb").read(8) == PNG_MAGIC
+    assert pathlib.Path(path).read_bytes()[:8] == PNG_MAGIC
     (axis,) = kept_figures[0].axes
     # barh draws the first label at the bottom: the student's best ends on top.
     assert [t.get_text() for t in axis.get_yticklabels()] == ["fra", "cmn", "deu"]
@@ -51,7 +52,7 @@ def test_training_curves_draw_every_term_unweighted_and_the_dev_p_at_1(tmp_path,
         json.dumps({"step": 3, TATOEBA_PRIMARY_METRIC: 0.5}) + "\n")
     path = plots.plot_training({"student": str(student), "AMS alone": str(alone)},
                                str(tmp_path / "curves.png"), eval_pairs=50)
-    assert open(path, "rb").read(8) == PNG_MAGIC
+    assert pathlib.Path(path).read_bytes()[:8] == PNG_MAGIC
     loss_axis, p_axis = kept_figures[0].axes
     # the terms, not the total or the rate
     assert [line.get_label() for line in loss_axis.get_lines()] == [

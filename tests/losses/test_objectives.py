@@ -1,6 +1,7 @@
 """The objectives table: one row per term, and a new term is one row."""
 
 import dataclasses
+import pathlib
 
 import numpy as np
 import pytest
@@ -87,7 +88,7 @@ def test_a_new_term_is_one_row(monkeypatch, sentence_vocab_file, tiny_parallel_d
     from lealla_tf.configs import DataConfig, OptimizerConfig, TokenizerConfig
     from lealla_tf.train.launch import train
 
-    vocabulary = len(open(sentence_vocab_file, encoding="utf-8").read().split("\n")) - 1
+    vocabulary = len(pathlib.Path(sentence_vocab_file).read_text(encoding="utf-8").split("\n")) - 1
     config = TrainConfig(
         encoder=EncoderConfig(vocabulary_size=vocabulary, num_layers=1, num_heads=2,
                               hidden_dim=8, intermediate_dim=16, pooling="mean"),

@@ -10,12 +10,9 @@ import pytest
 
 from lealla_tf.mining import margins as mining
 from lealla_tf.mining.margins import (
-    COLLAPSED_MEAN_COSINE,
     best_threshold,
-    collapse_warning,
     greedy_one_to_one,
     margin_scores,
-    mean_cosine,
     mine,
 )
 from lealla_tf.mining.neighbours import MiningPlan, Rows, knn, normalize_rows
@@ -402,20 +399,3 @@ def test_mining_memory_mapped_rows_equals_mining_arrays(tmp_path):
     assert_same_mining(mine(source, rows), expected)
     assert_same_mining(mine(Rows([source[:10], source[10:]], "source"), rows,
                             memory_budget_gb=0.05, chunk_size=50), expected)
-
-
-def test_mean_cosine_tells_a_collapsed_model_from_a_spread_one():
-    rng = np.random.default_rng(0)
-    spread = rng.normal(size=(50, 8))
-    unit = spread / np.linalg.norm(spread, axis=1, keepdims=True)
-    cosines = unit @ unit.T
-    expected = (cosines.sum() - np.trace(cosines)) / (50 * 49)  # the definition, written out
-    assert mean_cosine(spread) == pytest.approx(expected, abs=1e-6)
-    collapsed = np.ones((50, 8)) + 1e-6 * rng.normal(size=(50, 8))
-    assert mean_cosine(collapsed) > 0.9999 > COLLAPSED_MEAN_COSINE
-    assert collapse_warning(mean_cosine(spread), "m") is None
-    assert "m has collapsed" in collapse_warning(mean_cosine(collapsed), "m")
-    assert np.isnan(mean_cosine(spread[:1])) and collapse_warning(float("nan"), "m") is None
-    assert mean_cosine(np.zeros((5, 8))) == 1.0  # collapsed to the origin
-    half = np.concatenate([np.zeros((2, 8)), unit[:2]])  # 1 zero pair, 1 unit pair of 12
-    assert mean_cosine(half) == pytest.approx((2 * (1 + unit[0] @ unit[1])) / 12, abs=1e-6)

@@ -31,7 +31,7 @@ def parsed(input_format, raw):
 
 
 def test_a_line_is_a_record_or_a_dead_letter_with_its_reason():
-    assert parsed("lines", "Der Hund.".encode()) == [(VALID, ("a.txt:7", "Der Hund.", "a.txt:7"))]
+    assert parsed("lines", b"Der Hund.") == [(VALID, ("a.txt:7", "Der Hund.", "a.txt:7"))]
     assert parsed("tsv", b"doc-1\tThe dog.") == [(VALID, ("doc-1", "The dog.", "a.txt:7"))]
     assert parsed("pairs", b"Der Hund.\tThe dog.") == [(VALID, {
         "file": "a.txt", "line": 7, "source": "Der Hund.", "target": "The dog."})]

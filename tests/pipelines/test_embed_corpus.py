@@ -96,8 +96,8 @@ def test_pairs_mode_writes_training_records_with_teacher_vectors(corpus_model, t
     path, reference = corpus_model
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "deu-eng.tsv.gz").write_bytes(gzip.compress(
-        "Der Hund ist nett.\tThe dog is nice.\nIch mag Tee.\tI like tea.\nbroken line\n"
-        .encode()))
+        b"Der Hund ist nett.\tThe dog is nice.\nIch mag Tee.\tI like tea.\nbroken line\n"
+))
     output = str(tmp_path / "pairs")
     manifest = embed_corpus([str(tmp_path / "in" / "*.tsv.gz")], path, output, pairs=True,
                             english_only=True)

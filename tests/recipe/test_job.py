@@ -297,6 +297,7 @@ def test_a_work_dir_has_one_writer(tmp_path, tiny_data, capsys, monkeypatch):
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
+        holder.stdout.close()
     seen = []
 
     class Stop(Exception):

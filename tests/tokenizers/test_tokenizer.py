@@ -159,7 +159,7 @@ def test_lower_case_option(tiny_vocab_file):
 
 def test_read_wordpiece_vocabulary_keeps_whole_lines(tmp_path):
     path = tmp_path / "v.txt"
-    path.write_bytes("[PAD]\r\n a\n##b\n".encode())
+    path.write_bytes(b"[PAD]\r\n a\n##b\n")
     assert read_wordpiece_vocabulary(str(path)) == ["[PAD]", " a", "##b"]
     path.write_bytes(b"\xff\xfe")
     with pytest.raises(ValueError, match="UTF-8"):

@@ -29,10 +29,10 @@ def test_language_weights_follow_temperature_sampling():
     assert all(np.isclose(s, 1 / 3) for s in shares.values())
     # Reference transcription of q_l = n_l^a / sum n^a, weight = q_l / p_l.
     a = 0.3
-    q = {l: n ** a / sum(m ** a for m in sizes.values()) for l, n in sizes.items()}
-    expected = {l: q[l] / (n / total) for l, n in sizes.items()}
+    q = {code: n ** a / sum(m ** a for m in sizes.values()) for code, n in sizes.items()}
+    expected = {code: q[code] / (n / total) for code, n in sizes.items()}
     got = language_weights(sizes, a)
-    assert all(np.isclose(got[l], expected[l]) for l in sizes)
+    assert all(np.isclose(got[code], expected[code]) for code in sizes)
     assert got["xho"] > got["deu"] > got["eng"]
     with pytest.raises(ValueError):
         language_weights(sizes, 1.5)

@@ -12,7 +12,6 @@ kernels off; `usable()` also needs the computation to be on CPUs only.
 import os
 import pathlib
 import sys
-from typing import Optional
 
 import tensorflow as tf
 
@@ -100,7 +99,7 @@ def usable(strategy=None) -> bool:
     return available()
 
 
-def unavailable_reason() -> Optional[str]:
+def unavailable_reason() -> str | None:
     """Why `available()` is False (None when it is True)."""
     if not enabled():
         return f"{SWITCH}={os.environ.get(SWITCH)}"

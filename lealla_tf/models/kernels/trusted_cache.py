@@ -20,7 +20,6 @@ import os
 import pathlib
 import re
 import stat
-from typing import Optional
 
 CACHE = "LEALLA_TF_KERNEL_CACHE"
 # A build compiles into `<BUILD_PREFIX><pid>-<random>.so` beside the library, then
@@ -78,7 +77,7 @@ def _trusted_owner(uid: int) -> bool:
     return uid in (os.geteuid(), 0)
 
 
-def _folder_problem(directory: str, info: os.stat_result, itself: bool) -> Optional[str]:
+def _folder_problem(directory: str, info: os.stat_result, itself: bool) -> str | None:
     """Why another user could change what `directory` holds (None: nobody can).
     A folder above the cache may be writable by others when its sticky bit keeps
     them from renaming what is not theirs (/tmp)."""
@@ -134,7 +133,7 @@ def trusted_folder(folder) -> pathlib.Path:
     return real
 
 
-def _file_problem(info: os.stat_result) -> Optional[str]:
+def _file_problem(info: os.stat_result) -> str | None:
     if not stat.S_ISREG(info.st_mode):
         return "is not a regular file"
     if not _trusted_owner(info.st_uid):
@@ -183,7 +182,7 @@ def open_verified(path: pathlib.Path) -> int:
     return fd
 
 
-def why_not_loadable(path: pathlib.Path) -> Optional[str]:
+def why_not_loadable(path: pathlib.Path) -> str | None:
     """Why the library at `path` is not loaded (see `open_verified`); None when it may be."""
     try:
         os.close(open_verified(path))

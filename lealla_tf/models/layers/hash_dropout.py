@@ -4,7 +4,7 @@ Keras' dropout draws a float per entry with TensorFlow's Philox kernel, then
 compares and selects in separate ops, which on a student's training step (three
 dropouts a layer, every layer, both sides of a pair) is a sizeable share of the step
 on a CPU (the `hash_dropout` lever of the retired `benchmarks/train_throughput.py
---levers`, in `git show d674191:benchmarks/results/train_throughput.json`). Here the
+--levers`: docs/benchmarks.md, "Settings chosen by retired benchmarks"). Here the
 keep bit of entry i is `hash(i, seed) >= rate * 2^32`, murmur3's 32-bit finaliser
 applied twice (a bijection with full avalanche, keyed by both words of the seed),
 and mask, scale and select run as one XLA-compiled loop (compiled once per input
