@@ -237,8 +237,11 @@ class Trainer:
                              "worker processes a fixed --train_steps")
         steps_done = self.restore_or_initialize()
         start_step = steps_done
-        for name in ("train_log.jsonl", "eval_log.jsonl"):
-            truncate_log(os.path.join(self.write_dir, name), steps_done)
+        truncate_log(os.path.join(self.write_dir, "train_log.jsonl"), steps_done)
+        # A run started over evaluates step 0 again: its earlier row goes. A resumed
+        # run keeps the evaluation at its checkpoint's step (made after the save).
+        truncate_log(os.path.join(self.write_dir, "eval_log.jsonl"),
+                     steps_done if steps_done else -1)
         resumed = planner.start(steps_done) if hasattr(planner, "start") else None
         plan = resumed
         if resumed:  # the recorded plan, at the end it had at this step
@@ -267,6 +270,11 @@ class Trainer:
             evaluated = time.time()
             logs.evaluation(0, self.evaluate(), evaluations)
             evaluation_seconds = time.time() - evaluated
+        elif config.eval_every and (steps_done % config.eval_every == 0
+                                    or steps_done == config.train_steps) and not any(
+                e["step"] == steps_done for e in evaluations):
+            # killed after the checkpoint, before the evaluation that follows it
+            logs.evaluation(steps_done, self.evaluate(), evaluations)
         step_seconds, first_step_start = [], None
         bar = progress_bar(total=config.train_steps, initial=steps_done, desc="training",
                            unit="step", disable=not self.progress, dynamic_ncols=True)

@@ -407,3 +407,39 @@ def test_distilled_rows_run_the_teacher_on_the_first_rows_only(teacher, tiny_par
                       progress=False).train()
     assert summary["final_step"] == 2 and all(np.isfinite(summary["last"][t])
                                               for t in ("ams", "fd", "ld", "hd"))
+
+
+def test_a_killed_run_logs_each_evaluation_once(sentence_vocab_file, tiny_parallel_dir,
+                                                tiny_tatoeba_dir, tmp_path):
+    """Killed after the evaluation at step 0 and before any checkpoint, the rerun
+    starts over and logs step 0 once; killed after the checkpoint at step 3 and
+    before the evaluation that follows it, the rerun makes that evaluation."""
+    config = tiny_config(vocab_size(sentence_vocab_file), tiny_parallel_dir, "ams",
+                         train_steps=6, checkpoint_every=3, eval_every=3,
+                         tatoeba_dir=tiny_tatoeba_dir)
+
+    def kill_at(step):
+        def planner(measured):
+            if measured["step"] == step:
+                raise KeyboardInterrupt
+        return planner
+
+    def run(planner=None):
+        return Trainer(config, str(tmp_path), None, sentence_vocab_file,
+                       progress=False).train(planner)
+
+    def logged():
+        return [json.loads(line)["step"]
+                for line in (tmp_path / "eval_log.jsonl").read_text().splitlines()]
+
+    with pytest.raises(KeyboardInterrupt):
+        run(kill_at(1))
+    assert logged() == [0]
+    with pytest.raises(KeyboardInterrupt):
+        run(kill_at(4))
+    assert logged() == [0, 3]
+    log = tmp_path / "eval_log.jsonl"
+    log.write_text("".join(log.read_text().splitlines(keepends=True)[:1]))  # the kill's
+    summary = run()
+    assert logged() == [0, 3, 6]
+    assert [e["step"] for e in summary["evaluations"]] == [0, 3, 6]
