@@ -1,8 +1,8 @@
 """benchmarks/kill_anywhere.py, short: the main job killed with SIGKILL three
 times after its teacher stage, and `python -m lealla_tf.train` killed twice, each
-rerun until it completes, end with the figures of a run never killed. The full
-run (every stage, twenty kills and more) is `python -m benchmarks.kill_anywhere`
-(docs/reliability.md)."""
+rerun until it completes, end with the figures and the evaluations along training
+of a run never killed. The full run (every stage, twenty kills and more) is
+`python -m benchmarks.kill_anywhere` (docs/reliability.md)."""
 
 import random
 
@@ -65,11 +65,13 @@ def test_killed_anywhere_and_rerun_the_jobs_end_as_if_never_killed(
                                       windows=("train_student", "export", "mine"))
     assert job["kills"] == 3 and not job["failed_reruns"], job["runs"]
     assert job["equal"], [run["differences"] for run in job["runs"]]
+    assert job["logs_equal"], [run["log_differences"] for run in job["runs"]]
     train = kill_anywhere.kill_anywhere(
         kill_anywhere.TrainRun(tiny_parallel_dir, sentence_vocab_file, tiny_tatoeba_dir, code),
         str(tmp_path / "train"), 2, 2, rng)
     assert train["kills"] >= 1 and not train["failed_reruns"], train["runs"]
     assert train["equal"], [run["differences"] for run in train["runs"]]
+    assert train["logs_equal"], [run["log_differences"] for run in train["runs"]]
 
 
 def test_bad_flags_are_refused_with_a_message(tmp_path, capsys):
