@@ -73,8 +73,8 @@ def parse_variant(text: str):
     from lealla_tf.recipe.training import (
         check_learning_rates,
         student_loss_weights,
+        student_train_config,
         teacher_in_step,
-        train_config,
     )
 
     try:
@@ -88,10 +88,10 @@ def parse_variant(text: str):
                              "job's Beam teacher-vectors stage is not run here")
         # The training settings checked now, as the main job checks them (steps,
         # overrides, weights...), not in the child after minutes.
-        train_config(config, pathlib.Path("data"), {"tokenizer": "sentencepiece",
-                                                    "multilingual": True},
-                     "teacher", "sample", config.objective, student_loss_weights(config),
-                     teacher_in_step(config))
+        student_train_config(config, pathlib.Path("data"), {"tokenizer": "sentencepiece",
+                                                            "multilingual": True},
+                             "teacher", "sample", config.objective,
+                             student_loss_weights(config), teacher_in_step(config))
     except ValueError as error:
         raise ValueError(f"--variant={text!r}: {error}") from None
     return name, argv
@@ -143,8 +143,8 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
     from lealla_tf.recipe.training import (
         mixed_precision,
         student_loss_weights,
+        student_train_config,
         teacher_in_step,
-        train_config,
     )
     from lealla_tf.train.launch import train
 
@@ -165,8 +165,10 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
         if not os.path.exists(os.path.join(sample, "DONE")):
             sample_stage(config, data_dir, sample)
             open(os.path.join(sample, "DONE"), "w").close()
-    train_settings = train_config(config, data_dir, teacher, os.path.join(work_dir, "teacher"),
-                                  sample, config.objective, weights, in_step)
+    # The flags as they are (no `steps`): the row's --train_steps and --eval_every.
+    train_settings = student_train_config(config, data_dir, teacher,
+                                          os.path.join(work_dir, "teacher"), sample,
+                                          config.objective, weights, in_step)
     try:
         summary = train(train_settings, model_dir, vocabulary["output"], progress=False)
     except (ValueError, FileNotFoundError) as error:  # the trainer's own refusals

@@ -196,7 +196,11 @@ def job_config(work_dir: str, recipe_flags):
 def step_rows(work_dir: str, data_dir, rows: dict, steps: int, warmup: int,
               recipe_flags=(), profile_steps: int = 0) -> dict:
     """Each row's timing: the job's student with the row's changes to its config."""
-    from lealla_tf.recipe.training import mixed_precision, student_loss_weights, train_config
+    from lealla_tf.recipe.training import (
+        mixed_precision,
+        student_loss_weights,
+        student_train_config,
+    )
 
     with open(os.path.join(work_dir, "stages", "teacher.json")) as f:
         teacher = json.load(f)["result"]
@@ -209,7 +213,7 @@ def step_rows(work_dir: str, data_dir, rows: dict, steps: int, warmup: int,
         config = dataclasses.replace(base, **changes)
         alone = config.objective == "ams"
         precision = mixed_precision(config)
-        train = train_config(
+        train = student_train_config(
             dataclasses.replace(config, train_steps=1, mixed_precision=precision,
                                 learning_rate=config.comparison_learning_rate if alone
                                 else config.learning_rate),

@@ -30,14 +30,18 @@ Every stage is a library call returning a dict; `Stages` handles reuse, timing a
 the summary, and each model is loaded once and shared between stages.
 
 Modules: `settings` (RecipeConfig and the tuned settings `make main` trains with),
-`job` (`run_recipe`: the checks, the stages in order, the report), `work_dir`
-(whose --work_dir is, its one writer, what --fresh deletes), `stages` (the stage
-runner and the model cache), the stages by subject: `corpus` (vocabulary, sample,
-news set), `training` (the students' configs, training, export) and `evaluations`
-(Tatoeba, news, mining), with the teacher's stages in `lealla_tf.teachers.vectors`;
-`planner` (the students' steps planned to the time budget) and `report` (the
-summary and headline figures). The command line is `lealla_tf.cli.recipe`; its flags,
-and the RecipeConfig they make for a program that passes them on, are `command_line`.
+`job` (`run_recipe`: the table of stages, `STAGES`, walked in order, and the
+flags each stage depends on), `checks` (what the job refuses before anything is
+written), `work_dir` (whose --work_dir is, its one writer, what --fresh
+deletes), `stages` (the stage runner and the model cache), the stages by
+subject: `teacher_stages` (the teacher and its vectors), `corpus` (vocabulary,
+sample, news set), `training` (the students' `TrainConfig`, made in one place,
+`student_train_config`, and their training) and `evaluations` (the export, and
+Tatoeba, news, mining); `planner` (the students' steps planned to the time
+budget) and `report` (report.json built from the stages' results, the summary
+and headline figures). The command line is `lealla_tf.cli.recipe`; its flags,
+and the RecipeConfig they make for a program that passes them on, are
+`command_line`.
 
 May import: anything in lealla_tf but lealla_tf.cli.
 """

@@ -1,10 +1,16 @@
-"""The main job's evaluations, each of every model it is given: Tatoeba dev
-(`evaluate_stage`), the held-out news set (`news_stage`) and BUCC-style mining
-on pairs the sample left out (`mine_stage`)."""
+"""The main job's stages after training: the export, reloaded in a fresh
+process and compared with the in-memory student (`export_stage`), and the
+evaluations, each of every model it is given: Tatoeba dev (`evaluate_stage`),
+the held-out news set (`news_stage`) and BUCC-style mining on pairs the sample
+left out (`mine_stage`)."""
 
 import os
 import pathlib
+import shutil
 import time
+
+import numpy as np
+import tensorflow as tf
 
 from lealla_tf.evaluation.bucc import (
     BUCC_AVERAGE_F1,
@@ -22,11 +28,47 @@ from lealla_tf.evaluation.tatoeba import (
     first_pairs,
     tatoeba_metrics_with_margin,
 )
+from lealla_tf.inference.formats import export_model_dir
+from lealla_tf.inference.reload_check import reload_in_fresh_process
 from lealla_tf.mining.margins import mine
-from lealla_tf.parallel_corpus import find_parallel_files, read_pairs
+from lealla_tf.models.model_dir import load_encoder, load_tokenizer
+from lealla_tf.parallel_corpus import find_parallel_files, read_pairs, read_tatoeba
 from lealla_tf.recipe.settings import STUDENT, RecipeConfig
 from lealla_tf.recipe.stages import Models
 from lealla_tf.tokenizers.tokenizer import Tokenizer
+
+
+def check_sentences(tatoeba_dir: str) -> list[str]:
+    """The sentences the export is checked on: the first of a few Tatoeba dev
+    languages of different scripts (those present), or two fixed sentences."""
+    sentences = []
+    for language in ("deu", "rus", "cmn", "kab", "fra"):
+        try:
+            source, english = read_tatoeba(tatoeba_dir, language)
+            sentences += source[:20] + english[:4]
+        except FileNotFoundError:
+            continue
+    return sentences or ["The dog is nice.", "Der Hund ist nett."]
+
+
+def export_stage(model_dir: str, export_path: str, sentences, models: Models) -> dict:
+    """Exports the LEALLA format, reloads it with hub.KerasLayer in a fresh process,
+    and compares with the in-memory encoder (restored once, for both)."""
+    if os.path.exists(export_path):
+        shutil.rmtree(export_path)
+    encoder, tokenizer = load_encoder(model_dir), load_tokenizer(model_dir)
+    summary = export_model_dir(model_dir, export_path, "lealla", encoder=encoder,
+                               tokenizer=tokenizer)
+    reloaded = reload_in_fresh_process(export_path, sentences, "hub_keras_layer")["batch"]
+    expected = encoder(tokenizer(tf.constant(sentences)))["sentence_embedding"].numpy()
+    summary["reload_max_abs_difference"] = float(np.abs(reloaded - expected).max())
+    summary["reload_sentences"] = len(sentences)
+    if summary.get("collapse_warning"):
+        print(summary["collapse_warning"])
+    print(f"exported {summary['bytes']['model'] / 1e6:.1f} MB; hub.KerasLayer reload in a fresh "
+          f"process matches the in-memory model to {summary['reload_max_abs_difference']:.1e} "
+          f"on {len(sentences)} sentences")
+    return summary
 
 
 def evaluate_stage(models: dict[str, tuple[str, int]], tatoeba_dir: str,

@@ -1,17 +1,19 @@
-"""Planning the students' training to the job's time budget.
+"""Planning the students' training to the job's time budget: `BudgetPlanner`
+(the student's steps, timed on this machine; the only writer of `PLAN_FILE`),
+the time guard (`overshoot_guard`; the comparison's share, `comparison_guard`)
+and the spacing of evaluations and checkpoints (`planned_every`). What a
+student's `TrainConfig` takes of these is decided in one place:
+`lealla_tf.recipe.training.student_train_config`.
 
 Importing it loads no TensorFlow: `lealla-recipe`'s flags name its planned
 defaults, and its --help answers before TensorFlow loads (tests/cli/test_scripts.py).
 """
 
-import dataclasses
 import json
 import os
 
-from lealla_tf.configs import TrainConfig
 from lealla_tf.losses.objectives import parse_objective, reads_teacher
 from lealla_tf.recipe.settings import RecipeConfig
-from lealla_tf.train.resolution import validate_train_config
 
 # === Planning the training to the time budget ===
 
@@ -61,6 +63,20 @@ def overshoot_guard(spent: float, planned: float) -> float:
     that has spent `spent` seconds and plans `planned` more: one that overshoots
     its plan by a third stops."""
     return (spent + 4 / 3 * planned) / 60
+
+
+def comparison_guard(plan: dict, steps: int) -> float:
+    """The comparison's time guard, in minutes (0: none), from the student's
+    `plan` (its `train_stage` result's): its own share of a planned budget, its
+    start, `steps` at the student's timed step scaled to its own
+    (`comparison_step_ratio`), and its evaluations. A student with fixed steps
+    planned nothing: no guard."""
+    if not plan.get("planned"):
+        return 0.0
+    start = plan.get("comparison_start_seconds", plan["start_seconds"])
+    ratio = plan.get("comparison_step_ratio") or COMPARISON_STEP_RATIO
+    return overshoot_guard(0.0, start + steps * plan["seconds_per_step"] * ratio
+                           + (PLANNED_EVALUATIONS + 1) * plan["evaluation_seconds"])
 
 
 def step_share(config: RecipeConfig) -> float:
@@ -237,32 +253,6 @@ def planned_every(steps: int) -> int:
     """Steps between evaluations (and checkpoints): `PLANNED_EVALUATIONS` of them,
     the last at the last step rather than one beside it."""
     return max(1, -(-steps // PLANNED_EVALUATIONS))
-
-
-def student_run_config(train: "TrainConfig", config: RecipeConfig, steps: int | None,
-                       guard_minutes: float = 0.0,
-                       recorded: dict | None = None) -> "TrainConfig":
-    """A student's config: `steps` (with warmup, evaluations and checkpoints that
-    follow from them), or a provisional one whose `BudgetPlanner` decides.
-    `recorded`: the plan a resumed run made (`plan.json`); its evaluations and
-    checkpoints keep the plan's spacing, which a re-plan does not move."""
-    if steps:
-        warmup = (config.warmup_steps if config.warmup_steps is not None
-                  else (PLANNED_WARMUP_STEPS if not config.train_steps
-                        else max(1, steps // 10)))
-        every = config.eval_every or planned_every(steps)
-        changes = dict(train_steps=steps, eval_every=every, checkpoint_every=planned_every(steps))
-        changes.update({key: recorded[key] for key in ("eval_every", "checkpoint_every")
-                        if key in (recorded or {})})
-    else:  # planned at PLAN_AT_STEP: nothing saved or evaluated before
-        warmup = PLANNED_WARMUP_STEPS
-        changes = dict(train_steps=100 * PLANNED_WARMUP_STEPS, eval_every=PLANNED_WARMUP_STEPS,
-                       checkpoint_every=PLANNED_WARMUP_STEPS)
-    run = dataclasses.replace(train, time_budget_minutes=guard_minutes,
-                              optimizer=dataclasses.replace(train.optimizer,
-                                                            warmup_steps=warmup), **changes)
-    validate_train_config(run)
-    return run
 
 
 def read_plan(model_dir: str) -> dict | None:

@@ -1,4 +1,11 @@
-"""The main job's report: the one-screen summary and the headline figures."""
+"""The main job's report, built in one place: report.json from every stage's
+result (`build_report`), its figures and files in <work_dir>/report
+(`write_report`: report.json, summary.md and the plots), the one-screen
+summary (`format_summary`) and the headline figures (`headline`)."""
+
+import dataclasses
+import json
+import os
 
 from lealla_tf.evaluation.bucc import (
     BUCC_AVERAGE_F1,
@@ -7,17 +14,98 @@ from lealla_tf.evaluation.bucc import (
     gold_pairs_note,
 )
 from lealla_tf.evaluation.news import NEWS_PRIMARY_METRIC, length_band_names
+from lealla_tf.evaluation.plots import plot_per_language, plot_training
 from lealla_tf.evaluation.tatoeba import (
     TATOEBA_MARGIN_METRIC,
     TATOEBA_PRIMARY_METRIC,
     best_and_worst,
     per_language,
 )
-from lealla_tf.machine import describe
+from lealla_tf.machine import describe, machine
 from lealla_tf.parallel_corpus import describe_corpus_counts
-from lealla_tf.recipe.settings import COMPARISON, STUDENT, STUDENT_ON_TEACHER_PAIRS, TEACHER
+from lealla_tf.recipe.settings import (
+    COMPARISON,
+    STUDENT,
+    STUDENT_ON_TEACHER_PAIRS,
+    TEACHER,
+    RecipeConfig,
+)
 
 # === Report ===
+
+def build_report(config: RecipeConfig, data_dir, results: dict[str, dict],
+                 students: dict[str, dict], timing: dict) -> dict:
+    """report.json of a finished job: its flags and machine, each stage's result
+    (`results`, by stage name: `lealla_tf.recipe.job.STAGES`), the students'
+    (`students`: {name: {"loss_weights", "learning_rate" (as trained),
+    "precision"}} of each student the job trains), the stages' times (`timing`:
+    `Stages.summary()`) and the headline figures. The teacher's Tatoeba and
+    news results join the students'; with a comparison, the distillation's gain."""
+    training = {name: results[f"train_{name}"] for name in students}
+    evaluation = results["teacher_evaluation"]
+    tatoeba = {**results["evaluate"], TEACHER: evaluation["tatoeba"]}
+    distillation = None
+    if COMPARISON in training:
+        full = tatoeba[STUDENT][TATOEBA_PRIMARY_METRIC]
+        alone = tatoeba[COMPARISON][TATOEBA_PRIMARY_METRIC]
+        distillation = {"objective": config.objective,
+                        "loss_weights": students[STUDENT]["loss_weights"],
+                        "comparison_objective": config.comparison_objective,
+                        "learning_rates": {"full": students[STUDENT]["learning_rate"],
+                                           "comparison": students[COMPARISON]["learning_rate"]},
+                        "default_learning_rates": (
+                            config.learning_rate == RecipeConfig.learning_rate
+                            and config.comparison_learning_rate
+                            == RecipeConfig.comparison_learning_rate
+                            # the objective COMPARISON_LEARNING_RATE was measured for
+                            and config.comparison_objective == "ams"),
+                        "steps": training[STUDENT]["final_step"],
+                        "comparison_steps": training[COMPARISON]["final_step"],
+                        "full": full, "comparison": alone, "gain_points": 100 * (full - alone),
+                        "minutes_full": training[STUDENT]["seconds"] / 60,
+                        "minutes_comparison": training[COMPARISON]["seconds"] / 60,
+                        "curve_full": training[STUDENT]["evaluations"],
+                        "curve_comparison": training[COMPARISON]["evaluations"]}
+    report = {"data_dir": str(data_dir), "work_dir": config.work_dir,
+              "report_dir": os.path.join(config.work_dir, "report"),
+              "machine": machine(),
+              "config": dataclasses.asdict(config), "teacher": results["teacher"],
+              "vocabulary": results["vocabulary"],
+              "sample": {k: v for k, v in results["sample"].items() if k != "per_language"},
+              "teacher_vectors": {k: results["teacher_vectors"].get(k) for k in (
+                  "counts", "backend", "sentences_per_second")},
+              "plan": training[STUDENT]["plan"], "training": training,
+              "export": results["export"], "tatoeba": tatoeba,
+              "news_set": results["news_set"], "news": {**results["news"], **evaluation["news"]},
+              "precision": {name: student["precision"] for name, student in students.items()},
+              "teacher_precision": evaluation.get("precision", "float32"),
+              "distillation": distillation, "mining": results["mine"], **timing}
+    report["headline"] = headline(report)
+    return report
+
+
+def write_report(report: dict, run_dirs: dict[str, str]) -> None:
+    """<report_dir>: the training curves of the students (`run_dirs`: {name:
+    model_dir}), Tatoeba dev per language (the student against the teacher, on
+    the teacher's pairs), report.json and summary.md."""
+    config, report_dir, tatoeba = report["config"], report["report_dir"], report["tatoeba"]
+    os.makedirs(report_dir, exist_ok=True)
+    objectives = {STUDENT: f"{config['objective']} (student)",
+                  COMPARISON: f"{config['comparison_objective']} alone"}
+    plot_training({objectives[name]: path for name, path in run_dirs.items()},
+                  os.path.join(report_dir, "training_curve.png"), config["eval_max_pairs"])
+    compared = {STUDENT: tatoeba.get(STUDENT_ON_TEACHER_PAIRS, tatoeba[STUDENT]),
+                TEACHER: tatoeba[TEACHER]}
+    subset = (f", first {config['teacher_eval_pairs']} pairs a language"
+              if config["teacher_eval_pairs"] else ", all pairs")
+    plot_per_language({name: per_language(metrics) for name, metrics in compared.items()},
+                      os.path.join(report_dir, "tatoeba_languages.png"),
+                      f"Tatoeba dev P@1 per language: student vs teacher{subset}")
+    with open(os.path.join(report_dir, "report.json"), "w") as f:
+        json.dump(report, f, indent=2, default=str)
+    with open(os.path.join(report_dir, "summary.md"), "w", encoding="utf-8") as f:
+        f.write("# The main job\n\n```\n" + format_summary(report).strip("\n=") + "\n```\n")
+
 
 def format_summary(report: dict) -> str:
     lines = ["", "=" * 78, "lealla_tf main job — summary", "=" * 78]

@@ -2,7 +2,7 @@
 the tuned constants it defaults to, the names of the models it trains and
 compares, and where it finds the data. (A training run's own settings are
 `lealla_tf.configs.TrainConfig`, which the job builds for each student:
-`lealla_tf.recipe.training.train_config`.)
+`lealla_tf.recipe.training.student_train_config`.)
 
 Importing it loads no TensorFlow: `lealla-recipe`'s flags take their defaults
 from `RecipeConfig`, and its --help answers before TensorFlow loads
@@ -95,7 +95,7 @@ RECIPE_DROPOUT = 0.0
 # The temperature over languages, applied once, when the sample is drawn: a
 # language with n pairs in the corpus gets a share of the sample proportional
 # to n^alpha, and training then draws languages in proportion to what the
-# sample holds of each (`train_config`), so no pair repeats. Chosen between 0.3
+# sample holds of each (`student_train_config`), so no pair repeats. Chosen between 0.3
 # and 0.7 by benchmarks/recipe_sweep.py (docs/benchmarks.md, "The recipe's
 # levers, screened and confirmed").
 SAMPLE_LANGUAGE_ALPHA = 0.3

@@ -3,10 +3,12 @@ returns a dict) once, reuses a finished stage's output when the flags it was mad
 with are the same, refuses it naming the flags when they are not, and times
 every stage for the summary; `Models` loads each model once for every stage.
 
-The stages themselves: `lealla_tf.teachers.vectors` (the teacher and its
-vectors), `lealla_tf.recipe.corpus` (vocabulary, sample, news set),
-`lealla_tf.recipe.training` (training and export) and
-`lealla_tf.recipe.evaluations`.
+The job's stages, in order, with the flags each depends on: the table
+`lealla_tf.recipe.job.STAGES`. Their library functions, by subject:
+`lealla_tf.recipe.teacher_stages` (the teacher and its vectors),
+`lealla_tf.recipe.corpus` (vocabulary, sample, news set),
+`lealla_tf.recipe.training` (the students' training) and
+`lealla_tf.recipe.evaluations` (the export and the evaluations after training).
 """
 
 import json

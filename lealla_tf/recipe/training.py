@@ -1,15 +1,11 @@
-"""The main job's students: their `TrainConfig` (`train_config`), the checks
-that a student resumes at the rate and in the precision it started with,
-training to the plan (`train_stage`), and the export, reloaded in a fresh
-process and compared with the in-memory student (`export_stage`)."""
+"""The main job's students: their `TrainConfig` (`student_train_config`, the one
+place the job's flags become a student's settings), the checks that a student
+resumes at the rate and in the precision it started with, and training to the
+plan (`train_stage`)."""
 
 import math
 import os
-import shutil
 from typing import Optional
-
-import numpy as np
-import tensorflow as tf
 
 from lealla_tf.configs import (
     DataConfig,
@@ -19,22 +15,22 @@ from lealla_tf.configs import (
     TokenizerConfig,
     TrainConfig,
 )
-from lealla_tf.inference.formats import export_model_dir
-from lealla_tf.inference.reload_check import reload_in_fresh_process
 from lealla_tf.losses.objectives import OBJECTIVES, TEACHER_LAYERS, parse_objective, terms_needing
 from lealla_tf.machine import bfloat16_arithmetic
 from lealla_tf.models.model_dir import (
     CONFIG_FILE,
     latest_checkpoint,
-    load_encoder,
-    load_tokenizer,
     read_model_config,
 )
 from lealla_tf.models.presets import get_preset
-from lealla_tf.parallel_corpus import read_tatoeba
-from lealla_tf.recipe.planner import BudgetPlanner, read_plan
+from lealla_tf.recipe.planner import (
+    PLANNED_WARMUP_STEPS,
+    BudgetPlanner,
+    planned_every,
+    read_plan,
+)
 from lealla_tf.recipe.settings import RecipeConfig, recipe_loss_weights
-from lealla_tf.recipe.stages import Models, StageInterrupted
+from lealla_tf.recipe.stages import StageInterrupted
 from lealla_tf.train import launch
 from lealla_tf.train.resolution import validate_train_config
 
@@ -79,11 +75,33 @@ def mixed_precision(config: RecipeConfig, run_dir: str | None = None) -> bool:
     return bfloat16_arithmetic() if recorded is None else recorded
 
 
-def train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_dir: str, data: str,
-                 objective: str, loss_weights: dict, in_step: bool = False):
-    """The student's `TrainConfig` for the main job; `in_step`: a student whose
-    objective needs teacher vectors gets them from the teacher run in the step
-    (`data` is then plain TSV pairs)."""
+def student_train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_dir: str,
+                         data: str, objective: str, loss_weights: dict, in_step: bool = False,
+                         steps: int | None = None, guard_minutes: float = 0.0,
+                         recorded: dict | None = None) -> TrainConfig:
+    """The main job's turn of its flags (`config`) into a student's `TrainConfig`,
+    the only one: what the job knows (the `teacher` stage's summary and its
+    folder, the training `data`, the student's `objective` and `loss_weights`)
+    and the run's length, with every default that follows from it decided here.
+
+    `in_step`: a student whose objective needs teacher vectors gets them from
+    the teacher run in the step (`data` is then plain TSV pairs). `steps`:
+      - n > 0: a run of n steps (the fixed --train_steps, the plan a killed
+        run recorded, or the comparison's: the student's). It warms up over
+        --warmup_steps, else `PLANNED_WARMUP_STEPS` in a planned job (the rate
+        before the plan must not depend on it), else a tenth of the steps; it
+        is evaluated every --eval_every, else at `PLANNED_EVALUATIONS` points
+        (`planned_every`), and saved at those points. `recorded` (the plan a
+        resumed run made, `plan.json`) keeps the plan's spacing, which a
+        re-plan does not move; `guard_minutes` is its time guard
+        (`lealla_tf.recipe.planner.overshoot_guard`; 0: none).
+      - 0: a planned run before its plan: the `BudgetPlanner` gives the steps,
+        spacing and guard at `PLAN_AT_STEP`; until then a provisional length,
+        nothing saved or evaluated, and `PLANNED_WARMUP_STEPS` of warmup.
+      - None: the flags as they are (a benchmark's row, trained without the
+        job's schedule): --train_steps (at least 1), --eval_every (0: none), a
+        checkpoint every fifth of the steps, a tenth of them warming up.
+    """
     encoder = get_preset(config.preset).encoder.replace(pooling=config.pooling,
                                                         **{"dropout": config.dropout,
                                                            **config.encoder_overrides})
@@ -100,6 +118,21 @@ def train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_dir: str
                          "student to read the teacher's tokens (--vocabulary=teacher_pruned); "
                          "drop '+hd'")
     in_step = in_step and any(OBJECTIVES[t].needs_teacher for t in parse_objective(objective))
+    if steps is None:  # the flags as they are
+        length = max(1, config.train_steps)
+        warmup = (config.warmup_steps if config.warmup_steps is not None
+                  else max(1, config.train_steps // 10))
+        eval_every, checkpoint_every = config.eval_every, max(1, config.train_steps // 5)
+    elif steps:
+        length = steps
+        warmup = (config.warmup_steps if config.warmup_steps is not None
+                  else PLANNED_WARMUP_STEPS if not config.train_steps else max(1, steps // 10))
+        recorded = recorded or {}
+        eval_every = recorded.get("eval_every", config.eval_every or planned_every(steps))
+        checkpoint_every = recorded.get("checkpoint_every", planned_every(steps))
+    else:  # planned at PLAN_AT_STEP: nothing saved or evaluated before
+        length, warmup = 100 * PLANNED_WARMUP_STEPS, PLANNED_WARMUP_STEPS
+        eval_every = checkpoint_every = PLANNED_WARMUP_STEPS
     train = TrainConfig(
         preset=config.preset, encoder=encoder,
         tokenizer=TokenizerConfig(max_seq_length=config.max_seq_length),
@@ -116,19 +149,16 @@ def train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_dir: str
                         weights=dict(loss_weights)),
         optimizer=OptimizerConfig(
             learning_rate=config.learning_rate, decay_fraction=config.decay_fraction,
-            clip_norm=config.clip_norm,
-            warmup_steps=(config.warmup_steps if config.warmup_steps is not None
-                          else max(1, config.train_steps // 10))),
+            clip_norm=config.clip_norm, warmup_steps=warmup),
         embedding_init=embedding_init,
         embedding_init_source=(teacher_dir if embedding_init != "random" or layered or in_step
                                else ""),
-        # --train_steps 0 (planned): a placeholder until `student_run_config`
-        global_batch_size=config.global_batch_size, train_steps=max(1, config.train_steps),
-        checkpoint_every=max(1, config.train_steps // 5), log_every=10,
+        global_batch_size=config.global_batch_size, train_steps=length,
+        checkpoint_every=checkpoint_every, log_every=10,
         keep_checkpoints=config.keep_checkpoints,
-        eval_every=config.eval_every, tatoeba_dir=str(data_dir / "tatoeba_dev"),
+        eval_every=eval_every, tatoeba_dir=str(data_dir / "tatoeba_dev"),
         eval_max_pairs=config.eval_max_pairs, mixed_precision=config.mixed_precision,
-        progressive_depth=config.progressive_depth)
+        progressive_depth=config.progressive_depth, time_budget_minutes=guard_minutes)
     validate_train_config(train)
     return train
 
@@ -197,34 +227,3 @@ def train_stage(train: "TrainConfig", model_dir: str, vocab_file: str, strategy,
             f"{target}; its checkpoint is saved: rerun the same command to resume")
     result["plan"] = plan or {"train_steps": target, "planned": False}
     return result
-
-
-def check_sentences(tatoeba_dir: str):
-    sentences = []
-    for language in ("deu", "rus", "cmn", "kab", "fra"):
-        try:
-            source, english = read_tatoeba(tatoeba_dir, language)
-            sentences += source[:20] + english[:4]
-        except FileNotFoundError:
-            continue
-    return sentences or ["The dog is nice.", "Der Hund ist nett."]
-
-
-def export_stage(model_dir: str, export_path: str, sentences, models: Models) -> dict:
-    """Exports the LEALLA format, reloads it with hub.KerasLayer in a fresh process,
-    and compares with the in-memory encoder (restored once, for both)."""
-    if os.path.exists(export_path):
-        shutil.rmtree(export_path)
-    encoder, tokenizer = load_encoder(model_dir), load_tokenizer(model_dir)
-    summary = export_model_dir(model_dir, export_path, "lealla", encoder=encoder,
-                               tokenizer=tokenizer)
-    reloaded = reload_in_fresh_process(export_path, sentences, "hub_keras_layer")["batch"]
-    expected = encoder(tokenizer(tf.constant(sentences)))["sentence_embedding"].numpy()
-    summary["reload_max_abs_difference"] = float(np.abs(reloaded - expected).max())
-    summary["reload_sentences"] = len(sentences)
-    if summary.get("collapse_warning"):
-        print(summary["collapse_warning"])
-    print(f"exported {summary['bytes']['model'] / 1e6:.1f} MB; hub.KerasLayer reload in a fresh "
-          f"process matches the in-memory model to {summary['reload_max_abs_difference']:.1e} "
-          f"on {len(sentences)} sentences")
-    return summary

@@ -4,11 +4,10 @@ step's teacher vectors come from (`sources`: a hub module, vectors stored with
 the pairs, or the teacher run in the step); the teacher run on the student's own
 tokens for the hd term (`layers`); what a student keeps of its teacher's pieces,
 coordinates and layers (`selection`, shared by weight selection and the hd
-targets); and the main job's teacher (`vectors`: converted once and reused,
-`converted_teacher`; the backend that embeds fastest, `choose_teacher_backend`)
-and its vectors of the sample (`embed_teacher_vectors`).
+targets). The main job's teacher stages, which call these, are
+`lealla_tf.recipe.teacher_stages`.
 
 May import: lealla_tf.json_files, lealla_tf.machine, lealla_tf.progress,
 lealla_tf.parallel_corpus, lealla_tf.configs, lealla_tf.records, lealla_tf.tokenizers,
-lealla_tf.models, lealla_tf.inference, lealla_tf.pipelines.
+lealla_tf.models, lealla_tf.inference.
 """

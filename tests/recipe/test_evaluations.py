@@ -1,10 +1,11 @@
-"""The main job's evaluations (`lealla_tf.recipe.evaluations`): Tatoeba dev of each
-model, a model embedded once for all its pairs and its first pairs; the news set
-and mining skip what they have no languages for."""
+"""The main job's stages after training (`lealla_tf.recipe.evaluations`): the
+export's check sentences; Tatoeba dev of each model, a model embedded once for all
+its pairs and its first pairs; the news set and mining skip what they have no
+languages for."""
 
 from conftest import TINY_PAIRS, OracleEmbedder
 
-from lealla_tf.recipe.evaluations import evaluate_stage, mine_stage, news_stage
+from lealla_tf.recipe.evaluations import check_sentences, evaluate_stage, mine_stage, news_stage
 from lealla_tf.recipe.settings import RecipeConfig
 
 
@@ -50,3 +51,11 @@ def test_without_languages_news_and_mining_load_no_model(tmp_path, tiny_vocab_fi
     assert result["languages"] == [] and result["results"] == {}
     assert "skipping xho: no xho-eng pairs" in capsys.readouterr().out
     assert not (tmp_path / "mined_examples.tsv").exists()
+
+
+def test_the_export_is_checked_on_tatoeba_sentences_or_two_fixed_ones(tiny_tatoeba_dir,
+                                                                      tmp_path):
+    sentences = check_sentences(tiny_tatoeba_dir)  # no kab: deu, rus, cmn, fra, both sides
+    assert len(sentences) == 2 * (3 + 2 + 2 + 3)
+    assert "Der Hund ist nett." in sentences and "Собака хорошая." in sentences
+    assert check_sentences(str(tmp_path)) == ["The dog is nice.", "Der Hund ist nett."]

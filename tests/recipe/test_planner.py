@@ -5,7 +5,6 @@ import time
 
 import pytest
 
-from lealla_tf.configs import TrainConfig
 from lealla_tf.recipe.planner import (
     COMPARISON_STEP_RATIO,
     PLAN_AT_STEP,
@@ -17,10 +16,10 @@ from lealla_tf.recipe.planner import (
     TEACHER_FREE_SHARE,
     BudgetPlanner,
     after_training_seconds,
+    comparison_guard,
     planned_every,
     read_plan,
     step_share,
-    student_run_config,
 )
 from lealla_tf.recipe.settings import RecipeConfig
 from lealla_tf.recipe.stages import Stages
@@ -63,17 +62,6 @@ def test_the_plan_is_timed_again_halfway_and_the_end_moves_to_the_budget(tmp_pat
                     "elapsed_seconds": 1003.0}) is None
 
 
-def test_a_resumed_run_keeps_the_plans_spacing_after_a_replan():
-    """Resumed after a re-plan to 1,923 steps, the student evaluates and saves at
-    the plan's spacing (every 383), not at that of 1,923 (385)."""
-    recorded = {"train_steps": 1923, "eval_every": 383, "checkpoint_every": 383,
-                "replanned_at_step": 956}
-    run = student_run_config(TrainConfig(train_steps=1), RecipeConfig(), 1923, 30.0, recorded)
-    assert (run.train_steps, run.eval_every, run.checkpoint_every) == (1923, 383, 383)
-    fresh = student_run_config(TrainConfig(train_steps=1), RecipeConfig(), 1923)
-    assert fresh.eval_every == planned_every(1923) == 385
-
-
 def test_the_plan_fits_both_students_and_the_later_stages_in_the_budget(tmp_path):
     stages = Stages(str(tmp_path), log=lambda _: None)
     stages.seconds = {"teacher": 300.0}
@@ -111,15 +99,21 @@ def test_the_plan_fits_both_students_and_the_later_stages_in_the_budget(tmp_path
                          True, str(tmp_path))
     assert slow({**measured, "step": at})["train_steps"] == PLANNED_WARMUP_STEPS + 1
     assert slow.plan["short"]
-    # The students' configs: fixed steps, or provisional ones the planner decides.
-    fixed = student_run_config(TrainConfig(train_steps=1), RecipeConfig(train_steps=500), 500)
-    assert (fixed.train_steps, fixed.optimizer.warmup_steps, fixed.eval_every) == (500, 50, 100)
-    planned = student_run_config(TrainConfig(train_steps=1), RecipeConfig(), None)
-    assert planned.optimizer.warmup_steps == PLANNED_WARMUP_STEPS > PLAN_AT_STEP
-    assert planned.checkpoint_every == planned.eval_every == PLANNED_WARMUP_STEPS
-    comparison = student_run_config(TrainConfig(train_steps=1), RecipeConfig(), steps, 9.0)
-    assert comparison.optimizer.warmup_steps == PLANNED_WARMUP_STEPS
-    assert comparison.time_budget_minutes == 9.0
+
+
+def test_the_comparisons_guard_is_its_own_share_of_a_planned_budget():
+    """Its start, the student's steps at its own step (the plan's ratio) and its
+    six evaluations, overshot by a third; none beside a student of fixed steps;
+    a plan recorded before the comparison's start and ratio takes the student's
+    start and `COMPARISON_STEP_RATIO`."""
+    assert comparison_guard({"train_steps": 40, "planned": False}, 40) == 0.0
+    plan = {"planned": True, "start_seconds": 40.0, "comparison_start_seconds": 33.0,
+            "seconds_per_step": 2.0, "comparison_step_ratio": 0.5, "evaluation_seconds": 10.0}
+    assert comparison_guard(plan, 100) == pytest.approx(4 / 3 * (33 + 100 + 60) / 60)
+    older = {key: value for key, value in plan.items()
+             if key not in ("comparison_start_seconds", "comparison_step_ratio")}
+    assert comparison_guard(older, 100) == pytest.approx(
+        4 / 3 * (40 + 200 * COMPARISON_STEP_RATIO + 60) / 60)
 
 
 def test_a_run_without_a_plan_reads_as_none(tmp_path):

