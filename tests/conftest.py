@@ -506,3 +506,24 @@ def collapse(weights) -> None:
     for weight in weights:
         if "gamma" in weight.path:
             weight.assign(tf.zeros_like(weight))
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_export(tmp_path_factory):
+    """A tiny LEALLA-format export whose tokenizer is a SentencePiece model, as the
+    student `make main` exports: its graph calls tensorflow_text's ops (a process
+    must have imported them to load it), and loading it runs the tokenizer's
+    restored resource functions."""
+    from lealla_tf.configs import EncoderConfig
+    from lealla_tf.inference.formats import export_lealla_model
+    from lealla_tf.models.encoder import build_encoder
+    from lealla_tf.tokenizers.tokenizer import Tokenizer
+    from lealla_tf.tokenizers.vocabulary import learn_sentencepiece
+
+    root = tmp_path_factory.mktemp("sentencepiece_export")
+    sentences = [s.decode("utf-8") for s in multilingual_sentences()]
+    tokenizer = Tokenizer(learn_sentencepiece(sentences * 3, 600, str(root / "vocab")))
+    encoder = build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
+                                          num_heads=2, hidden_dim=16, intermediate_dim=16,
+                                          pooling="mean"))
+    return export_lealla_model(encoder, tokenizer, str(root / "lealla_small"))

@@ -48,35 +48,13 @@ def test_notebooks_find_earlier_runs_only_through_the_variable():
         "01_quickstart.ipynb", "03_mine_bitext.ipynb"}
 
 
-@pytest.fixture(scope="module")
-def trained_export(tmp_path_factory):
-    """A tiny LEALLA-format export whose tokenizer is a SentencePiece model, as the
-    student `make main` exports: its graph calls tensorflow_text's ops, which a
-    process must have imported to load it."""
-    from conftest import multilingual_sentences
-
-    from lealla_tf.configs import EncoderConfig
-    from lealla_tf.inference.formats import export_lealla_model
-    from lealla_tf.models.encoder import build_encoder
-    from lealla_tf.tokenizers.tokenizer import Tokenizer
-    from lealla_tf.tokenizers.vocabulary import learn_sentencepiece
-
-    root = tmp_path_factory.mktemp("trained")
-    sentences = [s.decode("utf-8") for s in multilingual_sentences()]
-    tokenizer = Tokenizer(learn_sentencepiece(sentences * 3, 600, str(root / "vocab")))
-    encoder = build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
-                                          num_heads=2, hidden_dim=16, intermediate_dim=16,
-                                          pooling="mean"))
-    return export_lealla_model(encoder, tokenizer, str(root / "lealla_small"))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name,trained", list(cases()))
 def test_notebook_runs_and_plots(name, trained, request, tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     # Without a trained export: a path that is not one, whatever runs/ holds.
-    export = request.getfixturevalue("trained_export") if trained else str(tmp_path / "none")
+    export = request.getfixturevalue("sentencepiece_export") if trained else str(tmp_path / "none")
     monkeypatch.setenv(TRAINED_EXPORT_VARIABLE, export)
     monkeypatch.setenv("NOTEBOOK_OUTPUT_DIR", str(tmp_path))
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")

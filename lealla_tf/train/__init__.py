@@ -3,13 +3,15 @@
 `launch.train(config, model_dir, vocab_file)` launches a run as one library call
 (the data checked, the teacher built, the config resolved, the model directory
 locked and its config.json written); below it, tf-models' seam: `task` (what one
-step computes) and `trainer` (runs the steps: checkpoints, evaluations, logs).
+step computes) and `trainer` (runs the steps and checkpoints). What plugs into
+its loop are `callbacks`: `logs` (the logs and progress bar), `planning` (a run
+that decides its own length), `depth` (progressive depth) and `dev_evaluation`.
 Around them: `resolution` (a `TrainConfig` checked, its defaults filled in, what
 a resumed run may change), `data` (pairs -> balanced, tokenized batches),
 `decontamination` (evaluation sentences kept out of the stream), `students`,
 `heads` (what an objective's terms train beside the student), `initialization`
 (students initialised from the teacher's weights), `optimizers`, `schedules`,
-`distribution` (tf.distribute strategies, TPU included) and `logs`. The teacher's
+`distribution` (tf.distribute strategies, TPU included). The teacher's
 side (where its vectors come from, its layers run in the step) is
 `lealla_tf.teachers`.
 

@@ -1,8 +1,10 @@
 """What a training run writes for people and tools: train_log.jsonl,
-eval_log.jsonl, TensorBoard scalars, and the one-screen summary at the end."""
+eval_log.jsonl, TensorBoard scalars, the progress bar (`ProgressLog`, the
+loop's callback that writes them each step), and the one-screen summary at the end."""
 
 import json
 import os
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -11,6 +13,8 @@ import tensorflow as tf
 from lealla_tf.evaluation.tatoeba import TATOEBA_MEAN_COSINE, TATOEBA_PRIMARY_METRIC
 from lealla_tf.inference import formats
 from lealla_tf.inference.collapse import collapse_warning, mean_cosine
+from lealla_tf.progress import progress_bar
+from lealla_tf.train.callbacks import Callback, RunState
 
 
 class RunLogs:
@@ -21,6 +25,16 @@ class RunLogs:
         self.train_seconds = lambda: 0.0
         self.train = open(os.path.join(model_dir, "train_log.jsonl"), "a")
         self.eval = open(os.path.join(model_dir, "eval_log.jsonl"), "a")
+
+    @classmethod
+    def resume(cls, model_dir: str, steps_done: int) -> "RunLogs":
+        """The logs of a run (re)starting at `steps_done`: rows past its checkpoint
+        go (`truncate_log`). A run started over evaluates step 0 again, so its
+        earlier row goes too; a resumed run keeps the evaluation at its
+        checkpoint's step (made after the save)."""
+        truncate_log(os.path.join(model_dir, "train_log.jsonl"), steps_done)
+        truncate_log(os.path.join(model_dir, "eval_log.jsonl"), steps_done if steps_done else -1)
+        return cls(model_dir, tf.summary.create_file_writer(os.path.join(model_dir, "logs")))
 
     def step(self, row: dict, terms, flush: bool) -> None:
         self.train.write(json.dumps(row) + "\n")
@@ -51,6 +65,55 @@ class RunLogs:
         self.train.close()
         self.eval.close()
         self.writer.flush()
+
+
+class ProgressLog(Callback):
+    """Writes each step's row (train_log.jsonl, TensorBoard every `log_every`
+    steps) and moves the progress bar; the row's pairs/s is over the steps
+    since the last flush."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.bar = None
+        self.window = (time.time(), 0)
+
+    def on_train_begin(self, trainer, state: RunState) -> None:
+        trainer.logs.train_seconds = lambda: state.train_seconds
+
+    def on_step_begin(self, trainer, state: RunState) -> bool:
+        if self.bar is None:  # after the evaluation at step 0 and a resumed plan
+            self.bar = progress_bar(total=trainer.config.train_steps, initial=state.steps_done,
+                                    desc="training", unit="step", disable=not self.enabled,
+                                    dynamic_ncols=True)
+            self.window = (time.time(), 0)
+        return False
+
+    def on_step_end(self, trainer, state: RunState, measured: dict) -> None:
+        config = trainer.config
+        start, steps = self.window[0], self.window[1] + 1
+        pairs_per_second = steps * config.global_batch_size / max(time.time() - start, 1e-9)
+        state.last = {**measured, "pairs_per_second": pairs_per_second,
+                      "elapsed_seconds": time.time() - state.started,
+                      "train_seconds": state.train_seconds}
+        flush = state.steps_done % config.log_every == 0 or state.steps_done == config.train_steps
+        trainer.logs.step(state.last, trainer.task.terms, flush)
+        self.window = (time.time(), 0) if flush else (start, steps)
+        self.bar.set_postfix(loss=f"{measured['total']:.4f}", pairs_s=f"{pairs_per_second:.1f}")
+        self.bar.update(1)
+
+    def after_checkpoint(self, trainer, state: RunState) -> None:
+        if self.bar.total != trainer.config.train_steps:  # planned, or re-planned
+            self.bar.total = trainer.config.train_steps
+            self.bar.refresh()
+
+    def write(self, text: str) -> None:
+        """A line above the bar (printed when there is none)."""
+        (self.bar.write if self.bar is not None else print)(text)
+
+    def close(self, trainer, state: RunState) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 def truncate_log(path: str, last_step: int) -> None:

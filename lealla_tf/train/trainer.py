@@ -1,4 +1,6 @@
-"""The trainer: runs a `DistillationTask`'s steps, checkpoints and logs (nothing else).
+"""The trainer: runs a `DistillationTask`'s steps and checkpoints (nothing else:
+the logs, a plan, progressive depth and the dev evaluations are callbacks,
+`lealla_tf.train.callbacks`).
 
 The optimizer is AdamW (`lealla_tf.train.optimizers.FusedAdamW`: Keras' AdamW, one
 fused kernel a variable) with linear warmup and decay; gradients (already summed
@@ -25,6 +27,7 @@ checkpoints in model_dir, write their own checkpoints and logs to a temporary
 directory (removed at the end), and all stop at the same step.
 """
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -34,21 +37,20 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
 from lealla_tf.configs import TrainConfig
-from lealla_tf.evaluation.tatoeba import (
-    TATOEBA_MEAN_COSINE,
-    TATOEBA_PRIMARY_METRIC,
-    evaluate_tatoeba,
-)
+from lealla_tf.evaluation.tatoeba import TATOEBA_MEAN_COSINE, TATOEBA_PRIMARY_METRIC
 from lealla_tf.models.model_dir import CHECKPOINT_DIR
-from lealla_tf.progress import progress_bar
+from lealla_tf.train.callbacks import Callback, RunState
+from lealla_tf.train.depth import ProgressiveDepth
+from lealla_tf.train.dev_evaluation import DevEvaluation
 from lealla_tf.train.distribution import any_worker, is_tpu_strategy, worker_role
-from lealla_tf.train.logs import RunLogs, collapse_check, read_evaluations, truncate_log
+from lealla_tf.train.logs import ProgressLog, RunLogs, collapse_check
 from lealla_tf.train.optimizers import FusedAdamW
+from lealla_tf.train.planning import Planning
 from lealla_tf.train.schedules import WarmupLinearDecay
 from lealla_tf.train.task import scale_gradient
 
@@ -89,6 +91,22 @@ def compile_error(error: Exception) -> CompileError | None:
         cause = f"XLA says: {reason}" if reason else "XLA cannot compile it"
     return CompileError(f"--jit_compile: the training step has {op}, which XLA cannot "
                         f"compile ({cause}); run without it: --jit_compile=false")
+
+
+@contextlib.contextmanager
+def stop_requests():
+    """SIGINT and SIGTERM, while in the block, ask the loop to stop before its
+    next step (the yielded dict's "signal" names the signal) rather than kill it
+    mid-step; the previous handlers come back after."""
+    stop = {"signal": None}
+
+    def request_stop(signum, _frame):
+        stop["signal"] = signal.Signals(signum).name
+
+    with contextlib.ExitStack() as handlers:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            handlers.callback(signal.signal, signum, signal.signal(signum, request_stop))
+        yield stop
 
 
 class Trainer:
@@ -134,8 +152,6 @@ class Trainer:
             self.checkpoint, os.path.join(self.write_dir, CHECKPOINT_DIR),
             max_to_keep=config.keep_checkpoints)
         self.initialization = {}
-        self._embed = None  # the evaluations' embedding function, built at the first
-        self.inserted_at_step = None  # progressive depth: where the skipped layers came in
 
     # === One step ===
 
@@ -196,191 +212,121 @@ class Trainer:
         self.initialization = self.task.initialize_weights()
         return 0
 
-    def evaluate(self) -> dict | None:
-        """Tatoeba P@1 on the dev directory (None when no directory is set, and
-        on workers other than the chief)."""
-        if not self.config.tatoeba_dir or not self.role.chief:
-            return None
-        if self._embed is None:  # traced once: a new function each time retraced the model
-            self._embed = self.task.embed_function() or False
-        embed = self._embed
-        if not embed:
-            return None
-        return evaluate_tatoeba(embed, self.config.tatoeba_dir,
-                                max_pairs=self.config.eval_max_pairs or None, progress=False)
-
     # === Loop ===
 
-    def train(self, planner: Callable[[dict], dict | None] | None = None) -> dict:
-        """Runs until `train_steps` (or the time budget); returns a summary.
-
-        `planner`, for a run that decides its own length: called after each
-        step with what has been measured (`step`, `train_seconds` of the steps
-        so far, `step_seconds` of each, `evaluation_seconds` of the evaluation
-        at step 0 or None, `start_seconds` from this call to the start of its
-        first step, the evaluation at step 0 included);
-        once it returns {"train_steps": n, ...} (and optionally `eval_every`,
-        `checkpoint_every`, `time_budget_minutes`), the run takes those
-        settings and its learning-rate schedule decays to n. It is called only
-        before the warmup ends, so the rate so far does not depend on n. Once
-        planned, the planner is still called each step and may move the end
-        once more (a re-plan: {"train_steps": n'[, "time_budget_minutes": m]},
-        n' past the current step): the rate decays to n' from there, and a
-        checkpoint at that step keeps a resume from replaying steps before it
-        under the new end. The planner records its plan itself; a planner
-        with a `start(steps_done)` method gives a resumed run the settings it
-        recorded (a planned run resumes planned).
-        """
-        config = self.config
+    def train(self, planner: Callable[[dict], dict | None] | None = None,
+              callbacks: Sequence[Callback] = ()) -> dict:
+        """Runs until `train_steps` (or the time budget, or SIGINT / SIGTERM) and
+        returns the summary. The loop runs steps and saves checkpoints; the logs,
+        the plan (`planner`, see `lealla_tf.train.planning`), progressive depth
+        and the dev evaluations are its callbacks (`lealla_tf.train.callbacks`),
+        then `callbacks`."""
         if planner is not None and self.role.workers > 1:
             raise ValueError("a run planning its own length runs in one process; give "
                              "worker processes a fixed --train_steps")
         steps_done = self.restore_or_initialize()
-        start_step = steps_done
-        truncate_log(os.path.join(self.write_dir, "train_log.jsonl"), steps_done)
-        # A run started over evaluates step 0 again: its earlier row goes. A resumed
-        # run keeps the evaluation at its checkpoint's step (made after the save).
-        truncate_log(os.path.join(self.write_dir, "eval_log.jsonl"),
-                     steps_done if steps_done else -1)
-        resumed = planner.start(steps_done) if hasattr(planner, "start") else None
-        plan = resumed
-        if resumed:  # the recorded plan, at the end it had at this step
-            config = self.config = dataclasses.replace(self.config, **resumed)
-            self.total_steps.assign(config.train_steps)
+        self.logs = RunLogs.resume(self.write_dir, steps_done)
+        self.progress_log, self.depth = ProgressLog(self.progress), ProgressiveDepth()
+        self.evaluation = DevEvaluation()
+        self.callbacks = [self.progress_log, Planning(planner), self.depth, self.evaluation,
+                          *callbacks]
         iterator = iter(self.task.distributed_dataset(steps_done))
-        self._set_depth(steps_done)
-        step_fn = self.step_function(iterator.element_spec)
-        writer = tf.summary.create_file_writer(os.path.join(self.write_dir, "logs"))
-        logs = RunLogs(self.write_dir, writer)
-        stop = {"signal": None}
-
-        def request_stop(signum, _frame):
-            stop["signal"] = signal.Signals(signum).name
-
-        previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
-        started = time.time()
-        # A resumed run's report keeps the evaluations made before the kill.
-        evaluations = read_evaluations(os.path.join(self.write_dir, "eval_log.jsonl"))
-        last, reason = {}, "train_steps reached"
-        # Time in steps only (dev evaluations excluded): what "equal wall time" compares.
-        train_seconds = 0.0
-        logs.train_seconds = lambda: train_seconds
-        evaluation_seconds = None
-        if config.eval_every and steps_done == 0:
-            evaluated = time.time()
-            logs.evaluation(0, self.evaluate(), evaluations)
-            evaluation_seconds = time.time() - evaluated
-        elif config.eval_every and (steps_done % config.eval_every == 0
-                                    or steps_done == config.train_steps) and not any(
-                e["step"] == steps_done for e in evaluations):
-            # killed after the checkpoint, before the evaluation that follows it
-            logs.evaluation(steps_done, self.evaluate(), evaluations)
-        step_seconds, first_step_start = [], None
-        bar = progress_bar(total=config.train_steps, initial=steps_done, desc="training",
-                           unit="step", disable=not self.progress, dynamic_ncols=True)
-        window_start, window_steps = time.time(), 0
+        state, step_fn, reason = RunState(steps_done), None, "train_steps reached"
         try:
-            while steps_done < config.train_steps:
-                budget = config.time_budget_minutes * 60 or math.inf  # a plan may set it
-                stopping = self._stop_reason(stop["signal"], time.time() - started > budget)
-                if stopping:
-                    reason = stopping
-                    break
-                if self._set_depth(steps_done):
-                    step_fn = self.step_function(iterator.element_spec)
-                    bar.write(f"step {steps_done}: pass-through layers inserted")
-                step_start = time.time()
-                if first_step_start is None:
-                    first_step_start = step_start
-                try:
-                    results = step_fn(next(iterator))
-                except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
-                    compiled = compile_error(error) if self.task.compiled else None
-                    if compiled is None:
-                        raise
-                    raise compiled from None
-                reduced = {k: float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None))
-                           for k, v in results.items()}
-                step_seconds.append(time.time() - step_start)
-                train_seconds += step_seconds[-1]
-                reduced["total"] = sum(self.task.weights[t] * reduced[t] for t in self.task.terms)
-                self.step.assign_add(1)
-                steps_done += 1
-                window_steps += 1
-                pairs_per_second = window_steps * config.global_batch_size / max(
-                    time.time() - window_start, 1e-9)
-                last = {"step": steps_done, **reduced,
-                        "learning_rate": float(self.optimizer.learning_rate),
-                        "pairs_per_second": pairs_per_second,
-                        "elapsed_seconds": time.time() - started,
-                        "train_seconds": train_seconds}
-                flush = steps_done % config.log_every == 0 or steps_done == config.train_steps
-                logs.step(last, self.task.terms, flush)
-                if flush:
-                    window_start, window_steps = time.time(), 0
-                bar.set_postfix(loss=f"{reduced['total']:.4f}", pairs_s=f"{pairs_per_second:.1f}")
-                bar.update(1)
-                saved = None  # the step a re-plan saved a checkpoint at
-                if planner is not None:
-                    answer = planner({"step": steps_done, "train_seconds": train_seconds,
-                                      "step_seconds": list(step_seconds),
-                                      "evaluation_seconds": evaluation_seconds,
-                                      "start_seconds": first_step_start - started,
-                                      "elapsed_seconds": time.time() - started})
-                    if answer is not None:
-                        if plan is not None:
-                            # A re-plan moves the decay from this step on: a checkpoint
-                            # here first, so that no resume replays steps before it
-                            # under the new end.
-                            logs.flush()
-                            self.manager.save(checkpoint_number=steps_done)
-                            saved = steps_done
-                        config = (self._take_plan(answer, steps_done) if plan is None
-                                  else self._take_replan(answer, steps_done))
-                        plan = answer
-                        bar.total = config.train_steps
-                        bar.refresh()
-                if steps_done % config.checkpoint_every == 0 and saved != steps_done:
-                    logs.flush()  # the log never runs behind a checkpoint
-                    self.manager.save(checkpoint_number=steps_done)
-                if config.eval_every and steps_done % config.eval_every == 0:
-                    metrics = logs.evaluation(steps_done, self.evaluate(), evaluations)
-                    if metrics:
-                        bar.write(f"step {steps_done}: Tatoeba P@1 "
-                                  f"{100 * metrics[TATOEBA_PRIMARY_METRIC]:.2f}")
+            with stop_requests() as stop:
+                self._call("on_train_begin", state)
+                while state.steps_done < self.config.train_steps:
+                    stopping = self._stop_reason(stop["signal"], state)
+                    if stopping:
+                        reason = stopping
+                        break
+                    if any(self._call("on_step_begin", state)) or step_fn is None:
+                        step_fn = self.step_function(iterator.element_spec)
+                    measured = self.run_step(step_fn, iterator, state)
+                    self._call("on_step_end", state, measured)
+                    if state.steps_done % self.config.checkpoint_every == 0:
+                        self.save(state.steps_done)
+                    self._call("after_checkpoint", state)
         except BaseException:
-            logs.close()  # a failed step leaves no open log behind
+            self.logs.close()  # a failed step leaves no open log behind
             raise
         finally:
-            bar.close()
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-            logs.flush()
+            self._call("close", state)
+            self.logs.flush()
         try:
-            latest = self.manager.latest_checkpoint
-            if latest is None or int(latest.rsplit("-", 1)[1]) != steps_done:
-                self.manager.save(checkpoint_number=steps_done)
-            if config.eval_every and steps_done > start_step and (
-                    not evaluations or evaluations[-1]["step"] != steps_done):
-                logs.evaluation(steps_done, self.evaluate(), evaluations)
+            self.save(state.steps_done)
+            self._call("on_train_end", state)
         finally:
-            logs.close()
+            self.logs.close()
+        return self.summarize(state, reason)
+
+    def _call(self, hook: str, state: RunState, *args) -> list:
+        """Every callback's `hook`, in order; their answers."""
+        return [getattr(callback, hook)(self, state, *args) for callback in self.callbacks]
+
+    def run_step(self, step_fn, iterator, state: RunState) -> dict:
+        """One step on the next batch: its terms (summed over replicas), total and
+        learning rate; the state counts and times it."""
+        step_start = time.time()
+        if state.first_step_start is None:
+            state.first_step_start = step_start
+        try:
+            results = step_fn(next(iterator))
+        except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
+            compiled = compile_error(error) if self.task.compiled else None
+            if compiled is None:
+                raise
+            raise compiled from None
+        reduced = {k: float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None))
+                   for k, v in results.items()}
+        state.step_seconds.append(time.time() - step_start)
+        state.train_seconds += state.step_seconds[-1]
+        reduced["total"] = sum(self.task.weights[t] * reduced[t] for t in self.task.terms)
+        self.step.assign_add(1)
+        state.steps_done += 1
+        return {"step": state.steps_done, **reduced,
+                "learning_rate": float(self.optimizer.learning_rate)}
+
+    def save(self, steps_done: int) -> None:
+        """A checkpoint at `steps_done`, unless the latest is there already; the
+        log is flushed first, so it never runs behind a checkpoint."""
+        latest = self.manager.latest_checkpoint
+        if latest is not None and int(latest.rsplit("-", 1)[1]) == steps_done:
+            return
+        self.logs.flush()
+        self.manager.save(checkpoint_number=steps_done)
+
+    def reconfigure(self, **settings) -> TrainConfig:
+        """The run's settings changed by its plan; the rate decays to the new
+        `train_steps` from here."""
+        self.config = dataclasses.replace(self.config, **settings)
+        self.total_steps.assign(self.config.train_steps)
+        return self.config
+
+    def say(self, text: str) -> None:
+        """A line for the person watching, above the progress bar."""
+        self.progress_log.write(text)
+
+    def summarize(self, state: RunState, reason: str) -> dict:
+        """The run's summary (and the chief's train_summary.json)."""
+        config, steps_done = self.config, state.steps_done
         checkpoint = self.manager.latest_checkpoint
         if not self.role.chief:  # report the chief's checkpoint; drop this worker's files
             checkpoint = os.path.join(self.model_dir, CHECKPOINT_DIR, os.path.basename(checkpoint))
             shutil.rmtree(self.write_dir, ignore_errors=True)
-        seconds = time.time() - started
-        summary = {"model_dir": self.model_dir, "reason": reason, "start_step": start_step,
+        seconds = time.time() - state.started
+        evaluations = self.evaluation.evaluations
+        summary = {"model_dir": self.model_dir, "reason": reason, "start_step": state.start_step,
                    "final_step": steps_done, "seconds": seconds,
-                   "pairs_per_second": (steps_done - start_step) * config.global_batch_size
-                   / max(seconds, 1e-9), "train_seconds": train_seconds,
-                   "last": last, "checkpoint": checkpoint,
+                   "pairs_per_second": (steps_done - state.start_step) * config.global_batch_size
+                   / max(seconds, 1e-9), "train_seconds": state.train_seconds,
+                   "last": state.last, "checkpoint": checkpoint,
                    "evaluations": [{"step": e["step"], "p_at_1": e[TATOEBA_PRIMARY_METRIC],
                                     "mean_cosine": e.get(TATOEBA_MEAN_COSINE),
                                     "train_seconds": e["train_seconds"]} for e in evaluations],
                    "weights": self.task.weights, "replicas": self.strategy.num_replicas_in_sync,
                    "jit_compile": self.task.jit_compile,
-                   "pass_through_inserted_at_step": self.inserted_at_step,
+                   "pass_through_inserted_at_step": self.depth.inserted_at_step,
                    "data": self.task.data_info, "initialization": self.initialization}
         if self.role.chief:  # a collapsed model is named, with or without Tatoeba
             summary.update(collapse_check(evaluations, self.task.embed_function,
@@ -389,48 +335,12 @@ class Trainer:
                 json.dump(summary, f, indent=2, default=str)
         return summary
 
-    def _set_depth(self, steps_done: int) -> bool:
-        """Progressive depth (`progressive_depth`): the student skips the task's
-        pass-through layers for that share of the steps, then runs them too.
-        True when this step changes what the step computes (trace it again)."""
-        student = self.task.student
-        skipped = (self.task.pass_through_layers
-                   if steps_done < self.config.progressive_depth * self.config.train_steps
-                   else frozenset())
-        if getattr(student, "skipped_layers", frozenset()) == skipped:
-            return False
-        student.skipped_layers = skipped
-        self._embed = None  # the evaluations embed at the new depth
-        if not skipped:
-            self.inserted_at_step = steps_done
-        return True
-
-    def _take_plan(self, plan: dict, steps_done: int) -> TrainConfig:
-        """The run's settings once its planner decided its length."""
-        if plan["train_steps"] < steps_done or (
-                steps_done >= self.config.optimizer.warmup_steps):
-            raise ValueError(f"a plan of {plan['train_steps']} steps came at step {steps_done}: "
-                             "a planner must decide during the warmup and not below the "
-                             "steps already run")
-        self.config = dataclasses.replace(self.config, **plan)
-        self.total_steps.assign(self.config.train_steps)
-        return self.config
-
-    def _take_replan(self, replan: dict, steps_done: int) -> TrainConfig:
-        """The run's settings when its planner, having planned, re-measures and
-        moves the end: only `train_steps` (and the time guard) may change, to a
-        step after this one; the rate from here decays to the new end."""
-        changed = set(replan) - {"train_steps", "time_budget_minutes"}
-        if changed or replan["train_steps"] <= steps_done:
-            raise ValueError(f"a re-plan at step {steps_done} may set only a later "
-                             f"train_steps (and time_budget_minutes); got {replan}")
-        self.config = dataclasses.replace(self.config, **replan)
-        self.total_steps.assign(self.config.train_steps)
-        return self.config
-
-    def _stop_reason(self, signal_name: str | None, over_budget: bool) -> str | None:
-        """Why the loop stops before the next step (None: it goes on). Workers
-        agree: when one stops, all stop at the same step."""
+    def _stop_reason(self, signal_name: str | None, state: RunState) -> str | None:
+        """Why the loop stops before the next step (None: it goes on): a signal,
+        or the time budget (which a plan may set). Workers agree: when one
+        stops, all stop at the same step."""
+        budget = self.config.time_budget_minutes * 60 or math.inf
+        over_budget = time.time() - state.started > budget
         reason = None
         if signal_name:
             reason = f"stopped by {signal_name}"

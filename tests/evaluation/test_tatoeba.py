@@ -10,7 +10,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import TINY_PAIRS, OracleEmbedder, multilingual_sentences
+from conftest import TINY_PAIRS, OracleEmbedder
 
 from lealla_tf.evaluation.tatoeba import (
     TATOEBA_PRIMARY_METRIC,
@@ -227,25 +227,6 @@ def test_scoring_memory_stays_bounded_whatever_the_set_size(monkeypatch):
             tracemalloc.stop()
         assert peak < n * n * 4 / 4, (score.__name__, peak)
 
-
-
-@pytest.fixture(scope="module")
-def sentencepiece_export(tmp_path_factory):
-    """A tiny LEALLA-format export whose tokenizer is a SentencePiece model, as the
-    main job's student: loading it runs the tokenizer's restored resource functions."""
-    from lealla_tf.configs import EncoderConfig
-    from lealla_tf.inference.formats import export_lealla_model
-    from lealla_tf.models.encoder import build_encoder
-    from lealla_tf.tokenizers.tokenizer import Tokenizer
-    from lealla_tf.tokenizers.vocabulary import learn_sentencepiece
-
-    root = tmp_path_factory.mktemp("sentencepiece_export")
-    sentences = [s.decode("utf-8") for s in multilingual_sentences()]
-    tokenizer = Tokenizer(learn_sentencepiece(sentences * 3, 600, str(root / "vocab")))
-    encoder = build_encoder(EncoderConfig(vocabulary_size=tokenizer.vocab_size, num_layers=1,
-                                          num_heads=2, hidden_dim=16, intermediate_dim=16,
-                                          pooling="mean"))
-    return export_lealla_model(encoder, tokenizer, str(root / "export"))
 
 
 # In a fresh process (TensorFlow's retracing detector is global, and warns twice at
