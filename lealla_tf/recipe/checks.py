@@ -8,6 +8,7 @@ from lealla_tf.parallel_corpus import (
     find_parallel_files,
     find_tatoeba_languages,
 )
+from lealla_tf.recipe.planner import PLAN_AT_STEP
 from lealla_tf.recipe.settings import RecipeConfig
 from lealla_tf.recipe.training import check_learning_rates, teacher_in_step
 from lealla_tf.teachers.conversion import get_teacher_spec
@@ -49,6 +50,13 @@ def check_flags(config: RecipeConfig) -> None:
         raise ValueError(f"--dropout must be in [0, 1), got {config.dropout}")
     if not 0.0 <= config.progressive_depth < 1.0:
         raise ValueError(f"--progressive_depth must be in [0, 1), got {config.progressive_depth}")
+    if not config.train_steps and config.warmup_steps is not None and (
+            config.warmup_steps <= PLAN_AT_STEP):
+        # The plan comes at PLAN_AT_STEP and must come during the warmup (the rate
+        # so far may not depend on it): refused now, not by the trainer at that step.
+        raise ValueError(f"--warmup_steps={config.warmup_steps}: a job planned to its budget "
+                         f"decides its length at step {PLAN_AT_STEP}, during the warmup; give "
+                         f"at least {PLAN_AT_STEP + 1}, or --train_steps")
     if config.progressive_depth and not config.train_steps:
         raise ValueError("--progressive_depth needs --train_steps: the plan times the first "
                          "steps, which skip layers, and would give the run too many")

@@ -97,7 +97,8 @@ def student_train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_
         (`lealla_tf.recipe.planner.overshoot_guard`; 0: none).
       - 0: a planned run before its plan: the `BudgetPlanner` gives the steps,
         spacing and guard at `PLAN_AT_STEP`; until then a provisional length,
-        nothing saved or evaluated, and `PLANNED_WARMUP_STEPS` of warmup.
+        nothing saved or evaluated, and the warmup it keeps once planned
+        (--warmup_steps, else `PLANNED_WARMUP_STEPS`).
       - None: the flags as they are (a benchmark's row, trained without the
         job's schedule): --train_steps (at least 1), --eval_every (0: none), a
         checkpoint every fifth of the steps, a tenth of them warming up.
@@ -131,7 +132,10 @@ def student_train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_
         eval_every = recorded.get("eval_every", config.eval_every or planned_every(steps))
         checkpoint_every = recorded.get("checkpoint_every", planned_every(steps))
     else:  # planned at PLAN_AT_STEP: nothing saved or evaluated before
-        length, warmup = 100 * PLANNED_WARMUP_STEPS, PLANNED_WARMUP_STEPS
+        # The warmup a resumed run (n > 0 above) takes too, or its rates would differ.
+        length = 100 * PLANNED_WARMUP_STEPS
+        warmup = (config.warmup_steps if config.warmup_steps is not None
+                  else PLANNED_WARMUP_STEPS)
         eval_every = checkpoint_every = PLANNED_WARMUP_STEPS
     train = TrainConfig(
         preset=config.preset, encoder=encoder,

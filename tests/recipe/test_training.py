@@ -174,6 +174,10 @@ def test_a_students_length_decides_its_warmup_evaluations_checkpoints_and_guard(
     given = student(RecipeConfig(train_steps=500, eval_every=30, warmup_steps=7), 500)
     assert (given.eval_every, given.checkpoint_every, given.optimizer.warmup_steps) == (
         30, 100, 7)
+    # A planned job's --warmup_steps: the same before its plan and once resumed planned.
+    warm = RecipeConfig(warmup_steps=80)
+    assert student(warm, 0).optimizer.warmup_steps == student(warm, 1923).optimizer.warmup_steps
+    assert student(warm, 0).optimizer.warmup_steps == 80
     flags = student(RecipeConfig(train_steps=503), None)  # a benchmark's row
     assert (flags.train_steps, flags.eval_every, flags.checkpoint_every,
             flags.optimizer.warmup_steps) == (503, 0, 100, 50)
