@@ -14,9 +14,14 @@ Rows (--rows picks some), all in one run on one machine:
   length buckets, the real sample);
 - `length_128`: the same at the exports' 128 tokens;
 - `batch_<n>` (--batch_sizes): other batch sizes (AMS negatives against pairs/s);
+- `teacher_every_row`: the job's step with the teacher on every pair of the batch
+  (`--distilled_rows=1`, the job's step before it took a quarter): the job's
+  step against it is `job_speedup_over_teacher_every_row`;
 - `ams_alone`: the comparison student's step, no teacher in it; the job's step
   less this one is what the teacher pass and the distillation heads cost
-  (`teacher_and_heads_share_of_step`).
+  (`teacher_and_heads_share_of_step`), and this one over `teacher_every_row` is
+  the step's teacher-free share (`teacher_free_share`, which the main job's
+  planner models as `TEACHER_FREE_SHARE`).
 
 With --jit_compile the job's step is also timed as `job_jit_compile`, the
 XLA-compiled step a TPU runs (`python -m lealla_tf.train --jit_compile`) against
@@ -263,6 +268,7 @@ def main(argv=None) -> int:
             rows[f"batch_{int(size)}"] = {"global_batch_size": int(size)}
     except ValueError:
         parser.error(f"--batch_sizes takes comma-separated integers, got {args.batch_sizes!r}")
+    rows["teacher_every_row"] = {"distilled_rows": 1.0}
     rows["ams_alone"] = {"objective": "ams"}
     if args.rows:
         unknown = [name for name in args.rows.split(",") if name not in rows]
@@ -300,6 +306,13 @@ def main(argv=None) -> int:
     if {"job", "ams_alone"} <= set(results):
         summary["teacher_and_heads_share_of_step"] = 1 - (
             results["ams_alone"]["seconds_per_step"] / results["job"]["seconds_per_step"])
+    if {"job", "teacher_every_row"} <= set(results):
+        summary["job_speedup_over_teacher_every_row"] = (
+            results["teacher_every_row"]["seconds_per_step"]
+            / results["job"]["seconds_per_step"])
+    if {"teacher_every_row", "ams_alone"} <= set(results):
+        summary["teacher_free_share"] = (results["ams_alone"]["seconds_per_step"]
+                                         / results["teacher_every_row"]["seconds_per_step"])
     if {"job", "job_jit_compile"} <= set(results):
         summary["jit_compile_over_fused_median_step_seconds"] = (
             results["job_jit_compile"]["median_step_seconds"]

@@ -52,6 +52,27 @@ def test_a_quick_run_times_the_jobs_step_and_profiles_it(tiny_job, tmp_path):
     assert not [path for path in work.iterdir() if path.name.startswith("training_step-")]
 
 
+def test_the_job_is_timed_against_its_step_with_the_teacher_on_every_row(tiny_job,
+                                                                         tmp_path):
+    """One run times the job's step (the teacher on a quarter of the pairs), the
+    same step with the teacher on every pair, and AMS alone, and states their
+    ratios: the step's speed-up, and its teacher-free share."""
+    work, data = tiny_job
+    output = tmp_path / "step.json"
+    assert training_step.main([f"--work_dir={work}", f"--data_dir={data}",
+                               "--rows=job,teacher_every_row,ams_alone", "--steps=3",
+                               "--warmup=1", f"--output_json={output}", "--",
+                               *TINY_RECIPE]) == 0
+    result = json.loads(output.read_text())
+    rows = result["rows"]
+    assert rows["teacher_every_row"]["distilled_rows"] == 1.0
+    assert "distilled_rows" not in rows["job"]
+    assert result["job_speedup_over_teacher_every_row"] == pytest.approx(
+        rows["teacher_every_row"]["seconds_per_step"] / rows["job"]["seconds_per_step"])
+    assert result["teacher_free_share"] == pytest.approx(
+        rows["ams_alone"]["seconds_per_step"] / rows["teacher_every_row"]["seconds_per_step"])
+
+
 def test_the_profile_counts_each_op_once_and_groups_it(tmp_path):
     """An op's own event counts, not the executor's wrapper around it nor a
     kernel's events nested inside it; python is left out."""
