@@ -420,3 +420,14 @@ def test_the_private_api_check_sees_every_form():
         "from tensorflow.python_io import x\n"
         "text = 'see tensorflow.python for how'\n"))
     assert sorted(line for line, _ in uses) == [1, 2, 3, 4, 5]
+
+
+def test_no_library_file_sends_readers_to_git_history():
+    """Where a value came from (a retired benchmark's result at some commit) is
+    docs/benchmarks.md's to say; library code names the benchmark, not a
+    `git show <sha>:` of it."""
+    pointers = [f"{path.relative_to(PACKAGE.parent)}:{number}"
+                for path in sorted(PACKAGE.rglob("*")) if path.suffix in (".py", ".cc", ".h")
+                for number, line in enumerate(path.read_text().splitlines(), 1)
+                if re.search(r"git\s+show", line)]
+    assert not pointers, pointers

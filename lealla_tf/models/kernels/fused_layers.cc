@@ -3,10 +3,9 @@
 // TensorFlow runs a transformer layer's elementwise work one op at a time: on
 // lealla_small's step (64 pairs x 32 tokens, 24 layers, 2 cores) layer norm,
 // GELU, residual adds, dropout, softmax, transposes and their gradients were
-// more time than the matmuls in bfloat16 (the train_bfloat16 profile of the
-// retired benchmarks/step_profile.py, `git show
-// db0a34d:benchmarks/results/step_profile.json`; benchmarks/training_step.py
-// --profile profiles today's step). Each op
+// more time than the matmuls in bfloat16 (a retired benchmark's profile:
+// docs/benchmarks.md, "Settings chosen by retired benchmarks";
+// benchmarks/training_step.py --profile profiles today's step). Each op
 // here does one of those blocks in one pass over its rows, computing in float32
 // whatever the input type (float32 or bfloat16):
 //
