@@ -13,7 +13,8 @@ from lealla_tf.recipe.settings import RecipeConfig
 from lealla_tf.recipe.training import check_learning_rates, teacher_in_step
 from lealla_tf.teachers.conversion import get_teacher_spec
 
-# The budget's upper bound: 7 days (1e9 minutes planned 10^12 steps).
+# The budget's upper bound, 7 days: a budget without one planned more steps than a
+# run can count.
 MAX_BUDGET_MINUTES = 7 * 24 * 60
 # Count flags: 0 refused, or 0 with the meaning --help gives it.
 POSITIVE_COUNTS = ("sample_pairs", "global_batch_size", "keep_checkpoints", "bucc_gold",

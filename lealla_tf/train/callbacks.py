@@ -32,8 +32,8 @@ class RunState:
     """What the loop has done and measured so far."""
 
     steps_done: int
-    # The step this call started at (0, or a resumed checkpoint's).
-    start_step: int = 0
+    # The step this call started at (0, or a resumed checkpoint's): `steps_done` at first.
+    start_step: int = dataclasses.field(init=False)
     started: float = dataclasses.field(default_factory=time.time)
     # Each step's seconds in this call; their sum: time in steps only, the dev
     # evaluations excluded (what "equal wall time" compares).
