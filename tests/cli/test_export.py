@@ -48,6 +48,30 @@ def test_jit_compile_is_for_the_lealla_format_only(exported_model, tmp_path, cap
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--format=labse", "--precision=bfloat16"], "--precision applies to --format=lealla"),
+    (["--precision=bfloat16", "--jit_compile"], "--jit_compile exports compute in float32"),
+])
+def test_precision_is_for_the_plain_lealla_format(exported_model, tmp_path, capsys, flags,
+                                                  message):
+    with pytest.raises(SystemExit) as exited:
+        export_command.main([f"--model_dir={exported_model['model_dir']}",
+                             f"--export_path={tmp_path / 'x'}", *flags])
+    assert exited.value.code == 2
+    assert_one_line_stderr(2, capsys.readouterr().err, message)
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_bfloat16_export_says_its_precision(exported_model, tmp_path, capsys):
+    path = tmp_path / "bf16"
+    assert export_command.main([f"--model_dir={exported_model['model_dir']}",
+                                f"--export_path={path}", "--precision=bfloat16"]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads(out.split("\n", 1)[1].split("\n}\n")[0] + "\n}")
+    assert summary["precision"] == "bfloat16"
+    assert os.path.exists(path / "assets.extra" / "lealla_export.json")
+
+
 def test_a_missing_model_or_checkpoint_is_one_line(exported_model, tmp_path, capsys):
     assert export_command.main([f"--model_dir={tmp_path / 'nope'}",
                                 f"--export_path={tmp_path / 'x'}"]) == 2

@@ -9,8 +9,9 @@ import pytest
 import tensorflow as tf
 from conftest import BAD_INPUTS, multilingual_sentences
 
-from lealla_tf.configs import EncoderConfig
+from lealla_tf.configs import EncoderConfig, config_to_dict
 from lealla_tf.inference import formats
+from lealla_tf.inference.export_info import read_export_info
 from lealla_tf.inference.loaders import load_embedder, model_kind
 from lealla_tf.inference.reload_check import reload_in_fresh_process
 from lealla_tf.models.encoder import build_encoder
@@ -102,6 +103,35 @@ def test_compiled_lealla_format_equals_the_model_in_a_fresh_process(model, sente
     np.testing.assert_allclose(results["batch"], expected, atol=TOLERANCE)
     np.testing.assert_allclose(results["training_false"], expected, atol=TOLERANCE)
     assert_dropout_only_in_training(results, expected)
+
+
+def test_bfloat16_lealla_format_in_a_fresh_process(model, sentences, tmp_path):
+    """`precision="bfloat16"`: the same contract (float32 unit rows, float32 weights
+    as trained, dropout only in training), computed in bfloat16, within rounding
+    of the float32 model; its record says so."""
+    encoder, tokenizer = model
+    path = formats.export_lealla_model(encoder, tokenizer, str(tmp_path / "bf16"),
+                                       precision="bfloat16")
+    results = probe("saved_model_load", "lealla", path, sentences, tmp_path)
+    expected = expected_outputs(model, sentences)["sentence_embedding"].numpy()
+    assert results["batch"].dtype == np.float32 and np.isfinite(results["batch"]).all()
+    np.testing.assert_allclose(np.linalg.norm(results["batch"], axis=1), 1.0, atol=1e-5)
+    assert (results["batch"] * expected).sum(axis=1).min() >= 0.995
+    assert np.abs(results["batch"] - expected).max() > 1e-6  # not float32 after all
+    np.testing.assert_allclose(results["signature"], results["batch"], atol=1e-6)
+    assert_dropout_only_in_training(results, results["batch"])
+    assert_weights_equal(results, encoder.trainable_variables)
+    graph = str(tf.saved_model.load(path).signatures["serving_default"].graph.as_graph_def())
+    assert "DT_BFLOAT16" in graph
+    info = read_export_info(path)
+    assert info["precision"] == "bfloat16" and not info["jit_compile"]
+    assert info["encoder_config"] == config_to_dict(encoder.encoder_config)
+    assert read_export_info(formats.export_lealla_model(
+        encoder, tokenizer, str(tmp_path / "f32")))["precision"] == "float32"
+    with pytest.raises(ValueError, match="--jit_compile exports compute in float32"):
+        formats.export_lealla_model(encoder, tokenizer, str(tmp_path / "x"), jit_compile=True,
+                                    precision="bfloat16")
+    assert not (tmp_path / "x").exists()
 
 
 def test_lealla_format_trains_inside_fit_in_both_keras(model, sentences, exported, tmp_path):
@@ -292,6 +322,10 @@ def test_export_model_dir_reads_everything_from_the_model_dir(model, sentence_vo
                                atol=TOLERANCE)
     with pytest.raises(ValueError, match="format must be one of"):
         formats.export_model_dir(model_dir, str(tmp_path / "x"), "onnx")
+    with pytest.raises(ValueError, match="--precision=bfloat16 applies to --format=lealla"):
+        formats.export_model_dir(model_dir, str(tmp_path / "x"), "labse", precision="bfloat16")
+    assert not (tmp_path / "x").exists()
+    assert summaries["lealla"]["precision"] == "float32"
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
     with pytest.raises(ValueError, match="--export_path=.* is a file"):

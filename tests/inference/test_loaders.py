@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 from conftest import multilingual_sentences
 
+from lealla_tf.inference import export_info
 from lealla_tf.inference.formats import export_labse_pair, export_lealla_model
 from lealla_tf.inference.loaders import load_embedder, model_kind
 from lealla_tf.models.model_dir import (
@@ -29,6 +30,34 @@ def test_lealla_export_carries_its_tokenizer_and_encoder_apart(tokenizer, encode
     assert model._tokens is not None
     np.testing.assert_allclose(model.encode(sentences, batch_size=3), want, atol=1e-5)
     assert model.last_stats["tokens"] == int(loaded.preprocess(strings)["input_mask"].numpy().sum())
+
+
+@pytest.mark.parametrize("bfloat16_cpu", [True, False], ids=["bf16_cpu", "older_cpu"])
+def test_a_bfloat16_export_runs_rebuilt_at_the_cpu_s_best(tokenizer, encoder, tmp_path,
+                                                          monkeypatch, bfloat16_cpu):
+    """Where the CPU multiplies bfloat16, the export's network is rebuilt in bfloat16
+    (fused kernels where they load): within rounding of the float32 model. Where
+    it does not, its float32 weights run in float32, said in one warning."""
+    path = export_lealla_model(encoder, tokenizer, str(tmp_path / "bf16"), precision="bfloat16")
+    monkeypatch.setattr(export_info, "bfloat16_arithmetic", lambda *_: bfloat16_cpu)
+    sentences = multilingual_sentences()
+    want = encoder(tokenizer(tf.constant(sentences)), training=False)["sentence_embedding"]
+    if bfloat16_cpu:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            model = load_embedder(path)
+        assert "rebuilt in bfloat16" in model.description
+        got = model.encode(sentences, batch_size=3)
+        assert (got * want.numpy()).sum(axis=1).min() >= 0.995
+        own = tf.saved_model.load(path)(tf.constant(sentences)).numpy()
+        assert (got * own).sum(axis=1).min() >= 0.995
+    else:
+        with pytest.warns(UserWarning, match="no bfloat16 arithmetic.*float32 instead"):
+            model = load_embedder(path)
+        assert "rebuilt in float32" in model.description
+        np.testing.assert_allclose(model.encode(sentences, batch_size=3), want.numpy(),
+                                   atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(model.encode(sentences), axis=1), 1.0, atol=1e-5)
 
 
 def test_a_savedmodel_without_the_halves_is_embedded_whole(tokenizer, encoder, tmp_path):

@@ -1,0 +1,91 @@
+"""What a LEALLA-format export says of itself: its precision and architecture.
+
+`lealla-export --format=lealla` writes `assets.extra/lealla_export.json` beside
+the SavedModel (the SavedModel convention for files TensorFlow itself does not
+load, so the hub contract is untouched):
+
+    {"format": "lealla", "precision": "float32" | "bfloat16",
+     "needs": [] | ["avx512_bf16 or amx_bf16"],
+     "encoder_config": {...the EncoderConfig...}, "jit_compile": false}
+
+`lealla_tf.inference.loaders.load_embedder` reads it to run a bfloat16 export
+at this CPU's best (see `bfloat16_plan`). Exports written before this file
+existed have none, and load as they always did.
+
+May import: nothing of TensorFlow (the loaders read it before deciding to).
+"""
+
+import json
+import os
+
+from lealla_tf.machine import bfloat16_arithmetic
+
+PRECISIONS = ("float32", "bfloat16")
+INFO_DIR = "assets.extra"
+INFO_FILE = "lealla_export.json"
+BFLOAT16_INSTRUCTIONS = "avx512_bf16 or amx_bf16"
+
+
+def info_path(export_path: str) -> str:
+    return os.path.join(export_path, INFO_DIR, INFO_FILE)
+
+
+def check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+
+
+def write_export_info(export_path: str, precision: str, encoder_config: dict,
+                      jit_compile: bool = False) -> str:
+    """Writes the export's `lealla_export.json`; returns its path."""
+    check_precision(precision)
+    info = {"format": "lealla", "precision": precision,
+            "needs": [BFLOAT16_INSTRUCTIONS] if precision == "bfloat16" else [],
+            "encoder_config": encoder_config, "jit_compile": bool(jit_compile)}
+    path = info_path(export_path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(info, f, indent=2, sort_keys=True)
+        f.write("\n")
+    return path
+
+
+def read_export_info(export_path: str) -> dict | None:
+    """The export's `lealla_export.json`, or None where it has none. ValueError
+    for a file that is not such a record (named, with what is wrong)."""
+    path = info_path(export_path)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            info = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not readable JSON ({error}); re-export with "
+                         "lealla-export --format=lealla") from None
+    if not isinstance(info, dict) or info.get("precision") not in PRECISIONS:
+        raise ValueError(f"{path} names no precision of {PRECISIONS}; re-export with "
+                         "lealla-export --format=lealla")
+    return info
+
+
+def slow_precision_warning(precision: str, what: str, cpuinfo: str = "/proc/cpuinfo") -> str:
+    """One line for a bfloat16 export on a CPU without bfloat16 arithmetic (oneDNN
+    emulates it there, slower than float32); "" where there is nothing to say."""
+    if precision != "bfloat16" or bfloat16_arithmetic(cpuinfo):
+        return ""
+    return (f"{what} computes in bfloat16, and this CPU has no bfloat16 arithmetic "
+            f"({BFLOAT16_INSTRUCTIONS}): its own signatures run slower here than a float32 "
+            "export's")
+
+
+def bfloat16_plan(info: dict | None, cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """How `load_embedder` runs an export with record `info`: "bfloat16" (its
+    network rebuilt in-process in bfloat16, with the fused kernels where they
+    load), "float32" (a bfloat16 export on a CPU without bfloat16 arithmetic:
+    its float32 weights rebuilt in float32, the speed of a float32 export), or
+    None (the export's own functions: a float32 export, an XLA one, one
+    without a record or an architecture)."""
+    if (not info or info.get("precision") != "bfloat16" or info.get("jit_compile")
+            or not info.get("encoder_config")):
+        return None
+    return "bfloat16" if bfloat16_arithmetic(cpuinfo) else "float32"
