@@ -37,17 +37,47 @@ SHARD_CHUNK = 8192  # sentences a shard embeds between two reports
 
 
 # One loaded model per worker process, whatever the runner does with DoFn instances
-# (the DaskRunner sets a DoFn up again for every bundle).
+# (the DaskRunner sets a DoFn up again for every bundle); the lock makes a load
+# started ahead (`warm_embedder`) and the first shard's wait for it one load.
 _MODELS: dict[str, Any] = {}
+_MODELS_LOCK = threading.Lock()
+_WARMING: set = set()
 
 
 def _embedder(model: str, max_seq_length: int | None = None,
               threads: int | None = None):
-    if (model, max_seq_length) not in _MODELS:
-        if threads:
-            limit_threads(threads)
-        _MODELS[model, max_seq_length] = load_embedder(model, max_seq_length)
-    return _MODELS[model, max_seq_length]
+    with _MODELS_LOCK:
+        if (model, max_seq_length) not in _MODELS:
+            if threads:
+                limit_threads(threads)
+            _MODELS[model, max_seq_length] = load_embedder(model, max_seq_length)
+        return _MODELS[model, max_seq_length]
+
+
+def warm_embedder(model: str, max_seq_length: int | None = None,
+                  threads: int | None = None) -> threading.Thread | None:
+    """Starts loading this worker's model in a background thread, once a
+    process: the shards' step comes after a shuffle of every line, and a load
+    started while the lines are read and parsed is done by then instead of
+    delaying each worker's first shard. A load that fails here is retried
+    (and its error raised) by the shard that needs the model. Returns the
+    thread, or None where the model is loaded or loading already."""
+    key = (model, max_seq_length)
+    with _MODELS_LOCK:
+        if key in _MODELS or key in _WARMING:
+            return None
+        _WARMING.add(key)
+
+    def load():
+        try:
+            _embedder(model, max_seq_length, threads)
+        except Exception as error:  # the shard's own load reports it
+            logging.warning("embed_corpus: loading %s ahead failed (%s); the first shard "
+                            "loads it again", model, error)
+
+    thread = threading.Thread(target=load, name="warm_embedder", daemon=True)
+    thread.start()
+    return thread
 
 
 def limit_threads(threads: int) -> bool:
@@ -121,7 +151,19 @@ def of_kind(kind):
     return select
 
 
-class ReadLines(beam.DoFn):
+class WarmsModel(beam.DoFn):
+    """A step before the shards' that starts loading the model in each worker it
+    runs on (`warm_embedder`). `warm`: (model, max_seq_length, threads), or None."""
+
+    def __init__(self, warm: tuple | None = None):
+        self._warm = warm
+
+    def setup(self):
+        if self._warm is not None:
+            warm_embedder(*self._warm)
+
+
+class ReadLines(WarmsModel):
     """file path -> (LINE, (file name, line number, raw bytes)) for every line, then
     (COUNT, ("lines_read", lines)).
 
@@ -129,7 +171,9 @@ class ReadLines(beam.DoFn):
     files called deu.txt in different folders give different ids.
     """
 
-    def __init__(self, root: str = "", progress_dir: str | None = None):
+    def __init__(self, root: str = "", progress_dir: str | None = None,
+                 warm: tuple | None = None):
+        super().__init__(warm)
         self._root = root
         self._progress_dir = progress_dir
 
@@ -149,12 +193,13 @@ class ReadLines(beam.DoFn):
         yield COUNT, ("lines_read", number)
 
 
-class ParseLine(beam.DoFn):
+class ParseLine(WarmsModel):
     """Decodes and validates a line: (VALID, record), or (DEAD, a JSON line with the
     reason) for the dead letters. A sentence's record is (id, text, "file:line"),
     a pair's a dict."""
 
-    def __init__(self, input_format: str):
+    def __init__(self, input_format: str, warm: tuple | None = None):
+        super().__init__(warm)
         self._format = input_format
 
     def process(self, element):

@@ -9,7 +9,8 @@ xx<TAB>en; both sides are embedded, as a multilingual teacher's targets
 x^t = T(x), y^t = T(y), or only the English side with `english_only`). Plain or
 compressed files, any Beam filesystem.
 
-The model is loaded once per worker process; sentences are grouped into shards
+The model is loaded once per worker process, starting while the lines are read
+(`corpus_steps.warm_embedder`); sentences are grouped into shards
 by a stable hash of their id, and each shard is embedded in batches of similar
 token length and written by one task (the steps: `lealla_tf.pipelines.corpus_steps`).
 Lines that are not valid UTF-8, empty, or malformed go to a dead-letter file
@@ -102,13 +103,14 @@ def build_pipeline(pipeline, files: Sequence[str], model: str, run_dir: str,
     `progress_dir`: where the steps report their progress (see `read_progress`).
     """
     root = os.path.commonpath([os.path.dirname(f) for f in files]) if "://" not in files[0] else ""
+    warm = (model, max_seq_length, threads)  # the model loads while lines are read
     read = (pipeline
             | "ListFiles" >> beam.Create(list(files))
-            | "ReadLines" >> beam.ParDo(ReadLines(root, progress_dir)))
+            | "ReadLines" >> beam.ParDo(ReadLines(root, progress_dir, warm)))
     parsed = (read
               | "Lines" >> beam.FlatMap(of_kind(LINE))
               | "Redistribute" >> beam.Reshuffle()
-              | "Parse" >> beam.ParDo(ParseLine("pairs" if pairs else input_format)))
+              | "Parse" >> beam.ParDo(ParseLine("pairs" if pairs else input_format, warm)))
     dead = parsed | "DeadLetters" >> beam.FlatMap(of_kind(DEAD))
     valid = parsed | "Valid" >> beam.FlatMap(of_kind(VALID))
     events = [read | "LineCounts" >> beam.FlatMap(of_kind(COUNT)),

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import apache_beam as beam
+import pytest
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 from conftest import CORPUS_SENTENCES
@@ -88,6 +89,40 @@ def test_a_worker_caps_its_tensorflow_threads_before_it_loads_the_model(corpus_m
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-3:] == ["1", "1", "False"]
     assert "already started" in done.stderr
+
+
+def test_the_steps_before_the_shards_load_the_worker_s_model_ahead_once(corpus_model,
+                                                                        monkeypatch):
+    """ReadLines and ParseLine start the load in their setup; the shard then finds
+    the model loaded, and one load serves every step and every later setup. A
+    load that fails ahead is retried, its error raised, by the step that needs it."""
+    monkeypatch.setattr(corpus_steps, "_MODELS", {})
+    monkeypatch.setattr(corpus_steps, "_WARMING", set())
+    loads, real = [], corpus_steps.load_embedder
+
+    def counted(model, max_seq_length=None):
+        loads.append(model)
+        return real(model, max_seq_length)
+
+    monkeypatch.setattr(corpus_steps, "load_embedder", counted)
+    warm = (corpus_model[0], None, None)
+    thread = corpus_steps.warm_embedder(*warm)
+    ReadLines("", None, warm).setup()  # already loading: nothing more
+    ParseLine("lines", warm).setup()
+    thread.join(timeout=120)
+    assert loads == [corpus_model[0]] and (corpus_model[0], None) in corpus_steps._MODELS
+    assert corpus_steps.warm_embedder(*warm) is None
+    assert corpus_steps._embedder(*warm) is corpus_steps._MODELS[corpus_model[0], None]
+    assert loads == [corpus_model[0]]
+
+    def broken(model, max_seq_length=None):
+        raise FileNotFoundError(f"{model} is gone")
+
+    monkeypatch.setattr(corpus_steps, "load_embedder", broken)
+    corpus_steps.warm_embedder("/nowhere", None, None).join(timeout=60)
+    assert ("/nowhere", None) not in corpus_steps._MODELS
+    with pytest.raises(FileNotFoundError, match="/nowhere is gone"):
+        corpus_steps._embedder("/nowhere")
 
 
 def test_progress_files_report_lines_read_and_sentences_embedded(corpus_model, tmp_path,
