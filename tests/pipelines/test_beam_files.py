@@ -35,3 +35,10 @@ def test_gzip_tfrecords_read_back_in_order(tmp_path):
     write_atomically(path, lambda handle: write_gzip_tfrecords(handle, records))
     read = tf.data.TFRecordDataset([path], compression_type="GZIP").as_numpy_iterator()
     assert list(read) == records
+
+
+def test_gzip_tfrecords_are_written_at_gzip_s_fastest_level(tmp_path):
+    """The header's XFL byte says which level wrote it: 4 is gzip's fastest."""
+    path = str(tmp_path / "fast.tfrecord.gz")
+    write_atomically(path, lambda handle: write_gzip_tfrecords(handle, [b"x" * 1000]))
+    assert pathlib.Path(path).read_bytes()[8] == 4
