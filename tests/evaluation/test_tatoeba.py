@@ -168,12 +168,39 @@ def tied(n, d=16, seed=0):
     return rows
 
 
+def reference_scores(source, english, k, margin):
+    """The whole matrix's cosines and margin scores in float64, each side's rows
+    its queries: what a choice between near-equal candidates is judged by."""
+    similarities = unit(source).astype(np.float64) @ unit(english).astype(np.float64).T
+    k = min(k, len(english))
+    source_average = -np.sort(-similarities, axis=1)[:, :k].mean(axis=1)
+    english_average = -np.sort(-similarities.T, axis=1)[:, :k].mean(axis=1)
+    scores = margin_scores(similarities, source_average[:, None], english_average[None, :],
+                           margin)
+    return {"cosine": (similarities, similarities.T), "margin": (scores, scores.T)}
+
+
+def assert_same_or_rounding_tie(have, want, scores, message):
+    """`have` picks what `want` picks, or a candidate whose exact score is
+    within float32 rounding of it: BLAS may round one product differently in
+    a block of rows than in the whole matrix (seen on a Zen 5 for two equal
+    candidate rows), so a tie between equal rows may go either way there."""
+    assert have.shape == want.shape and have.dtype == want.dtype, message
+    rows = np.flatnonzero(have != want)
+    gap = np.abs(scores[rows, have[rows]] - scores[rows, want[rows]])
+    assert np.all(gap <= 1e-6), f"{message}: rows {rows[gap > 1e-6]} pick other candidates"
+
+
 @pytest.mark.parametrize("data", ["tied", "gaussian"])
 def test_scoring_in_blocks_equals_the_whole_matrix_ties_included(data):
     """Blocks of rows smaller than the set give the whole matrix's nearest
-    neighbours, neighbourhood averages and margin nearest, bit for bit, ties
-    going to the first candidate as np.argmax breaks them (a NaN row too)."""
-    if data == "tied":
+    neighbours, neighbourhood averages and margin nearest, ties going to the
+    first candidate as np.argmax breaks them (a NaN row too). Where every
+    cosine is exact in any order of summation (`tied`), bit for bit; on
+    Gaussian rows with repeats, to float32 rounding: a tie between two equal
+    rows may go to either, and to nothing else."""
+    exact = data == "tied"
+    if exact:
         source, english = tied(61), tied(61, seed=1)
         block_sizes = (1, 2, 7, 16, 60, 61, 500)
     else:  # a language's sentences, some repeated (ties between equal rows)
@@ -185,6 +212,7 @@ def test_scoring_in_blocks_equals_the_whole_matrix_ties_included(data):
     for k in (1, 4, 8, 9):
         for margin in ("ratio", "ratio_shifted", "distance", "absolute"):
             expected = whole_matrix(source, english, k, margin)
+            scores = None if exact else reference_scores(source, english, k, margin)
             for block_rows in block_sizes:
                 got = {"cosine": (nearest_candidates(source, english, block_rows),
                                   nearest_candidates(english, source, block_rows)),
@@ -192,15 +220,24 @@ def test_scoring_in_blocks_equals_the_whole_matrix_ties_included(data):
                        "margin": margin_nearest(source, english, k, margin, block_rows)}
                 for name, pair in expected.items():
                     for side, (want, have) in enumerate(zip(pair, got[name])):
-                        np.testing.assert_array_equal(have, want, err_msg=(
-                            f"{data} k={k} {margin} block_rows={block_rows} {name}[{side}]"))
+                        message = f"{data} k={k} {margin} block_rows={block_rows} {name}[{side}]"
+                        if exact:
+                            np.testing.assert_array_equal(have, want, err_msg=message)
+                        elif name == "averages":
+                            np.testing.assert_allclose(have, want, rtol=1e-6, atol=1e-7,
+                                                       err_msg=message)
+                        else:
+                            assert_same_or_rounding_tie(have, want, scores[name][side], message)
                         assert have.dtype == want.dtype
             rows = np.arange(len(source))
-            forward, backward = expected["cosine"]
+            forward, backward = (expected["cosine"] if exact else
+                                 (nearest_candidates(source, english, 7),
+                                  nearest_candidates(english, source, 7)))
             assert tatoeba_accuracy(source, english, block_rows=7) == {
                 "xx_to_en": np.mean(forward == rows), "en_to_xx": np.mean(backward == rows),
                 "p_at_1": (np.mean(forward == rows) + np.mean(backward == rows)) / 2}
-            forward, backward = expected["margin"]
+            forward, backward = (expected["margin"] if exact else
+                                 margin_nearest(source, english, k, margin, 7))
             assert tatoeba_margin_accuracy(source, english, k, margin, block_rows=7) == {
                 "xx_to_en": np.mean(forward == rows), "en_to_xx": np.mean(backward == rows),
                 "p_at_1": (np.mean(forward == rows) + np.mean(backward == rows)) / 2}
