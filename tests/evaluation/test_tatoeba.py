@@ -141,16 +141,23 @@ def unit(x):
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
-def whole_matrix(source, english, k, margin):
-    """The scoring as it was, on the whole similarity matrix: each side's
-    nearest by cosine, the neighbourhood averages, and each side's nearest by
-    margin (np.argmax: the first of ties)."""
-    similarities = unit(source) @ unit(english).T
+def matrix_scores(source, english, k, margin, dtype=np.float32):
+    """The whole similarity matrix in `dtype`, each side's neighbourhood
+    averages over its k nearest, and the margin scores."""
+    similarities = unit(source).astype(dtype) @ unit(english).astype(dtype).T
     k = min(k, len(english))
     source_average = -np.sort(-similarities, axis=1)[:, :k].mean(axis=1)
     english_average = -np.sort(-similarities.T, axis=1)[:, :k].mean(axis=1)
     scores = margin_scores(similarities, source_average[:, None], english_average[None, :],
                            margin)
+    return similarities, source_average, english_average, scores
+
+
+def whole_matrix(source, english, k, margin):
+    """The scoring as it was, on the whole similarity matrix: each side's
+    nearest by cosine, the neighbourhood averages, and each side's nearest by
+    margin (np.argmax: the first of ties)."""
+    _, source_average, english_average, scores = matrix_scores(source, english, k, margin)
     return {"cosine": (np.argmax(unit(source) @ unit(english).T, axis=1),
                        np.argmax(unit(english) @ unit(source).T, axis=1)),
             "averages": (source_average, english_average),
@@ -171,20 +178,15 @@ def tied(n, d=16, seed=0):
 def reference_scores(source, english, k, margin):
     """The whole matrix's cosines and margin scores in float64, each side's rows
     its queries: what a choice between near-equal candidates is judged by."""
-    similarities = unit(source).astype(np.float64) @ unit(english).astype(np.float64).T
-    k = min(k, len(english))
-    source_average = -np.sort(-similarities, axis=1)[:, :k].mean(axis=1)
-    english_average = -np.sort(-similarities.T, axis=1)[:, :k].mean(axis=1)
-    scores = margin_scores(similarities, source_average[:, None], english_average[None, :],
-                           margin)
+    similarities, _, _, scores = matrix_scores(source, english, k, margin, np.float64)
     return {"cosine": (similarities, similarities.T), "margin": (scores, scores.T)}
 
 
 def assert_same_or_rounding_tie(have, want, scores, message):
     """`have` picks what `want` picks, or a candidate whose exact score is
-    within float32 rounding of it: BLAS may round one product differently in
-    a block of rows than in the whole matrix (seen on a Zen 5 for two equal
-    candidate rows), so a tie between equal rows may go either way there."""
+    within float32 rounding of it: BLAS may round a product differently by
+    the matrix's shape and the row's place in it, even for two equal candidate
+    rows, so a tie between equal rows may go either way there."""
     assert have.shape == want.shape and have.dtype == want.dtype, message
     rows = np.flatnonzero(have != want)
     gap = np.abs(scores[rows, have[rows]] - scores[rows, want[rows]])
