@@ -159,6 +159,14 @@ class DataConfig:
             boundaries every 32 bytes, and each batch is drawn from one
             bucket), so less of every batch is padding; 0: batches in stream
             order.
+        one_language_batches: each batch holds the pairs of one language (and,
+            with `length_buckets`, of one bucket): a source side's negatives
+            in the contrastive terms are then sentences of its own language,
+            the distractors mining meets, and the English sides of one
+            sentence translated into several languages (the news corpus has
+            each in over a hundred) never meet as each other's negatives.
+            Languages still come in their sampling proportions, a batch at a
+            time. Off: each pair's language is drawn on its own.
         seed: fixes the order of the stream (and, in training, initialisation).
     """
 
@@ -167,6 +175,7 @@ class DataConfig:
     decontaminate: list[str] = dataclasses.field(default_factory=list)
     shuffle_buffer: int = 10_000
     length_buckets: int = 0
+    one_language_batches: bool = False
     seed: int = 0
 
 

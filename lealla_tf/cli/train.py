@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--shuffle_buffer", type=int, default=10_000)
     add("--length_buckets", type=int, default=0,
         help="batch pairs of similar length (this many buckets of 32 UTF-8 bytes); 0: off")
+    add("--one_language_batches", action="store_true",
+        help="each batch holds one language's pairs: a sentence's negatives are of its own "
+             "language (see lealla_tf.configs.DataConfig)")
     add("--seed", type=int, default=0)
     add("--tatoeba_dir", default="", help="dev evaluation (Tatoeba P@1) directory")
     add("--eval_every", type=int, default=0, help="steps between dev evaluations (0: none)")
@@ -161,7 +164,8 @@ def config_from_flags(args):
         data=DataConfig(train_data=list(args.train_data), language_alpha=args.language_alpha,
                         decontaminate=list(args.decontaminate),
                         shuffle_buffer=args.shuffle_buffer,
-                        length_buckets=args.length_buckets, seed=args.seed),
+                        length_buckets=args.length_buckets,
+                        one_language_batches=args.one_language_batches, seed=args.seed),
         teacher=TeacherConfig(path=args.teacher, encoder=args.teacher_encoder,
                               preprocessor=args.teacher_preprocessor,
                               english_only=args.teacher_english_only,

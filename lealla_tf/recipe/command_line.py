@@ -82,6 +82,9 @@ def _parser(parser_class, description):
     add("--max_seq_length", type=int, default=defaults.max_seq_length)
     add("--length_buckets", type=int, default=defaults.length_buckets,
         help="batch pairs of similar length (0: off; see lealla_tf.train.data.batch_by_length)")
+    add("--one_language_batches", action="store_true",
+        help="each batch holds one language's pairs, so a sentence's negatives are of its own "
+             "language (see lealla_tf.configs.DataConfig)")
     add("--teacher_eval_pairs", type=int, default=defaults.teacher_eval_pairs,
         help="evaluate the teacher on the first N pairs of each language (0: all)")
     add("--no_teacher_in_step", action="store_true",
@@ -174,6 +177,7 @@ def config_from_flags(flags: Mapping[str, Any]) -> RecipeConfig:
         time_budget_minutes=v["time_budget_minutes"],
         train_steps=v["train_steps"], global_batch_size=v["global_batch_size"],
         max_seq_length=v["max_seq_length"], length_buckets=v["length_buckets"],
+        one_language_batches=v["one_language_batches"],
         truncate_teacher=not v["no_truncate_teacher"],
         teacher_in_step=not v["no_teacher_in_step"],
         teacher_eval_pairs=v["teacher_eval_pairs"],

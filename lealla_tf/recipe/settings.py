@@ -151,6 +151,7 @@ class RecipeConfig:
             its job and length_128 rows).
         length_buckets: see `DataConfig.length_buckets` (buckets double in
             width, so 6 spans 32 bytes to 512+).
+        one_language_batches: see `DataConfig.one_language_batches`.
         teacher_eval_pairs: the teacher is evaluated on the first this many
             pairs of each language (0: all, as the students), and the student
             on those pairs too, besides its evaluation on all pairs.
@@ -209,6 +210,7 @@ class RecipeConfig:
     global_batch_size: int = 64
     max_seq_length: int = 64
     length_buckets: int = 6
+    one_language_batches: bool = False
     truncate_teacher: bool = True
     teacher_in_step: bool = True
     teacher_eval_pairs: int = 0

@@ -145,7 +145,8 @@ def student_train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_
         # applies once and no language's pairs repeat before the others'.
         data=DataConfig(train_data=[data], language_alpha=1.0,
                         decontaminate=[str(data_dir / "tatoeba_dev")],
-                        length_buckets=config.length_buckets, seed=config.seed),
+                        length_buckets=config.length_buckets,
+                        one_language_batches=config.one_language_batches, seed=config.seed),
         teacher=TeacherConfig(english_only=not teacher["multilingual"],
                               center=config.teacher_center, in_step=in_step),
         loss=LossConfig(objective=objective, scale=config.scale, margin=config.margin,

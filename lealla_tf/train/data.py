@@ -302,10 +302,11 @@ def pair_dataset(config: DataConfig, global_batch_size: int, steps_done: int = 0
                                                  seed=config.seed + pipeline_id,
                                                  stop_on_empty_dataset=False)
     per_pipeline = global_batch_size // pipelines
-    if steps_done and not config.length_buckets:
-        # Batches in stream order: step k starts at pair k x batch. Bucketed
-        # batches take pairs out of order and hold partial buckets back, so they
-        # are skipped as batches instead (`tokenize_batches`).
+    if steps_done and not (config.length_buckets or config.one_language_batches):
+        # Batches in stream order: step k starts at pair k x batch. Grouped
+        # batches (by length or language) take pairs out of order and hold
+        # partial groups back, so they are skipped as batches instead
+        # (`tokenize_batches`).
         mixed = mixed.skip(steps_done * per_pipeline)
     info = {"languages": languages, "sizes": sizes, "probabilities": probabilities,
             "decontamination_sentences": decontaminator.size if decontaminator else 0}
@@ -325,28 +326,33 @@ def length_bucket(length_in_bytes, buckets: int):
     return tf.cast(tf.clip_by_value(doublings + 1, 0, buckets - 1), tf.int64)
 
 
-def batch_by_length(pairs, batch_size: int, buckets: int):
+def batch_by_length(pairs, batch_size: int, buckets: int, one_language: bool = False):
     """Batches pairs of similar length: the longer side's UTF-8 bytes pick one
     of `buckets` buckets (`length_bucket`), and each batch is the next
-    `batch_size` pairs of one bucket. The stream's order is kept within a
-    bucket, so the result is deterministic."""
-    def bucket(pair):
+    `batch_size` pairs of one bucket; with `one_language`, of one bucket and one
+    language (`DataConfig.one_language_batches`; one bucket: by language alone).
+    The stream's order is kept within a group, so the result is deterministic."""
+    def group(pair):
         longest = tf.maximum(tf.strings.length(pair[SOURCE]), tf.strings.length(pair[TARGET]))
-        return length_bucket(longest, buckets)
+        key = length_bucket(longest, buckets)
+        if one_language:
+            key += tf.cast(pair[LANGUAGE], tf.int64) * buckets
+        return key
 
     return pairs.group_by_window(
-        bucket, lambda _, window: window.batch(batch_size, drop_remainder=True),
+        group, lambda _, window: window.batch(batch_size, drop_remainder=True),
         window_size=batch_size)
 
 
 def tokenize_batches(pairs, batch_size: int, tokenizer, teacher=None, length_buckets: int = 0,
-                     steps_done: int = 0, fixed_lengths: Sequence[int] = ()):
-    """Batches pairs (in stream order, or by length with `length_buckets`; see
-    `batch_by_length`) and tokenizes both sides (each padded to its own longest,
-    or, with `fixed_lengths`, both to the shortest of them that holds the
-    longer: `pad_to_fixed_lengths`).
-    With `length_buckets`, the first `steps_done` batches are skipped before
-    tokenization (resume: `pair_dataset` skips raw pairs only without buckets).
+                     steps_done: int = 0, fixed_lengths: Sequence[int] = (),
+                     one_language: bool = False):
+    """Batches pairs (in stream order, or by length with `length_buckets`, and
+    by language with `one_language`; see `batch_by_length`) and tokenizes both
+    sides (each padded to its own longest, or, with `fixed_lengths`, both to the
+    shortest of them that holds the longer: `pad_to_fixed_lengths`).
+    Batches grouped by length or language skip their first `steps_done` before
+    tokenization (resume: `pair_dataset` skips raw pairs only when ungrouped).
 
     Returns a dataset of dicts: `source`, `target` (BERT input dicts), `language`
     (the source side's language index) and what
@@ -362,8 +368,9 @@ def tokenize_batches(pairs, batch_size: int, tokenizer, teacher=None, length_buc
             features = pad_to_fixed_lengths(features, fixed_lengths, tokenizer.pad_id)
         return features
 
-    if length_buckets:
-        batches = batch_by_length(pairs, batch_size, length_buckets).skip(steps_done)
+    if length_buckets or one_language:
+        batches = batch_by_length(pairs, batch_size, max(1, length_buckets),
+                                  one_language).skip(steps_done)
     else:
         batches = pairs.batch(batch_size, drop_remainder=True)
     batches = batches.map(

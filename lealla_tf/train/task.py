@@ -174,7 +174,8 @@ class DistillationTask:
                                 self.teacher if self.uses_teacher else None,
                                 self.config.data.length_buckets, steps_done,
                                 fixed_lengths(self.config.tokenizer.max_seq_length)
-                                if self.jit_compile else ())
+                                if self.jit_compile else (),
+                                self.config.data.one_language_batches)
 
     def distributed_dataset(self, steps_done: int = 0):
         return self.strategy.distribute_datasets_from_function(

@@ -197,6 +197,43 @@ def test_bucketed_batches_resume_at_the_same_batch(tmp_path):
         p[SOURCE].numpy() for p in pair_dataset(plain, 8)[0].take(41)][40]
 
 
+def test_one_language_batches_hold_one_language_in_its_share(tmp_path):
+    """Each batch is one language's (and one length bucket's), languages come in
+    their sampling shares a batch at a time, and resume skips whole batches."""
+    from lealla_tf.train.data import LANGUAGE
+
+    write_pairs(tmp_path, "deu", [(f"de {'x' * (i % 70)} {i}", f"en {i}") for i in range(900)])
+    write_pairs(tmp_path, "fra", [(f"fr {'y' * (i % 70)} {i}", f"en f{i}") for i in range(300)])
+    config = DataConfig([str(tmp_path)], language_alpha=1.0, length_buckets=3,
+                        one_language_batches=True, shuffle_buffer=100)
+
+    def batches(steps_done=0, count=60):
+        pairs, info = pair_dataset(config, 8, steps_done)
+
+        def tokenize(strings):
+            return {"text": strings}
+
+        return [{"languages": set(b[LANGUAGE].numpy().tolist()),
+                 "sources": b["source"]["text"].numpy().tolist()}
+                for b in tokenize_batches(pairs, 8, tokenize, length_buckets=3,
+                                          steps_done=steps_done, one_language=True).take(count)
+                ], info
+
+    straight, info = batches()
+    assert all(len(b["languages"]) == 1 for b in straight)
+    assert all(len({s[:2] for s in b["sources"]}) == 1 for b in straight)
+    french = info["languages"].index("fra")
+    share = np.mean([b["languages"] == {french} for b in straight])
+    assert abs(share - 0.25) < 0.15
+    resumed, _ = batches(steps_done=10, count=20)
+    assert [b["sources"] for b in resumed] == [b["sources"] for b in straight[10:30]]
+    # The same pairs mixed: batches hold both languages.
+    mixed = DataConfig([str(tmp_path)], language_alpha=1.0, shuffle_buffer=100)
+    pairs, _ = pair_dataset(mixed, 8)
+    assert any(len(set(b[LANGUAGE].numpy().tolist())) == 2
+               for b in pairs.batch(8).take(20))
+
+
 def test_negative_length_buckets_are_refused(tmp_path):
     from lealla_tf.configs import TrainConfig
     from lealla_tf.train.resolution import validate_train_config
