@@ -46,6 +46,12 @@ batches (sentences x tokens: about the pipelines' 4,096-token batches of short
 and of long sentences), the parts' functions called in turn, the fastest of
 --part_repeats calls each. `--parts=` skips it.
 
+`peaks_gflops` and `roofline`: the machine's matmul GFLOP/s in float32 and
+bfloat16 (`PEAK_SHAPES`: the student's own matmuls at a 4,096-token batch, and
+a square one), the fastest of --peak_repeats calls; and for each model of a
+preset, its GFLOP/s (tokens/s x `count_flops_per_token` at the set's mean
+length) as a share of the peak of the precision it multiplies in.
+
 `--rounds=N` measures the whole list N times, round-robin (model A, B, ..., then
 A, B, ... again), and keeps each model's fastest round per set: a machine's
 speed drifts with other tenants, and a model measured only in a slow stretch
@@ -53,7 +59,7 @@ would look slower than it is. Every round's sentences/s is in `rounds`.
 
 A quick run on tiny fixtures (what the tests do): `--models=student
 --student=<export> --data_dir=<tiny> --num_sentences=20 --num_long=8
---part_presets=lealla_small --part_shapes=3x4 --part_repeats=1`.
+--part_presets=lealla_small --part_shapes=3x4 --part_repeats=1 --peak_repeats=1`.
 """
 
 import argparse
@@ -244,6 +250,8 @@ def run_child(spec: dict, sentences_file: str) -> dict:
 
     if spec["kind"] == "parts":
         return {"forward_parts": parts_table(**spec["parts"])}
+    if spec["kind"] == "peak":
+        return {"peaks": matmul_peaks(spec["repeats"])}
     with open(sentences_file, encoding="utf-8") as f:
         sets = json.load(f)
     with tempfile.TemporaryDirectory(prefix="embedding_speed_") as work:
@@ -307,6 +315,73 @@ def parts_table(presets, shapes, part_counts, repeats: int, num_layers: int = 0)
                              "sentences_per_second": batch / fastest[count],
                              "over_one_part": fastest[part_counts[0]] / fastest[count]})
     return rows
+
+
+# The matmuls the roofline's peaks are measured on: (rows, inner, columns). The
+# student's own at a pipeline batch of 4,096 tokens (its feed-forward in and
+# out, its attention projections), and a square one, the largest a CPU runs
+# near its peak.
+PEAK_SHAPES = {"student_feed_forward_in": (4096, 128, 512),
+               "student_feed_forward_out": (4096, 512, 128),
+               "student_attention_projection": (4096, 128, 128),
+               "square_2048": (2048, 2048, 2048)}
+
+
+def matmul_peaks(repeats: int) -> dict:
+    """GFLOP/s of one `tf.matmul` in float32 and bfloat16 at each of
+    `PEAK_SHAPES`, the fastest of `repeats` calls, on every core (TensorFlow's
+    own thread pools, oneDNN's kernels as the exports get them)."""
+    import tensorflow as tf
+
+    peaks = {}
+    for precision in ("float32", "bfloat16"):
+        peaks[precision] = {}
+        for name, (rows, inner, columns) in PEAK_SHAPES.items():
+            a = tf.cast(tf.random.normal([rows, inner], seed=1), precision)
+            b = tf.cast(tf.random.normal([inner, columns], seed=2), precision)
+            multiply = tf.function(lambda x, y: tf.reduce_sum(tf.matmul(x, y)[:1, :1]))
+            multiply(a, b).numpy()  # trace, warm up
+            fastest = float("inf")
+            for _ in range(repeats):
+                start = time.perf_counter()
+                multiply(a, b).numpy()
+                fastest = min(fastest, time.perf_counter() - start)
+            peaks[precision][name] = 2 * rows * inner * columns / fastest / 1e9
+    return peaks
+
+
+# Each model's precision of arithmetic, for the roofline (int8 TFLite stores
+# int8 weights and multiplies in float32).
+ARITHMETIC = {"student_bf16": "bfloat16"}
+
+
+def roofline(results: dict, peaks: dict, specs: dict) -> dict:
+    """Where each model of a preset stands against the machine's matmul peaks:
+    its GFLOP/s (tokens/s x `count_flops_per_token` at the set's mean sentence
+    length) over the square matmul's peak and over the student-shaped matmuls'
+    best, in its precision of arithmetic."""
+    from lealla_tf.models.presets import count_flops_per_token, get_preset
+
+    table = {}
+    for name, result in results.items():
+        preset = specs.get(name, {}).get("preset") or (
+            "lealla_small" if name == "student" or name in VARIANTS else None)
+        if preset is None:
+            continue
+        precision = ARITHMETIC.get(name, "float32")
+        peak = peaks[precision]
+        shaped = max(v for k, v in peak.items() if k.startswith("student_"))
+        config = get_preset(preset).encoder
+        table[name] = {"preset": preset, "precision": precision, "sets": {}}
+        for set_name, figures in result["sets"].items():
+            length = figures["tokens"] / figures["sentences"]
+            flops = count_flops_per_token(config, length)
+            gflops = figures["tokens_per_second"] * flops / 1e9
+            table[name]["sets"][set_name] = {
+                "mean_tokens": length, "flops_per_token": flops, "gflops": gflops,
+                "of_square_peak": gflops / peak["square_2048"],
+                "of_student_shaped_peak": gflops / shaped}
+    return table
 
 
 def measure(name: str, spec: dict, sentences_file: str) -> dict:
@@ -402,6 +477,9 @@ def parse_args(argv=None):
     parser.add_argument("--part_shapes", default="340x12,100x40",
                         help="forward_parts: sentences x tokens, comma-separated")
     parser.add_argument("--part_repeats", type=int, default=10)
+    parser.add_argument("--peak_repeats", type=int, default=20,
+                        help="roofline: calls of each matmul whose fastest is the peak "
+                             "(0: no peaks, no roofline)")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     parser.add_argument("--sentences_file", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -412,10 +490,11 @@ def parse_args(argv=None):
     if unknown or not args.models:
         parser.error(f"unknown --models {unknown}; choose from {list(MODELS)}")
     if min(args.rounds, args.batch_size, args.minilm_batch_size, args.num_sentences,
-           args.num_long, args.part_repeats) < 1 or min(args.max_tokens, args.max_pairs) < 0:
+           args.num_long, args.part_repeats) < 1 or min(args.max_tokens, args.max_pairs,
+                                                        args.peak_repeats) < 0:
         parser.error("--rounds, --batch_size, --minilm_batch_size, --num_sentences, --num_long "
-                     "and --part_repeats must be at least 1, --max_tokens and --max_pairs at "
-                     "least 0")
+                     "and --part_repeats must be at least 1, --max_tokens, --max_pairs and "
+                     "--peak_repeats at least 0")
     try:
         args.parts = [int(p) for p in args.parts.split(",") if p.strip()]
         args.part_shapes = [tuple(int(n) for n in shape.strip().split("x", 1))
@@ -499,6 +578,10 @@ def main(argv=None) -> int:
                 "presets": args.part_presets, "shapes": args.part_shapes,
                 "part_counts": args.parts, "repeats": args.part_repeats}},
                 sentences_file)["forward_parts"]
+        if args.peak_repeats:
+            output["peaks_gflops"] = measure("peaks", {"kind": "peak",
+                                                       "repeats": args.peak_repeats},
+                                             sentences_file)["peaks"]
     results = output["results"]
     student = next((n for n in ("student", "lealla_small_32k") if n in results), None)
     if student:
@@ -508,6 +591,8 @@ def main(argv=None) -> int:
     if "labse_501k" in results:
         output["over_labse_preset"] = ratios(results, "labse_501k")
     output["variants"] = variants(results, vectors)
+    if "peaks_gflops" in output:
+        output["roofline"] = roofline(results, output["peaks_gflops"], specs)
     write_result(args.output_json, output)
     return 0
 

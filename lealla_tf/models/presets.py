@@ -120,6 +120,24 @@ def count_parameters(config: EncoderConfig) -> int:
     return embeddings + layers + pooler + output
 
 
+def count_flops_per_token(config: EncoderConfig, length: float) -> float:
+    """Floating-point operations (a multiply-add is two) of `build_encoder(config)`'s
+    forward pass per token of a sentence `length` tokens long: every layer's
+    matmuls (attention projections, feed-forward) and its attention over the
+    sentence (scores and the weighted sum), then the pooler and output
+    projection, once a sentence. Lookups, layer norms, softmax and activations,
+    a few operations an element, are left out: the roofline's compute is the
+    matmuls'."""
+    d, f = config.hidden_dim, config.intermediate_dim
+    token_dim = config.embedding_dim or d
+    bottleneck = 2 * token_dim * d if config.embedding_dim is not None else 0
+    layer = 2 * (4 * d * d + 2 * d * f) + 2 * 2 * length * d
+    pooled = (config.pooler_dim or d) if config.pooling == "cls" else d
+    pooler = 2 * d * pooled if config.pooling == "cls" else 0
+    output = 2 * pooled * config.output_dim if config.output_dim else 0
+    return bottleneck + config.num_layers * layer + (pooler + output) / max(length, 1)
+
+
 def count_encoder_parameters(config: EncoderConfig) -> int:
     """Parameters except the token embedding table (the paper's P_E)."""
     token_dim = config.embedding_dim or config.hidden_dim

@@ -28,7 +28,7 @@ def test_a_quick_run_measures_the_student_in_a_process_of_its_own(corpus_model, 
         f"--output_json={output}", f"--data_dir={tiny_data}", f"--student={corpus_model[0]}",
         f"--student_model_dir={tmp_path / 'none'}", "--models=student,student_int8",
         "--num_sentences=20", "--num_long=8", "--max_pairs=2", "--batch_size=4",
-        "--parts="]) == 0
+        "--parts=", "--peak_repeats=0"]) == 0
     result = json.loads(output.read_text())
     student = result["results"]["student"]
     assert result["sets"] == {"tatoeba": 20, "long": 8}
@@ -41,7 +41,7 @@ def test_a_quick_run_measures_the_student_in_a_process_of_its_own(corpus_model, 
     assert student["bytes"] > 10_000 and 0 <= student["p_at_1"] <= 100
     assert "--student_model_dir" in result["skipped"]["student_int8"]
     assert result["student_reference"] == "student" and result["variants"] == {}
-    assert "forward_parts" not in result
+    assert "forward_parts" not in result and "roofline" not in result
 
 
 def test_the_bfloat16_export_is_measured_against_the_float32_one(exported_model, tiny_data,
@@ -54,9 +54,14 @@ def test_the_bfloat16_export_is_measured_against_the_float32_one(exported_model,
         f"--student={exported_model['export']}",
         f"--student_model_dir={exported_model['model_dir']}", "--models=student,student_bf16",
         "--num_sentences=20", "--num_long=8", "--max_pairs=2", "--batch_size=4",
-        "--parts="]) == 0
+        "--parts=", "--peak_repeats=1"]) == 0
     result = json.loads(output.read_text())
     assert "bfloat16" in result["results"]["student_bf16"]["model"]
+    peaks = result["peaks_gflops"]
+    assert set(peaks) == {"float32", "bfloat16"}
+    assert all(v > 0 for p in peaks.values() for v in p.values())
+    assert result["roofline"]["student_bf16"]["precision"] == "bfloat16"
+    assert result["roofline"]["student"]["sets"]["long"]["gflops"] > 0
     compared = result["variants"]["student_bf16"]
     assert 0.995 <= compared["min_cosine"] < 1.0  # 28 sentences, not float32's own vectors
     assert set(compared["over_student"]) == {"tatoeba", "long"}
@@ -91,9 +96,30 @@ def test_each_export_format_is_set_against_the_float32_export():
     assert embedding_speed.variants({"student_xla": results["student_xla"]}, vectors) == {}
 
 
+def test_the_roofline_sets_each_model_against_its_precisions_peak():
+    peaks = {"float32": {"student_feed_forward_in": 50.0, "square_2048": 100.0},
+             "bfloat16": {"student_feed_forward_in": 150.0, "square_2048": 400.0}}
+    figures = {"sets": {"long": {"tokens": 4000, "sentences": 100, "tokens_per_second": 2e4}}}
+    table = embedding_speed.roofline(
+        {"student": figures, "student_bf16": figures, "e5_converted": figures,
+         "labse_501k": figures}, peaks, {"labse_501k": {"preset": "labse"}})
+    assert set(table) == {"student", "student_bf16", "labse_501k"}  # the teacher has no preset
+    from lealla_tf.models.presets import count_flops_per_token, get_preset
+
+    flops = count_flops_per_token(get_preset("lealla_small").encoder, 40.0)
+    row = table["student"]["sets"]["long"]
+    assert row["gflops"] == pytest.approx(2e4 * flops / 1e9)
+    assert row["of_square_peak"] == pytest.approx(row["gflops"] / 100.0)
+    assert row["of_student_shaped_peak"] == pytest.approx(row["gflops"] / 50.0)
+    assert table["student_bf16"]["sets"]["long"]["of_square_peak"] == pytest.approx(
+        row["gflops"] / 400.0)
+    assert table["labse_501k"]["sets"]["long"]["flops_per_token"] > 10 * flops
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--models=student,bert"], "unknown --models ['bert']"),
     (["--rounds=0"], "must be at least 1"),
+    (["--peak_repeats=-1"], "--peak_repeats at least 0"),
     (["--parts=2,1"], "--parts must start with 1"),
     (["--part_shapes=3by4"], "--part_shapes rows x tokens"),
     (["--part_presets=lealla_tiny"], "unknown --part_presets"),

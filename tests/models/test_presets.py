@@ -9,6 +9,7 @@ from lealla_tf.models.presets import (
     LABSE_VOCABULARY_SIZE,
     PRESETS,
     count_encoder_parameters,
+    count_flops_per_token,
     count_parameters,
     get_preset,
     student_preset,
@@ -89,3 +90,26 @@ def test_student_preset_maps_encoder_presets_and_dimension_reduction():
         student_preset("dimension_reduction", reduction_dim=0)
     with pytest.raises(ValueError, match="unknown preset"):
         student_preset("lealla_tiny")
+
+
+@pytest.mark.parametrize("name,changes", [("lealla_small", {}), ("lealla_base", {}),
+                                          ("lealla_small", {"pooling": "mean"}),
+                                          ("lealla_small", {"embedding_dim": 32})])
+def test_flops_per_token_are_twice_the_kernels_multiply_adds(name, changes):
+    """Every kernel of the built model does one multiply-add a weight a token
+    (the layers' and the embedding bottleneck's) or a sentence (pooler, output),
+    and attention 2 x length x d a layer a token."""
+    config = PRESETS[name].encoder.replace(vocabulary_size=97, **changes)
+    encoder = build_encoder(config)
+    per_token = per_sentence = 0
+    for weight in encoder.weights:
+        if not weight.path.endswith("/kernel"):
+            continue
+        if weight.path.startswith(("transformer_layer", "embedding_projection")):
+            per_token += weight.shape.num_elements()
+        else:
+            per_sentence += weight.shape.num_elements()
+    length = 20
+    attention = 2 * 2 * length * config.hidden_dim * config.num_layers
+    expected = 2 * per_token + attention + 2 * per_sentence / length
+    assert count_flops_per_token(config, length) == pytest.approx(expected)
