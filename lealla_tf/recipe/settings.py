@@ -45,12 +45,14 @@ def find_data_dir(data_dir=None) -> pathlib.Path:
 
 
 # The main job's loss weights for a 384-d multilingual teacher (FD on both
-# sides, LD over the global batch, hidden-state distillation), chosen by
-# benchmarks that are retired now: fd and ld by loss_weight_sweep.py
-# (docs/design.md, "Differences from the paper"), hd by student_recipe.py
-# (docs/benchmarks.md, "Settings chosen by retired benchmarks"); the paper's
-# (`lealla_tf.losses.objectives`) are for LaBSE at batch 8192.
-RECIPE_LOSS_WEIGHTS = {"fd": 1.0, "ld": 1e4, "hd": 300.0}
+# sides, LD over the global batch, hidden-state distillation): fd by the
+# retired loss_weight_sweep.py (docs/design.md, "Differences from the paper"),
+# hd by the retired student_recipe.py (docs/benchmarks.md, "Settings chosen by
+# retired benchmarks"), ld by benchmarks/recipe_sweep.py (its xeon_ rows:
+# 1e6 beat 1e4 at 250 steps and at 1,000; docs/benchmarks.md, "Logit
+# distillation"). The paper's (`lealla_tf.losses.objectives`) are for LaBSE
+# at batch 8192.
+RECIPE_LOSS_WEIGHTS = {"fd": 1.0, "ld": 1e6, "hd": 300.0}
 
 
 def recipe_loss_weights(objective: str) -> dict[str, float]:

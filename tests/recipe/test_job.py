@@ -92,7 +92,7 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
     assert report["machine"]["cpus"] >= 1 and "machine: " in out
     assert report["distillation"]["steps"] == 4
     # The student's weights, not the comparison's (which has none to set).
-    assert report["distillation"]["loss_weights"] == {"fd": 1.0, "ld": 1e4, "hd": 300.0}
+    assert report["distillation"]["loss_weights"] == {"fd": 1.0, "ld": 1e6, "hd": 300.0}
     # Each student at its own objective's best peak rate (AMS alone falls apart at the
     # student's).
     assert report["distillation"]["learning_rates"] == {"full": RECIPE_LEARNING_RATE,

@@ -23,7 +23,7 @@ def test_the_data_dir_is_found_or_every_missing_folder_is_named(tmp_path):
 
 
 def test_the_students_weights_are_the_recipes_for_the_terms_the_objective_has():
-    assert recipe_loss_weights("lealla") == {"fd": 1.0, "ld": 1e4}
+    assert recipe_loss_weights("lealla") == {"fd": 1.0, "ld": 1e6}
     assert recipe_loss_weights("mse") == {}
-    assert recipe_loss_weights("lealla+hd") == {"fd": 1.0, "ld": 1e4, "hd": 300.0}
+    assert recipe_loss_weights("lealla+hd") == {"fd": 1.0, "ld": 1e6, "hd": 300.0}
     assert recipe_loss_weights(RecipeConfig().objective) == RECIPE_LOSS_WEIGHTS
