@@ -303,10 +303,8 @@ def pair_dataset(config: DataConfig, global_batch_size: int, steps_done: int = 0
                                                  stop_on_empty_dataset=False)
     per_pipeline = global_batch_size // pipelines
     if steps_done and not (config.length_buckets or config.one_language_batches):
-        # Batches in stream order: step k starts at pair k x batch. Grouped
-        # batches (by length or language) take pairs out of order and hold
-        # partial groups back, so they are skipped as batches instead
-        # (`tokenize_batches`).
+        # Batches in stream order: step k starts at pair k x batch. Grouped batches
+        # (`batch_by_length`) are skipped as batches instead (`tokenize_batches`).
         mixed = mixed.skip(steps_done * per_pipeline)
     info = {"languages": languages, "sizes": sizes, "probabilities": probabilities,
             "decontamination_sentences": decontaminator.size if decontaminator else 0}
@@ -327,17 +325,14 @@ def length_bucket(length_in_bytes, buckets: int):
 
 
 def batch_by_length(pairs, batch_size: int, buckets: int, one_language: bool = False):
-    """Batches pairs of similar length: the longer side's UTF-8 bytes pick one
-    of `buckets` buckets (`length_bucket`), and each batch is the next
-    `batch_size` pairs of one bucket; with `one_language`, of one bucket and one
-    language (`DataConfig.one_language_batches`; one bucket: by language alone).
-    The stream's order is kept within a group, so the result is deterministic."""
+    """Batches pairs of similar length: the longer side's UTF-8 bytes pick one of
+    `buckets` buckets (`length_bucket`), each batch the next `batch_size` pairs of
+    one bucket (`one_language`: of one bucket and language). The stream's order is
+    kept within a group, so the result is deterministic."""
     def group(pair):
         longest = tf.maximum(tf.strings.length(pair[SOURCE]), tf.strings.length(pair[TARGET]))
-        key = length_bucket(longest, buckets)
-        if one_language:
-            key += tf.cast(pair[LANGUAGE], tf.int64) * buckets
-        return key
+        language = tf.cast(pair[LANGUAGE], tf.int64) if one_language else 0
+        return length_bucket(longest, buckets) + language * buckets
 
     return pairs.group_by_window(
         group, lambda _, window: window.batch(batch_size, drop_remainder=True),
@@ -345,13 +340,11 @@ def batch_by_length(pairs, batch_size: int, buckets: int, one_language: bool = F
 
 
 def tokenize_batches(pairs, batch_size: int, tokenizer, teacher=None, length_buckets: int = 0,
-                     steps_done: int = 0, fixed_lengths: Sequence[int] = (),
-                     one_language: bool = False):
-    """Batches pairs (in stream order, or by length with `length_buckets`, and
-    by language with `one_language`; see `batch_by_length`) and tokenizes both
-    sides (each padded to its own longest, or, with `fixed_lengths`, both to the
-    shortest of them that holds the longer: `pad_to_fixed_lengths`).
-    Batches grouped by length or language skip their first `steps_done` before
+                     steps_done: int = 0, fixed_lengths: Sequence[int] = (), one_language=False):
+    """Batches pairs (in stream order, or by length and/or language: see
+    `batch_by_length`) and tokenizes both sides (each padded to its own longest,
+    or, with `fixed_lengths`, both to the shortest of them that holds the longer:
+    `pad_to_fixed_lengths`). Grouped batches skip their first `steps_done` before
     tokenization (resume: `pair_dataset` skips raw pairs only when ungrouped).
 
     Returns a dataset of dicts: `source`, `target` (BERT input dicts), `language`

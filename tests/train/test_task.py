@@ -43,13 +43,19 @@ def log(model_dir):
         return [json.loads(line) for line in f]
 
 
+# ld squares differences of nearly equal float32 cosines (about 1e-3 apart in
+# these tiny runs), so its own relative precision is about 1e-4: compiled and op
+# by op, it was seen 1.05e-4 apart on a Xeon.
+TERM_RTOL = {"ld": 1e-3}
+
+
 def assert_same_steps(a, b, terms, rtol=1e-4):
     """The same batches (fingerprints) and the same losses, step by step."""
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, STEPS + 1))
     assert [r["fingerprint"] for r in a] == [r["fingerprint"] for r in b]
     for name in terms + ["total"]:
-        np.testing.assert_allclose([r[name] for r in a], [r[name] for r in b], rtol=rtol,
-                                   err_msg=name)
+        np.testing.assert_allclose([r[name] for r in a], [r[name] for r in b],
+                                   rtol=max(rtol, TERM_RTOL.get(name, 0.0)), err_msg=name)
 
 
 def hd_config(teacher):
