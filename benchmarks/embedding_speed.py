@@ -355,23 +355,28 @@ def matmul_peaks(repeats: int) -> dict:
 ARITHMETIC = {"student_bf16": "bfloat16"}
 
 
-def roofline(results: dict, peaks: dict, specs: dict) -> dict:
-    """Where each model of a preset stands against the machine's matmul peaks:
-    its GFLOP/s (tokens/s x `count_flops_per_token` at the set's mean sentence
-    length) over the square matmul's peak and over the student-shaped matmuls'
-    best, in its precision of arithmetic."""
+def roofline(results: dict, peaks: dict, specs: dict, student_encoder=None) -> dict:
+    """Where each model of a preset, and the student in each format, stands
+    against the machine's matmul peaks: its GFLOP/s (tokens/s x
+    `count_flops_per_token` at the set's mean sentence length) over the square
+    matmul's peak and over the student-shaped matmuls' best, in its precision of
+    arithmetic. `student_encoder`: the student's `EncoderConfig` (its model
+    directory's; None: the lealla_small preset's, the main job's default)."""
     from lealla_tf.models.presets import count_flops_per_token, get_preset
 
     table = {}
     for name, result in results.items():
-        preset = specs.get(name, {}).get("preset") or (
-            "lealla_small" if name == "student" or name in VARIANTS else None)
-        if preset is None:
+        if name == "student" or name in VARIANTS:
+            preset = "student" if student_encoder else "lealla_small"
+            config = student_encoder or get_preset(preset).encoder
+        elif specs.get(name, {}).get("preset"):
+            preset = specs[name]["preset"]
+            config = get_preset(preset).encoder
+        else:
             continue
         precision = ARITHMETIC.get(name, "float32")
         peak = peaks[precision]
         shaped = max(v for k, v in peak.items() if k.startswith("student_"))
-        config = get_preset(preset).encoder
         table[name] = {"preset": preset, "precision": precision, "sets": {}}
         for set_name, figures in result["sets"].items():
             length = figures["tokens"] / figures["sentences"]
@@ -592,7 +597,12 @@ def main(argv=None) -> int:
         output["over_labse_preset"] = ratios(results, "labse_501k")
     output["variants"] = variants(results, vectors)
     if "peaks_gflops" in output:
-        output["roofline"] = roofline(results, output["peaks_gflops"], specs)
+        student_encoder = None
+        if os.path.isdir(args.student_model_dir):
+            from lealla_tf.models.model_dir import encoder_config_of
+
+            student_encoder = encoder_config_of(args.student_model_dir)
+        output["roofline"] = roofline(results, output["peaks_gflops"], specs, student_encoder)
     write_result(args.output_json, output)
     return 0
 

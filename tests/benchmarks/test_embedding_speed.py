@@ -114,6 +114,12 @@ def test_the_roofline_sets_each_model_against_its_precisions_peak():
     assert table["student_bf16"]["sets"]["long"]["of_square_peak"] == pytest.approx(
         row["gflops"] / 400.0)
     assert table["labse_501k"]["sets"]["long"]["flops_per_token"] > 10 * flops
+    # A student of another architecture is counted as its model directory says.
+    base = get_preset("lealla_base").encoder
+    other = embedding_speed.roofline({"student": figures}, peaks, {}, base)["student"]
+    assert other["preset"] == "student"
+    assert other["sets"]["long"]["flops_per_token"] == pytest.approx(
+        count_flops_per_token(base, 40.0))
 
 
 @pytest.mark.parametrize("flags, message", [
