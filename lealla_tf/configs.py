@@ -164,7 +164,8 @@ class DataConfig:
             in the contrastive terms are then sentences of its own language,
             the distractors mining meets, and the English sides of one
             sentence translated into several languages (the news corpus has
-            each in over a hundred) never meet as each other's negatives.
+            each in over a hundred) no longer meet across languages as each
+            other's negatives.
             Languages still come in their sampling proportions, a batch at a
             time. Off: each pair's language is drawn on its own.
         seed: fixes the order of the stream (and, in training, initialisation).

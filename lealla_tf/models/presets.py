@@ -129,8 +129,7 @@ def count_flops_per_token(config: EncoderConfig, length: float) -> float:
     a few operations an element, are left out: the roofline's compute is the
     matmuls'."""
     d, f = config.hidden_dim, config.intermediate_dim
-    token_dim = config.embedding_dim or d
-    bottleneck = 2 * token_dim * d if config.embedding_dim is not None else 0
+    bottleneck = 2 * config.embedding_dim * d if config.embedding_dim is not None else 0
     layer = 2 * (4 * d * d + 2 * d * f) + 2 * 2 * length * d
     pooled = (config.pooler_dim or d) if config.pooling == "cls" else d
     pooler = 2 * d * pooled if config.pooling == "cls" else 0
