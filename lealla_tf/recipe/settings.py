@@ -49,9 +49,9 @@ def find_data_dir(data_dir=None) -> pathlib.Path:
 # retired loss_weight_sweep.py (docs/design.md, "Differences from the paper"),
 # hd by the retired student_recipe.py (docs/benchmarks.md, "Settings chosen by
 # retired benchmarks"), ld by benchmarks/recipe_sweep.py (its xeon_ rows:
-# 1e6 beat 1e4 at 250 steps and at 1,000; docs/benchmarks.md, "Logit
-# distillation"). The paper's (`lealla_tf.losses.objectives`) are for LaBSE
-# at batch 8192.
+# 1e6 beat 1e4 at 250 steps and at 1,000, and 1e5 and 1e7 at 250;
+# docs/benchmarks.md, "Logit distillation"). The paper's
+# (`lealla_tf.losses.objectives`) are for LaBSE at batch 8192.
 RECIPE_LOSS_WEIGHTS = {"fd": 1.0, "ld": 1e6, "hd": 300.0}
 
 
