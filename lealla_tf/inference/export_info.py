@@ -78,13 +78,30 @@ def slow_precision_warning(precision: str, what: str, cpuinfo: str = "/proc/cpui
             "export's")
 
 
-def bfloat16_plan(info: dict | None, cpuinfo: str = "/proc/cpuinfo") -> str | None:
+def bfloat16_plan(info: dict | None, cpuinfo: str = "/proc/cpuinfo",
+                  precision: str | None = None) -> str | None:
     """How `load_embedder` runs an export with record `info`: "bfloat16" (its
     network rebuilt in-process in bfloat16, with the fused kernels where they
     load), "float32" (a bfloat16 export on a CPU without bfloat16 arithmetic:
     its float32 weights rebuilt in float32, the speed of a float32 export), or
     None (the export's own functions: a float32 export, an XLA one, one
-    without a record or an architecture)."""
+    without a record or an architecture).
+
+    `precision` overrides the precision the record names: "bfloat16" plans
+    a float32 export as a bfloat16 one (its weights are the same float32
+    weights), "float32" runs either in float32. ValueError where the export
+    cannot be rebuilt (no record, no architecture, or XLA-compiled)."""
+    if precision is not None:
+        check_precision(precision)
+        if not info or info.get("jit_compile") or not info.get("encoder_config"):
+            raise ValueError(
+                "only a LEALLA-format export with its record (assets.extra/lealla_export.json "
+                "with its architecture, not XLA-compiled) runs in another precision than its "
+                "own; re-export it with lealla-export --format=lealla (without --jit_compile), "
+                "or pass no precision")
+        if precision == "float32":
+            return "float32" if info.get("precision") == "bfloat16" else None
+        info = dict(info, precision=precision)
     if (not info or info.get("precision") != "bfloat16" or info.get("jit_compile")
             or not info.get("encoder_config")):
         return None

