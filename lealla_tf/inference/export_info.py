@@ -89,8 +89,9 @@ def bfloat16_plan(info: dict | None, cpuinfo: str = "/proc/cpuinfo",
 
     `precision` overrides the precision the record names: "bfloat16" plans
     a float32 export as a bfloat16 one (its weights are the same float32
-    weights), "float32" runs either in float32. ValueError where the export
-    cannot be rebuilt (no record, no architecture, or XLA-compiled)."""
+    weights) where the CPU has bfloat16 arithmetic, and None elsewhere (its
+    own float32 functions); "float32" runs either in float32. ValueError where
+    the export cannot be rebuilt (no record, no architecture, or XLA-compiled)."""
     if precision is not None:
         check_precision(precision)
         if not info or info.get("jit_compile") or not info.get("encoder_config"):
@@ -101,6 +102,8 @@ def bfloat16_plan(info: dict | None, cpuinfo: str = "/proc/cpuinfo",
                 "or pass no precision")
         if precision == "float32":
             return "float32" if info.get("precision") == "bfloat16" else None
+        if info.get("precision") == "float32" and not bfloat16_arithmetic(cpuinfo):
+            return None
         info = dict(info, precision=precision)
     if (not info or info.get("precision") != "bfloat16" or info.get("jit_compile")
             or not info.get("encoder_config")):

@@ -5,8 +5,9 @@ It accepts:
     bfloat16 one (`lealla-export --precision=bfloat16`) runs rebuilt in this
     process: in bfloat16 with the fused kernels where the CPU has bfloat16
     arithmetic, else in float32 from its float32 weights (`_rebuilt_export`);
-    `precision="bfloat16"` runs a float32 export the same way, and
-    `precision="float32"` a bfloat16 export in float32;
+    `precision="bfloat16"` runs a float32 export the same way where the CPU
+    has bfloat16 arithmetic, and `precision="float32"` a bfloat16 export in
+    float32;
   - a LaBSE/2-format pair: a directory with `preprocessor/` and `encoder/`
     (our `--format=labse` export, or a teacher from lealla-convert-teacher);
   - a training model directory (config.json + checkpoints);
@@ -209,7 +210,8 @@ def load_embedder(model: str, max_seq_length: int | None = None,
 
     `precision` (LEALLA-format exports only): None runs the export in the
     precision it was exported in; "bfloat16" runs a float32 export's network
-    rebuilt in bfloat16 with the fused kernels, as a bfloat16 export runs,
+    rebuilt in bfloat16 (with the fused kernels where they load), as a
+    bfloat16 export runs,
     where the CPU multiplies bfloat16 (elsewhere in float32, said in one
     warning); "float32" runs a bfloat16 export's float32 weights in float32.
 
@@ -232,8 +234,11 @@ def load_embedder(model: str, max_seq_length: int | None = None,
     if precision is not None:
         check_precision(precision)
     kind = model_kind(model)
-    if precision is not None and (kind != "saved_model" or "://" in model):
+    if precision is not None and kind != "saved_model":
         raise ValueError(f"precision applies to LEALLA-format exports, not {model} ({kind})")
+    if precision is not None and "://" in model:
+        raise ValueError(f"precision reads an export's record on disk: download {model} and "
+                         "pass its directory")
     if checkpoint is not None and kind != "model_dir":
         raise ValueError(f"checkpoint applies to model directories, not {model} ({kind})")
     if encoder is not None and kind != "labse_pair":
@@ -302,12 +307,11 @@ def load_embedder(model: str, max_seq_length: int | None = None,
         embed_inputs = loaded.embed_inputs
         info = None if "://" in model else read_export_info(model)
         plan = bfloat16_plan(info, precision=precision)
-        if plan == "float32" and info["precision"] == "float32":
+        if plan is None and precision == "bfloat16" and info["precision"] == "float32":
             # bfloat16 asked of a float32 export on a CPU without it: its own functions
             warnings.warn(f"{model}: precision='bfloat16' asked, and this CPU has no "
                           f"bfloat16 arithmetic ({BFLOAT16_INSTRUCTIONS}): it runs in float32",
                           stacklevel=2)
-            plan = None
         if plan is not None:
             embed_inputs, how = _rebuilt_export(model, info, plan,
                                                 fallback=precision != "float32")

@@ -2,6 +2,7 @@
 runs each benchmark (their progress echoed, their failure kept, a stop passed on to
 their workers) and how it sets each figure against its target."""
 
+import json
 import os
 import pathlib
 import signal
@@ -181,7 +182,7 @@ def test_each_figure_is_set_against_its_target():
     # a run without Dask (--no-beam_dask) has no Dask target to miss
     alone = {"beam_over_bare": 0.96, "runners": {"fn_api": {}}}
     assert "Beam on a local Dask cluster over the bare model" not in {
-        row["figure"] for row in speed_targets.figures({"beam": alone})}
+        row["figure"] for row in speed_targets.figures({"beam": alone}, beam_dask=False)}
     assert "| student | 1,000.0 / 250.0 | 10,000 / 10,000 | 5.0 % / - | - / - |" in table
     assert "| labse_501k | 80.0 / 20.0 | 800 / 800 | 5.0 % / - | 12.50 / 12.50 |" in table
     assert "- beam: beam exited with status 1 (log: beam.log)" in table
@@ -196,6 +197,31 @@ def test_each_figure_is_set_against_its_target():
     table = speed_targets.markdown({"figures": list(rows.values()), "parts": parts})
     assert "| labse_501k over it tatoeba / long |" in table
     assert "the student over it" not in table
+
+
+@pytest.mark.parametrize("beam, dask, status", [
+    ({"beam_over_bare": 0.96, "runners": {"fn_api": {}}}, False, 0),
+    ({"beam_over_bare": 0.96, "dask_over_bare": 0.85, "runners": {"fn_api": {}, "dask": {}}},
+     True, 0),  # a target missed is a figure, not a failure
+    ({"beam_over_bare": 0.96, "runners": {"fn_api": {}}}, True, 1),  # Dask asked, not there
+    ({"error": "beam exited with status 1", "exit_status": 1, "log": "beam.log",
+      "log_tail": []}, False, 1),
+], ids=["no_dask", "dask", "dask_missing", "failed"])
+def test_the_exit_status_says_whether_every_asked_figure_was_measured(
+        tmp_path, monkeypatch, beam, dask, status):
+    data = tmp_path / "data"
+    for folder in ("parallel", "tatoeba_dev"):
+        (data / folder).mkdir(parents=True)
+    recipe = recipe_dir(tmp_path / "recipe")
+    args = speed_targets.parse_args([f"--output_json={tmp_path / 'r.json'}",
+                                     f"--recipe_dir={recipe}", f"--data_dir={data}",
+                                     "--parts=beam", f"--{'' if dask else 'no-'}beam_dask"])
+    monkeypatch.setattr(speed_targets, "run_part", lambda *_, **__: beam)
+    assert speed_targets.run_report(args) == status
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["beam_dask"] is dask
+    dask_rows = [row for row in report["figures"] if "Dask" in row["figure"]]
+    assert len(dask_rows) == int(dask)
 
 
 # A benchmark that starts a worker of its own (as embedding_speed and Beam do), then waits.

@@ -63,9 +63,12 @@ def test_the_loaders_plan_follows_precision_and_cpu(cpus):
     # A precision asked for overrides the record's
     f32 = dict(bf16, precision="float32")
     assert export_info.bfloat16_plan(f32, cpus["bf16"], precision="bfloat16") == "bfloat16"
-    assert export_info.bfloat16_plan(f32, cpus["none"], precision="bfloat16") == "float32"
+    assert export_info.bfloat16_plan(f32, cpus["none"], precision="bfloat16") is None
     assert export_info.bfloat16_plan(bf16, cpus["bf16"], precision="float32") == "float32"
     assert export_info.bfloat16_plan(f32, cpus["bf16"], precision="float32") is None
     for record in (None, dict(f32, jit_compile=True), dict(f32, encoder_config=None)):
-        with pytest.raises(ValueError, match="only a LEALLA-format export with its record"):
-            export_info.bfloat16_plan(record, cpus["bf16"], precision="bfloat16")
+        for precision in ("bfloat16", "float32"):
+            with pytest.raises(ValueError, match="only a LEALLA-format export with its record"):
+                export_info.bfloat16_plan(record, cpus["bf16"], precision=precision)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        export_info.bfloat16_plan(f32, cpus["bf16"], precision="float16")

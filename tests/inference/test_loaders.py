@@ -103,6 +103,17 @@ def test_precision_is_refused_where_it_cannot_apply(tokenizer, encoder, tmp_path
     compiled = export_lealla_model(encoder, tokenizer, str(tmp_path / "jit"), jit_compile=True)
     with pytest.raises(ValueError, match="only a LEALLA-format export with its record"):
         load_embedder(compiled, precision="bfloat16")
+    export_labse_pair(encoder, tokenizer, str(tmp_path / "labse"))
+    with pytest.raises(ValueError, match=r"precision applies .* \(labse_pair\)"):
+        load_embedder(str(tmp_path / "labse"), precision="float32")
+    with pytest.raises(ValueError, match="download https://x/y and pass its directory"):
+        load_embedder("https://x/y", precision="bfloat16")
+    root = tf.Module()
+    root.__call__ = tf.function(lambda strings: tf.ones([tf.shape(strings)[0], 4]),
+                                input_signature=[tf.TensorSpec([None], tf.string)])
+    tf.saved_model.save(root, str(tmp_path / "plain"))
+    with pytest.raises(ValueError, match="is another SavedModel"):
+        load_embedder(str(tmp_path / "plain"), precision="bfloat16")
 
 
 def test_a_savedmodel_without_the_halves_is_embedded_whole(tokenizer, encoder, tmp_path):
