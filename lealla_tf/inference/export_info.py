@@ -92,9 +92,10 @@ def bfloat16_plan(info: dict | None, cpuinfo: str = "/proc/cpuinfo",
     weights) where the CPU has bfloat16 arithmetic, and None elsewhere (its
     own float32 functions); "float32" runs either in float32. ValueError where
     the export cannot be rebuilt (no record, no architecture, or XLA-compiled)."""
+    rebuildable = bool(info and info.get("encoder_config") and not info.get("jit_compile"))
     if precision is not None:
         check_precision(precision)
-        if not info or info.get("jit_compile") or not info.get("encoder_config"):
+        if not rebuildable:
             raise ValueError(
                 "only a LEALLA-format export with its record (assets.extra/lealla_export.json "
                 "with its architecture, not XLA-compiled) runs in another precision than its "
@@ -104,8 +105,6 @@ def bfloat16_plan(info: dict | None, cpuinfo: str = "/proc/cpuinfo",
             return "float32" if info.get("precision") == "bfloat16" else None
         if info.get("precision") == "float32" and not bfloat16_arithmetic(cpuinfo):
             return None
-        info = dict(info, precision=precision)
-    if (not info or info.get("precision") != "bfloat16" or info.get("jit_compile")
-            or not info.get("encoder_config")):
+    elif not rebuildable or info.get("precision") != "bfloat16":
         return None
     return "bfloat16" if bfloat16_arithmetic(cpuinfo) else "float32"

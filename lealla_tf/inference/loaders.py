@@ -211,9 +211,9 @@ def load_embedder(model: str, max_seq_length: int | None = None,
     `precision` (LEALLA-format exports only): None runs the export in the
     precision it was exported in; "bfloat16" runs a float32 export's network
     rebuilt in bfloat16 (with the fused kernels where they load), as a
-    bfloat16 export runs,
-    where the CPU multiplies bfloat16 (elsewhere in float32, said in one
-    warning); "float32" runs a bfloat16 export's float32 weights in float32.
+    bfloat16 export runs, where the CPU multiplies bfloat16 (elsewhere in
+    float32, said in one warning); "float32" runs a bfloat16 export's float32
+    weights in float32.
 
     `checkpoint` (model directories only): a checkpoint prefix of the model's
     own, e.g. `model_dir/checkpoints/ckpt-400`, instead of the latest.

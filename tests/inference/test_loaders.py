@@ -106,8 +106,6 @@ def test_precision_is_refused_where_it_cannot_apply(tokenizer, encoder, tmp_path
     export_labse_pair(encoder, tokenizer, str(tmp_path / "labse"))
     with pytest.raises(ValueError, match=r"precision applies .* \(labse_pair\)"):
         load_embedder(str(tmp_path / "labse"), precision="float32")
-    with pytest.raises(ValueError, match="download https://x/y and pass its directory"):
-        load_embedder("https://x/y", precision="bfloat16")
     root = tf.Module()
     root.__call__ = tf.function(lambda strings: tf.ones([tf.shape(strings)[0], 4]),
                                 input_signature=[tf.TensorSpec([None], tf.string)])
