@@ -101,7 +101,8 @@ def commands(args, work: str) -> dict:
 def run_part(name: str, command: list, work: str, echo=print) -> dict:
     """Runs one benchmark to its end: its lines go to `work`/<name>.log, its own
     progress lines (not TensorFlow's logs, not its closing JSON dump) also to
-    `echo`. Returns its JSON result, or {"error", "exit_status", "log_tail"}.
+    `echo`. Returns its JSON result, or {"error", "exit_status", "log", "log_tail"}
+    (beside the result, where the part wrote one and exited with an error).
     A SIGTERM or SIGINT is passed on to its whole process group (its own
     children too: embedding_speed's measuring processes, Beam's workers), then
     KeyboardInterrupt here."""
@@ -128,11 +129,15 @@ def run_part(name: str, command: list, work: str, echo=print) -> dict:
     if stopped:
         raise KeyboardInterrupt(f"stopped during {name}")
     result_path = os.path.join(work, name + ".json")
-    if code != 0 or not os.path.isfile(result_path):
-        return {"error": f"{name} exited with status {code}", "exit_status": code,
-                "log": log_path, "log_tail": list(tail)}
+    failure = {"error": f"{name} exited with status {code}", "exit_status": code,
+               "log": log_path, "log_tail": list(tail)}
+    if not os.path.isfile(result_path):
+        return failure
     with open(result_path, encoding="utf-8") as f:
-        return json.load(f)
+        result = json.load(f)
+    # A part that wrote its result and then failed (beam_throughput when only the
+    # Dask run failed) keeps what it measured beside the failure.
+    return result if code == 0 else {**result, **failure}
 
 
 def _get(parts: dict, part: str, *keys):

@@ -33,6 +33,29 @@ def test_a_quick_run_embeds_every_sentence_bare_and_through_beam(corpus_model, t
     assert "dask" not in result["runners"] and "outputs_equal" not in result
 
 
+def test_a_failed_dask_run_keeps_the_fn_api_runners_figure(corpus_model, tiny_data, tmp_path,
+                                                             monkeypatch, capsys):
+    """The Dask side fails (here its cluster cannot start); the FnApiRunner's run
+    (here in this process, for speed) is still written, and the status says 1."""
+    import distributed
+
+    def no_cluster(**_):
+        raise OSError("no free port on 127.0.0.1")
+
+    monkeypatch.setattr(distributed, "LocalCluster", no_cluster)
+    monkeypatch.setattr(beam_throughput, "runner_flags",
+                        lambda workers: ["--direct_running_mode=in_memory"])
+    output = tmp_path / "beam.json"
+    assert beam_throughput.main([f"--model={corpus_model[0]}", f"--data_dir={tiny_data}",
+                                 "--num_sentences=30", "--workers=1", "--dask",
+                                 f"--output_json={output}"]) == 1
+    result = json.loads(output.read_text())
+    assert result["runners"]["fn_api"]["counts"]["embedded"] == 30
+    assert result["beam_over_bare"] > 0 and "dask_over_bare" not in result
+    assert result["dask_error"] == "OSError: no free port on 127.0.0.1"
+    assert "the FnApiRunner's figures are kept" in capsys.readouterr().err
+
+
 def test_two_runners_outputs_are_compared_id_by_id_and_vector_by_vector(tmp_path):
     """--dask compares the DaskRunner's output with the FnApiRunner's this way (the
     DaskRunner itself is tested in tests/pipelines/test_embed_corpus.py)."""

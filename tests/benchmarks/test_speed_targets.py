@@ -105,6 +105,16 @@ def test_a_part_keeps_its_progress_and_its_failure(tmp_path):
     assert failed["exit_status"] == 1 and failed["error"] == "training exited with status 1"
     assert failed["log_tail"][-1] == "no model at runs/x"
 
+    # beam_throughput writes its FnApiRunner figure, then exits 1 when Dask failed.
+    half = (f"import json, sys; json.dump({{'beam_over_bare': 0.93}}, "
+            f"open({str(tmp_path / 'beam.json')!r}, 'w')); sys.exit(1)")
+    kept = speed_targets.run_part("beam", [sys.executable, "-c", half], str(tmp_path),
+                                  echo=echoed.append)
+    assert kept["beam_over_bare"] == 0.93 and kept["error"] == "beam exited with status 1"
+    rows = {row["figure"]: row for row in speed_targets.figures({"beam": kept})}
+    assert rows["Beam (embed_corpus.py) over the bare model"]["met"] is False
+    assert rows["Beam on a local Dask cluster over the bare model"]["value"] is None
+
 
 def embedding_result(student_reference="student"):
     """An embedding_speed result, as its JSON has it."""
