@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from lealla_tf.configs import TrainConfig
 from lealla_tf.folder_lock import release_folder
+from lealla_tf.inference.loaders import load_embedder
 from lealla_tf.machine import bfloat16_arithmetic
 from lealla_tf.recipe.checks import check_inputs
 from lealla_tf.recipe.corpus import news_set_stage, sample_stage, vocabulary_stage
@@ -86,11 +87,16 @@ class Job:
 
     def __post_init__(self):
         # The teacher embeds in bfloat16 where this CPU multiplies it natively: its
-        # evaluations (Tatoeba, news, mining) cost less at the module's scores.
+        # evaluations (Tatoeba, news, mining) cost less at the module's scores. The
+        # student's float32 export is evaluated in the same precision
+        # (`load_embedder`'s `precision`), so the report's speeds compare the two
+        # models as a user of this CPU would run them.
         self.teacher_precision = "bfloat16" if bfloat16_arithmetic() else "float32"
-        teacher = self.path("teacher")
+        teacher, export = self.path("teacher"), self.path(EXPORT)
         self.models.register(teacher, lambda: teacher_embedder(
             teacher, self.teacher_precision == "bfloat16"))
+        self.models.register(export, lambda: load_embedder(
+            export, precision="bfloat16" if self.teacher_precision == "bfloat16" else None))
 
     def path(self, name: str) -> str:
         """A folder of the work dir: "teacher", "sample", "pairs_teacher" (the
@@ -247,7 +253,11 @@ class Job:
         if self.config.teacher_eval_pairs:
             evaluated[STUDENT_ON_TEACHER_PAIRS] = (self.path(EXPORT),
                                                    self.config.teacher_eval_pairs)
-        return evaluate_stage(evaluated, self.tatoeba_dir, self.models)
+        results = evaluate_stage(evaluated, self.tatoeba_dir, self.models)
+        for name, (path, _) in evaluated.items():
+            if path == self.path(EXPORT):
+                results[name]["precision"] = self.teacher_precision
+        return results
 
     def news(self) -> dict:
         return news_stage({STUDENT: self.path(EXPORT)}, self.path("news"),

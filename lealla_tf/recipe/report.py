@@ -174,7 +174,9 @@ def format_summary(report: dict) -> str:
     if report.get("precision"):
         lines.append("training precision: " + ", ".join(
             f"{name} {precision}" for name, precision in report["precision"].items())
-            + " (the exports compute in float32)")
+            + " (the export is stored in float32 and evaluated in "
+            + report["tatoeba"].get(STUDENT, {}).get("precision", "float32")
+            + f", the teacher in {report.get('teacher_precision', 'float32')})")
     export = report["export"]
     if export.get("collapse_warning"):
         lines.append(export["collapse_warning"])
@@ -244,7 +246,8 @@ def headline(report: dict) -> dict:
                         "the held-out NTREX set, every model on the same pairs (mining F1 over "
                         "news_mining_gold_pairs gold pairs); speed: sentences a second, "
                         "student over teacher, on the same sentences (the student's float32 "
-                        f"export, the teacher in {report.get('teacher_precision', 'float32')})")
+                        f"export run in {tatoeba[STUDENT].get('precision', 'float32')}, the "
+                        f"teacher in {report.get('teacher_precision', 'float32')})")
     return figures
 
 

@@ -103,6 +103,11 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
     expected = "bfloat16" if bfloat16_arithmetic() else "float32"
     assert report["precision"] == {"student": expected, "student_ams_only": expected}
     assert f"training precision: student {expected}" in out
+    # The export is evaluated in the teacher's precision: the speeds compare like with like.
+    assert report["teacher_precision"] == expected
+    assert report["tatoeba"]["student"]["precision"] == expected
+    assert report["tatoeba"]["student_teacher_pairs"]["precision"] == expected
+    assert f"float32 export run in {expected}" in report["headline"]["basis"]
     assert report["export"]["reload_max_abs_difference"] < 1e-5
     assert set(report["tatoeba"]) == {"student", "student_ams_only", "teacher",
                                       "student_teacher_pairs"}

@@ -63,6 +63,18 @@ def test_a_headline_f1_states_its_gold_pairs_and_few_carry_a_caveat(with_metric_
     assert many["news_mining_gold_pairs"] == 400 and "news_mining_caveat" not in many
 
 
+def test_the_speed_basis_names_the_precision_each_model_ran_in():
+    """The job evaluates the student's float32 export at the teacher's precision;
+    the headline says so, and a report from before says float32."""
+    report = tiny_report()
+    report["teacher_precision"] = "bfloat16"
+    report["tatoeba"]["student"]["precision"] = "bfloat16"
+    assert ("the student's float32 export run in bfloat16, the teacher in bfloat16"
+            in headline(report)["basis"])
+    del report["tatoeba"]["student"]["precision"]
+    assert "export run in float32, the teacher in bfloat16" in headline(report)["basis"]
+
+
 def test_every_f1_in_the_summary_states_its_gold_pairs():
     summary = format_summary(tiny_report(news_gold=2, bucc_gold=3))
     news = [line for line in summary.splitlines() if line.startswith("news mining F1")]
