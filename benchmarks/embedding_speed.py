@@ -355,14 +355,22 @@ def matmul_peaks(repeats: int) -> dict:
 ARITHMETIC = {"student_bf16": "bfloat16"}
 
 
-def roofline(results: dict, peaks: dict, specs: dict, student_encoder=None) -> dict:
+def roofline(results: dict, peaks: dict, specs: dict, student_encoder=None,
+             bfloat16_native: bool | None = None) -> dict:
     """Where each model of a preset, and the student in each format, stands
     against the machine's matmul peaks: its GFLOP/s (tokens/s x
     `count_flops_per_token` at the set's mean sentence length) over the square
     matmul's peak and over the student-shaped matmuls' best, in its precision of
     arithmetic. `student_encoder`: the student's `EncoderConfig` (its model
-    directory's; None: the lealla_small preset's, the main job's default)."""
+    directory's; None: the lealla_small preset's, the main job's default).
+    `bfloat16_native`: whether this CPU multiplies bfloat16 (None: read it);
+    where it does not, a bfloat16 export runs rebuilt in float32
+    (`load_embedder`) and is set against the float32 peak."""
+    from lealla_tf.machine import bfloat16_arithmetic
     from lealla_tf.models.presets import count_flops_per_token, get_preset
+
+    if bfloat16_native is None:
+        bfloat16_native = bfloat16_arithmetic()
 
     table = {}
     for name, result in results.items():
@@ -374,7 +382,7 @@ def roofline(results: dict, peaks: dict, specs: dict, student_encoder=None) -> d
             config = get_preset(preset).encoder
         else:
             continue
-        precision = ARITHMETIC.get(name, "float32")
+        precision = ARITHMETIC.get(name, "float32") if bfloat16_native else "float32"
         peak = peaks[precision]
         shaped = max(v for k, v in peak.items() if k.startswith("student_"))
         table[name] = {"preset": preset, "precision": precision, "sets": {}}

@@ -9,6 +9,7 @@ import pytest
 from conftest import TINY_PAIRS, write_pairs
 
 from benchmarks import embedding_speed
+from lealla_tf.machine import bfloat16_arithmetic
 
 
 @pytest.fixture()
@@ -60,7 +61,8 @@ def test_the_bfloat16_export_is_measured_against_the_float32_one(exported_model,
     peaks = result["peaks_gflops"]
     assert set(peaks) == {"float32", "bfloat16"}
     assert all(v > 0 for p in peaks.values() for v in p.values())
-    assert result["roofline"]["student_bf16"]["precision"] == "bfloat16"
+    assert result["roofline"]["student_bf16"]["precision"] == (
+        "bfloat16" if bfloat16_arithmetic() else "float32")
     assert result["roofline"]["student"]["sets"]["long"]["gflops"] > 0
     compared = result["variants"]["student_bf16"]
     assert 0.995 <= compared["min_cosine"] < 1.0  # 28 sentences, not float32's own vectors
@@ -102,7 +104,8 @@ def test_the_roofline_sets_each_model_against_its_precisions_peak():
     figures = {"sets": {"long": {"tokens": 4000, "sentences": 100, "tokens_per_second": 2e4}}}
     table = embedding_speed.roofline(
         {"student": figures, "student_bf16": figures, "e5_converted": figures,
-         "labse_501k": figures}, peaks, {"labse_501k": {"preset": "labse"}})
+         "labse_501k": figures}, peaks, {"labse_501k": {"preset": "labse"}},
+        bfloat16_native=True)
     assert set(table) == {"student", "student_bf16", "labse_501k"}  # the teacher has no preset
     from lealla_tf.models.presets import count_flops_per_token, get_preset
 
@@ -114,6 +117,11 @@ def test_the_roofline_sets_each_model_against_its_precisions_peak():
     assert table["student_bf16"]["sets"]["long"]["of_square_peak"] == pytest.approx(
         row["gflops"] / 400.0)
     assert table["labse_501k"]["sets"]["long"]["flops_per_token"] > 10 * flops
+    # Without bfloat16 arithmetic the bfloat16 export runs in float32: float32's peak.
+    rebuilt = embedding_speed.roofline({"student_bf16": figures}, peaks, {},
+                                       bfloat16_native=False)["student_bf16"]
+    assert rebuilt["precision"] == "float32"
+    assert rebuilt["sets"]["long"]["of_square_peak"] == pytest.approx(row["gflops"] / 100.0)
     # A student of another architecture is counted as its model directory says.
     base = get_preset("lealla_base").encoder
     other = embedding_speed.roofline({"student": figures}, peaks, {}, base)["student"]
