@@ -112,6 +112,9 @@ def test_precision_is_refused_where_it_cannot_apply(tokenizer, encoder, tmp_path
     tf.saved_model.save(root, str(tmp_path / "plain"))
     with pytest.raises(ValueError, match="is another SavedModel"):
         load_embedder(str(tmp_path / "plain"), precision="bfloat16")
+    # A hub handle (here one naming a local folder) is refused before it is read.
+    with pytest.raises(ValueError, match="precision reads an export's record on disk"):
+        load_embedder(f"file://{float32}", precision="bfloat16")
 
 
 def test_a_savedmodel_without_the_halves_is_embedded_whole(tokenizer, encoder, tmp_path):
