@@ -75,15 +75,22 @@ def runner_flags(workers: int) -> list:
 
 
 def through_beam(name, corpus, model, output, flags, count) -> dict:
-    from lealla_tf.pipelines.embed_corpus import embed_corpus
+    """One embed_corpus run: its wall time and its own timeline; its embedding
+    stage's sentences/s (from the first shard's start to the last shard's end of
+    embedding) shows the model's speed inside the pipeline."""
+    from lealla_tf.pipelines.embed_corpus import describe_timeline, embed_corpus
 
     start = time.perf_counter()
     manifest = embed_corpus([corpus], model, output, pipeline_args=flags)
     seconds = time.perf_counter() - start
     print(f"{name}: {count} sentences in {seconds:.1f} s = {count / seconds:.1f} sentences/s",
           flush=True)
+    stages = manifest["timeline"]["stages"]
+    print(f"{name}: " + describe_timeline(manifest["timeline"]), flush=True)
     return {"flags": flags, "seconds": seconds, "sentences_per_second": count / seconds,
-            "counts": manifest["counts"]}
+            "counts": manifest["counts"], "timeline": manifest["timeline"],
+            "embedding_sentences_per_second": count / (stages["embed"]["to"]
+                                                       - stages["embed"]["from"])}
 
 
 def same_outputs(first: str, second: str) -> dict:

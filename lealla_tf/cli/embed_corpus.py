@@ -72,6 +72,7 @@ def format_summary(manifest: dict, output: str, seconds: float | None = None) ->
     """The command line's closing summary of a committed run: what was read,
     embedded and dead-lettered, where the output is and how to read it."""
     from lealla_tf.pipelines.corpus_steps import DEAD_LETTER_FILE
+    from lealla_tf.pipelines.embed_corpus import describe_timeline
 
     counts = manifest["counts"]
     files = manifest["files"]
@@ -88,6 +89,8 @@ def format_summary(manifest: dict, output: str, seconds: float | None = None) ->
              + (f" -> {dead[0]} (a JSON line each: file, line, reason)" if dead else ""),
              f"  output         {output} ({len(shards)} TFRecord shard"
              f"{'s' if len(shards) != 1 else ''} in {manifest['run']}/, listed in MANIFEST.json)"]
+    if manifest.get("timeline"):
+        lines.append(f"  pipeline       {describe_timeline(manifest['timeline'])}")
     if manifest.get("pairs"):
         lines += ["train on it:", f"  python -m lealla_tf.train --train_data={output} ..."]
     else:

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import threading
+import time
 import zlib
 from typing import Any
 
@@ -138,6 +139,12 @@ def read_progress(progress_dir: str) -> dict[str, int]:
 
 # The kinds of the (kind, value) pairs the steps emit.
 LINE, VALID, DEAD, COUNT = "line", "valid", "dead", "count"
+# An event of the run summary: (stage, start, end), wall-clock seconds of one
+# task's stretch of work: "read" (a file's lines read, with the steps a runner
+# fuses into the read), and a shard's "model" (waiting for its worker's model),
+# "embed" and "write".
+TIMING = "timing"
+TIMED_STAGES = ("read", "model", "embed", "write")
 
 
 def of_kind(kind):
@@ -178,6 +185,7 @@ class ReadLines(WarmsModel):
         self._progress_dir = progress_dir
 
     def process(self, path):
+        start = time.time()
         lines_read = beam.metrics.Metrics.counter(NAMESPACE, "lines_read")
         name = os.path.relpath(path, self._root) if self._root else os.path.basename(path)
         report = f"read-{zlib.crc32(path.encode('utf-8')):08x}"
@@ -191,6 +199,7 @@ class ReadLines(WarmsModel):
                 yield LINE, (name, number, line.rstrip(b"\n").rstrip(b"\r"))
         _report(self._progress_dir, report, f"{number} done")
         yield COUNT, ("lines_read", number)
+        yield COUNT, (TIMING, ("read", start, time.time()))
 
 
 class ParseLine(WarmsModel):
@@ -329,9 +338,11 @@ class EmbedShard(beam.DoFn):
         return vectors
 
     def process(self, element):
+        start = time.time()
         (prefix, shard), items = element
         items = sorted(items, key=lambda item: item[0])  # a retry writes the same file
         embedder = _embedder(self._model, self._max_seq_length, self._threads)
+        loaded = time.time()
         name = f"{prefix}-{shard:05d}-of-{self._num_shards:05d}.tfrecord.gz"
         report = f"embedded-{name}"
         if self._pairs:
@@ -348,11 +359,15 @@ class EmbedShard(beam.DoFn):
                                    report)["text"]
             records = [embedding_example(key, vectors[i], text=text)
                        for i, (key, text) in enumerate(items)]
+        embedded = time.time()
         write_atomically(FileSystems.join(self._run_dir, name),
                          lambda handle: write_gzip_tfrecords(handle, records))
         beam.metrics.Metrics.counter(NAMESPACE, "embedded").inc(len(records))
         yield "file", name
         yield "embedded", len(records)
+        for stage, since, until in (("model", start, loaded), ("embed", loaded, embedded),
+                                    ("write", embedded, time.time())):
+            yield TIMING, (stage, since, until)
 
 
 class WriteDeadLetters(beam.DoFn):
@@ -385,18 +400,41 @@ class WriteRunSummary(beam.DoFn):
     def process(self, element):
         _, items = element
         counts = {name: 0 for name in COUNTERS + ("duplicate_ids",)}
-        files, duplicates = [], []
+        files, duplicates, timings = [], [], []
         for kind, value in items:
             if kind == "file":
                 files.append(value)
             elif kind == "duplicate_example":
                 duplicates.append([value[0], int(value[1]), list(value[2])])
+            elif kind == TIMING:
+                timings.append(value)
             else:
                 counts[kind] += value
         summary = {"counts": counts, "files": sorted(set(files)),
-                   "duplicate_examples": sorted(duplicates)[:DUPLICATE_EXAMPLES]}
+                   "duplicate_examples": sorted(duplicates)[:DUPLICATE_EXAMPLES],
+                   "timings": stage_spans(timings)}
         data = json.dumps(summary, indent=2).encode("utf-8")
         write_atomically(FileSystems.join(self._run_dir, RUN_SUMMARY),
                          lambda handle: handle.write(data))
         yield summary
 
+
+
+def stage_spans(timings) -> dict:
+    """(stage, start, end) events -> {stage: {"start", "end", "busy"}}: the first
+    start and the last end of the stage's tasks (wall-clock seconds) and the sum
+    of their durations (more than end - start where tasks overlapped)."""
+    spans = {}
+    for stage, start, end in timings:
+        span = spans.setdefault(stage, {"start": start, "end": end, "busy": 0.0})
+        span["start"], span["end"] = min(span["start"], start), max(span["end"], end)
+        span["busy"] += end - start
+    return {stage: spans[stage] for stage in TIMED_STAGES if stage in spans}
+
+
+def timeline(spans: dict, since: float) -> dict:
+    """`stage_spans` as seconds after `since` (the pipeline's start), rounded to
+    the millisecond: where a run's time went."""
+    return {stage: {"from": round(span["start"] - since, 3), "to": round(span["end"] - since, 3),
+                    "busy": round(span["busy"], 3)}
+            for stage, span in spans.items()}

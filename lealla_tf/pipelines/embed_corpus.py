@@ -15,7 +15,9 @@ by a stable hash of their id, and each shard is embedded in batches of similar
 token length and written by one task (the steps: `lealla_tf.pipelines.corpus_steps`).
 Lines that are not valid UTF-8, empty, or malformed go to a dead-letter file
 with the reason; counts prove nothing is lost: lines read = embedded +
-dead-lettered. The shards land in a fresh run folder and MANIFEST.json is
+dead-lettered. MANIFEST.json's `timeline` says where the run's time went (its
+stages' first start, last end and busy seconds after the pipeline started:
+`corpus_steps.timeline`). The shards land in a fresh run folder and MANIFEST.json is
 replaced only when the run is complete (`lealla_tf.mining.run_folders`), under
 the output's lock (`lealla_tf.folder_lock`): rerunning into the same output is
 safe, and a second run into an output that a live run holds is refused.
@@ -29,6 +31,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from collections.abc import Sequence
 
 import apache_beam as beam
@@ -60,6 +63,7 @@ from lealla_tf.pipelines.corpus_steps import (
     pair_destination,
     read_progress,
     shard_of,
+    timeline,
 )
 from lealla_tf.pipelines.options import pipeline_options, run_pipeline
 from lealla_tf.progress import PipelineProgress
@@ -200,7 +204,9 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
                        threads, progress_dir)
         poll = None if progress_dir is None else lambda: _progress_of(progress_dir)
         with PipelineProgress(poll, len(files), "pair" if pairs else "sentence") as shown:
+            started = time.time()
             run_pipeline(pipeline)
+            seconds = time.time() - started
             summary_path = os.path.join(run_dir, RUN_SUMMARY)
             if not os.path.exists(summary_path):
                 raise RuntimeError(f"the pipeline finished without writing {summary_path}")
@@ -230,7 +236,9 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
         if missing:
             raise RuntimeError(f"the pipeline reported files that are not there: {missing[:3]}")
         manifest = commit_run(output, run_dir, written, counts=counts, model=model,
-                              inputs=files, pairs=pairs, english_only=english_only)
+                              inputs=files, pairs=pairs, english_only=english_only,
+                              timeline={"seconds": round(seconds, 3), "stages": timeline(
+                                  summary.get("timings", {}), started)})
     logging.info("embed_corpus: %s", counts)
     return manifest
 
@@ -252,3 +260,12 @@ def _progress_of(progress_dir: str):
     """(files read, lines read, sentences embedded) so far, for `PipelineProgress`."""
     state = read_progress(progress_dir)
     return state["files_read"], state["lines_read"], state["embedded"]
+
+
+def describe_timeline(timeline: dict) -> str:
+    """One line of where a run's time went, from its manifest's `timeline`:
+    each stage's span after the pipeline started and its tasks' busy seconds."""
+    stages = timeline["stages"]
+    return f"{timeline['seconds']:.1f} s: " + "; ".join(
+        f"{stage} {span['from']:.1f}-{span['to']:.1f} s (busy {span['busy']:.1f} s)"
+        for stage, span in stages.items())

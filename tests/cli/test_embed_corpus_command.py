@@ -49,6 +49,8 @@ def test_the_command_line_shows_progress_and_a_summary_that_reads_the_output(
     assert f"dead-lettered  2 lines -> {dead}" in summary
     assert f"output         {output} (" in summary and not os.path.exists(
         os.path.join(output, read_manifest(output)["run"], PROGRESS_FOLDER))
+    pipeline = next(line for line in summary.splitlines() if line.startswith("  pipeline "))
+    assert all(f"{stage} " in pipeline for stage in ("read", "model", "embed", "write"))
     assert len(summary.splitlines()) <= 12  # one screen
     example = summary.split("read it in Python:\n")[1]
     assert "read_embeddings(" in example and "mmap_embeddings(" in example

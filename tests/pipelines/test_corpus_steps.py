@@ -45,6 +45,16 @@ def test_a_line_is_a_record_or_a_dead_letter_with_its_reason():
             "raw": raw.decode("utf-8", "backslashreplace")}
 
 
+def test_timings_become_each_stages_span_and_busy_seconds():
+    timings = [("embed", 10.0, 14.0), ("read", 1.0, 2.0), ("embed", 11.0, 13.0),
+               ("model", 3.0, 10.0)]
+    spans = corpus_steps.stage_spans(timings)
+    assert list(spans) == ["read", "model", "embed"]  # the stages' order, not the events'
+    assert spans["embed"] == {"start": 10.0, "end": 14.0, "busy": 6.0}  # two shards overlap
+    assert corpus_steps.timeline(spans, since=0.5)["model"] == {"from": 2.5, "to": 9.5,
+                                                                 "busy": 7.0}
+
+
 def test_duplicated_ids_are_counted_with_their_first_places():
     with test_pipeline.TestPipeline() as pipeline:
         events = (pipeline
@@ -137,7 +147,7 @@ def test_progress_files_report_lines_read_and_sentences_embedded(corpus_model, t
     for _ in range(5):
         next(lines)
     assert read_progress(progress_dir)["lines_read"] == 4  # a report every 4 lines
-    assert len(list(lines)) == 5  # 4 more lines + the count
+    assert len(list(lines)) == 6  # 4 more lines, the count, the timing
     shard = EmbedShard(corpus_model[0], str(tmp_path / "run"), 1, False, False, 16,
                        progress_dir=progress_dir)
     list(shard.process((("embeddings", 0), [(f"k{i}", s)

@@ -50,6 +50,14 @@ def test_embeds_every_valid_line_and_dead_letters_the_rest(corpus_model, corpus)
     assert sorted(d["reason"] for d in dead) == ["empty", "empty", "invalid_utf8"]
     assert {(os.path.basename(d["file"]), d["line"]) for d in dead} == {
         ("a.txt", 4), ("a.txt", 6), ("b.txt.gz", 1)}
+    # Where the time went: each stage inside the pipeline's run, in order.
+    timeline = manifest["timeline"]
+    stages = timeline["stages"]
+    assert list(stages) == ["read", "model", "embed", "write"]
+    for span in stages.values():
+        assert 0 <= span["from"] <= span["to"] <= timeline["seconds"] + 1e-3
+        assert span["busy"] >= 0
+    assert stages["read"]["from"] <= stages["embed"]["from"] <= stages["write"]["to"]
 
 
 def test_an_int8_tflite_export_embeds_a_corpus(corpus_model, corpus, sentence_vocab_file,
