@@ -8,6 +8,7 @@ task replaces its file. A worker process loads each model once (`_embedder`),
 whatever the runner does with DoFn instances.
 """
 
+import itertools
 import json
 import logging
 import os
@@ -138,7 +139,7 @@ def read_progress(progress_dir: str) -> dict[str, int]:
 
 
 # The kinds of the (kind, value) pairs the steps emit.
-LINE, VALID, DEAD, COUNT = "line", "valid", "dead", "count"
+VALID, DEAD, COUNT = "valid", "dead", "count"
 # An event of the run summary: (stage, start, end), wall-clock seconds of one
 # task's stretch of work: "read" (a file's lines read, with the steps a runner
 # fuses into the read), and a shard's "model" (waiting for its worker's model),
@@ -158,90 +159,99 @@ def of_kind(kind):
     return select
 
 
-class WarmsModel(beam.DoFn):
-    """A step before the shards' that starts loading the model in each worker it
-    runs on (`warm_embedder`). `warm`: (model, max_seq_length, threads), or None."""
+class ReadLines(beam.DoFn):
+    """file path -> each line parsed where it is read (`parse_line`): (VALID,
+    ((shard key), record)) ready for the shards' GroupByKey, or (DEAD, a JSON
+    line); then (COUNT, ("lines_read", lines)), (COUNT, ("dead_lettered", n)) and
+    the read's (COUNT, (TIMING, ...)).
 
-    def __init__(self, warm: tuple | None = None):
+    One step reads, parses and keys each line: every further step a line passes
+    through costs each runner a call per line (the DaskRunner, which runs a
+    single input file as one partition, most), and the shards' GroupByKey spreads
+    the work over the workers. Its setup starts loading the worker's model
+    (`warm_embedder`; `warm`: (model, max_seq_length, threads), or None).
+
+    A record's key is (prefix, shard): ("embeddings", shard of its id), or for
+    pairs (the file's name, shard of "file:line"); its value is (id, text,
+    "file:line") for sentences, ("<line, 12 digits>", pair dict) for pairs.
+    The file's name in ids is its path relative to `root` (the inputs' common
+    folder), so two files called deu.txt in different folders give different ids.
+    """
+
+    def __init__(self, root: str = "", progress_dir: str | None = None,
+                 warm: tuple | None = None, input_format: str = "lines", num_shards: int = 1):
+        self._root = root
+        self._progress_dir = progress_dir
         self._warm = warm
+        self._format = input_format
+        self._num_shards = num_shards
 
     def setup(self):
         if self._warm is not None:
             warm_embedder(*self._warm)
 
-
-class ReadLines(WarmsModel):
-    """file path -> (LINE, (file name, line number, raw bytes)) for every line, then
-    (COUNT, ("lines_read", lines)).
-
-    The name is the path relative to `root` (the inputs' common folder), so two
-    files called deu.txt in different folders give different ids.
-    """
-
-    def __init__(self, root: str = "", progress_dir: str | None = None,
-                 warm: tuple | None = None):
-        super().__init__(warm)
-        self._root = root
-        self._progress_dir = progress_dir
-
     def process(self, path):
         start = time.time()
         lines_read = beam.metrics.Metrics.counter(NAMESPACE, "lines_read")
+        dead_lettered = beam.metrics.Metrics.counter(NAMESPACE, "dead_lettered")
         name = os.path.relpath(path, self._root) if self._root else os.path.basename(path)
         report = f"read-{zlib.crc32(path.encode('utf-8')):08x}"
-        number = 0
+        number = dead = 0
         with FileSystems.open(path) as handle:
             # Beam's CompressedFile has readline() but is not iterable.
             for number, line in enumerate(iter(handle.readline, b""), start=1):
                 lines_read.inc()
                 if number % READ_REPORT_LINES == 0:
                     _report(self._progress_dir, report, str(number))
-                yield LINE, (name, number, line.rstrip(b"\n").rstrip(b"\r"))
+                kind, record = parse_line(self._format, name, number,
+                                          line.rstrip(b"\n").rstrip(b"\r"))
+                if kind == DEAD:
+                    dead += 1
+                    dead_lettered.inc()
+                    yield DEAD, record
+                else:
+                    yield VALID, self._keyed(record)
         _report(self._progress_dir, report, f"{number} done")
         yield COUNT, ("lines_read", number)
+        yield COUNT, ("dead_lettered", dead)
         yield COUNT, (TIMING, ("read", start, time.time()))
 
+    def _keyed(self, record):
+        if self._format == "pairs":
+            return ((pair_destination(record["file"]),
+                     shard_of(f"{record['file']}:{record['line']}", self._num_shards)),
+                    (f"{record['line']:012d}", record))
+        return ("embeddings", shard_of(record[0], self._num_shards)), record
 
-class ParseLine(WarmsModel):
-    """Decodes and validates a line: (VALID, record), or (DEAD, a JSON line with the
-    reason) for the dead letters. A sentence's record is (id, text, "file:line"),
-    a pair's a dict."""
 
-    def __init__(self, input_format: str, warm: tuple | None = None):
-        super().__init__(warm)
-        self._format = input_format
-
-    def process(self, element):
-        path, number, raw = element
-        reason = None
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            text, reason = None, "invalid_utf8"
-        if reason is None:
-            if self._format == "lines":
-                if not text.strip():
-                    reason = "empty"
-                else:
-                    yield VALID, (f"{path}:{number}", text, f"{path}:{number}")
-                    return
+def parse_line(input_format: str, path: str, number: int, raw: bytes):
+    """Decodes and validates line `number` of `path`: (VALID, record), or (DEAD,
+    a JSON line with the reason) for the dead letters. A sentence's record is
+    (id, text, "file:line"), a pair's a dict ("pairs")."""
+    reason = None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text, reason = None, "invalid_utf8"
+    if reason is None:
+        if input_format == "lines":
+            if not text.strip():
+                reason = "empty"
             else:
-                left, tab, right = text.partition("\t")
-                if not tab:
-                    reason = "no_tab"
-                elif not left.strip() or not right.strip():
-                    reason = "empty_field"
-                elif self._format == "tsv":
-                    yield VALID, (left, right, f"{path}:{number}")
-                    return
-                else:
-                    yield VALID, {"file": path, "line": number, "source": left,
-                                  "target": right}
-                    return
-        beam.metrics.Metrics.counter(NAMESPACE, "dead_lettered").inc()
-        yield DEAD, json.dumps({"file": path, "line": number, "reason": reason,
-                                "raw": raw.decode("utf-8", "backslashreplace")},
-                               ensure_ascii=False)
+                return VALID, (f"{path}:{number}", text, f"{path}:{number}")
+        else:
+            left, tab, right = text.partition("\t")
+            if not tab:
+                reason = "no_tab"
+            elif not left.strip() or not right.strip():
+                reason = "empty_field"
+            elif input_format == "tsv":
+                return VALID, (left, right, f"{path}:{number}")
+            else:
+                return VALID, {"file": path, "line": number, "source": left, "target": right}
+    return DEAD, json.dumps({"file": path, "line": number, "reason": reason,
+                             "raw": raw.decode("utf-8", "backslashreplace")},
+                            ensure_ascii=False)
 
 
 def pair_destination(path: str) -> str:
@@ -262,34 +272,19 @@ DUPLICATE_EXAMPLES = 5  # duplicated ids the run summary (and the error) names
 DUPLICATE_PLACES = 3  # places ("file:line") named for each
 
 
-class CountPlaces(beam.CombineFn):
-    """An id's occurrences: (count, its first `DUPLICATE_PLACES` "file:line"
-    places). A combiner, so that ids are counted before the shuffle."""
-
-    def create_accumulator(self):
-        return 0, []
-
-    def add_input(self, accumulator, place):
-        count, places = accumulator
-        return count + 1, sorted(places + [place])[:DUPLICATE_PLACES]
-
-    def merge_accumulators(self, accumulators):
-        accumulators = list(accumulators)
-        return (sum(count for count, _ in accumulators),
-                sorted(p for _, places in accumulators for p in places)[:DUPLICATE_PLACES])
-
-    def extract_output(self, accumulator):
-        return accumulator
-
-
-def duplicate_events(element):
-    """(id, (count, places)) -> ("duplicate_ids", 1) and ("duplicate_example",
-    (id, count, places)) for an id that occurs more than once."""
-    identifier, (count, places) = element
-    if count > 1:
-        beam.metrics.Metrics.counter(NAMESPACE, "duplicate_ids").inc()
-        yield "duplicate_ids", 1
-        yield "duplicate_example", (identifier, count, places)
+def shard_duplicates(items):
+    """("duplicate_ids", 1) and ("duplicate_example", (id, count, its first
+    `DUPLICATE_PLACES` "file:line" places)) for each id that occurs more than
+    once among a shard's (id, text, place) `items`, sorted by id: ids are
+    sharded by id, so all of an id's occurrences meet in one shard."""
+    counter = beam.metrics.Metrics.counter(NAMESPACE, "duplicate_ids")
+    for identifier, group in itertools.groupby(items, key=lambda item: item[0]):
+        places = [item[2] for item in group]
+        if len(places) > 1:
+            counter.inc()
+            yield "duplicate_ids", 1
+            yield "duplicate_example", (identifier, len(places),
+                                        sorted(places)[:DUPLICATE_PLACES])
 
 
 def describe_duplicates(examples) -> str:
@@ -301,7 +296,8 @@ def describe_duplicates(examples) -> str:
 
 class EmbedShard(beam.DoFn):
     """(shard, sentences or pairs) -> one TFRecord shard file, embedded in
-    length-sorted batches by the worker's one loaded model.
+    length-sorted batches by the worker's one loaded model; a sentence shard's
+    ids that occur more than once are reported (`shard_duplicates`).
 
     Batching happens here, on the whole shard, instead of in RunInference and
     BatchElements: those emit their last batch from finish_bundle, whose
@@ -340,7 +336,10 @@ class EmbedShard(beam.DoFn):
     def process(self, element):
         start = time.time()
         (prefix, shard), items = element
-        items = sorted(items, key=lambda item: item[0])  # a retry writes the same file
+        # A retry writes the same file: pairs by line (unique in their file),
+        # sentences by id, then place (the same order for duplicated ids too).
+        items = sorted(items, key=(lambda item: item[0]) if self._pairs
+                       else (lambda item: (item[0], item[2])))
         embedder = _embedder(self._model, self._max_seq_length, self._threads)
         loaded = time.time()
         name = f"{prefix}-{shard:05d}-of-{self._num_shards:05d}.tfrecord.gz"
@@ -355,10 +354,11 @@ class EmbedShard(beam.DoFn):
                                     None if source is None else source[i], target[i])
                        for i, (_, p) in enumerate(items)]
         else:
-            vectors = self._encode(embedder, {"text": [text for _, text in items]},
+            yield from shard_duplicates(items)
+            vectors = self._encode(embedder, {"text": [item[1] for item in items]},
                                    report)["text"]
             records = [embedding_example(key, vectors[i], text=text)
-                       for i, (key, text) in enumerate(items)]
+                       for i, (key, text, _) in enumerate(items)]
         embedded = time.time()
         write_atomically(FileSystems.join(self._run_dir, name),
                          lambda handle: write_gzip_tfrecords(handle, records))

@@ -47,22 +47,16 @@ from lealla_tf.pipelines.corpus_steps import (
     COUNT,
     COUNTERS,
     DEAD,
-    LINE,
     PROGRESS_FOLDER,
     RUN_SUMMARY,
     VALID,
-    CountPlaces,
     EmbedShard,
-    ParseLine,
     ReadLines,
     WriteDeadLetters,
     WriteRunSummary,
     describe_duplicates,
-    duplicate_events,
     of_kind,
-    pair_destination,
     read_progress,
-    shard_of,
     timeline,
 )
 from lealla_tf.pipelines.options import pipeline_options, run_pipeline
@@ -98,49 +92,34 @@ def build_pipeline(pipeline, files: Sequence[str], model: str, run_dir: str,
                    threads: int | None = None, progress_dir: str | None = None):
     """Adds the embedding steps to `pipeline`; returns the run summary's PCollection.
 
-    Lines are read, parsed (dead letters aside), grouped into `num_shards`
-    shards by a stable hash of their id (pairs: per input file), and each shard
-    is embedded and written by one task. Every branch (shards, dead letters,
-    counts, duplicate ids) flows into one final step that writes
-    RUN_SUMMARY.json into `run_dir`. Only ParDo, GroupByKey, Flatten and Create
-    are used, so the DaskRunner runs it as every other runner does.
+    Lines are read, parsed (dead letters aside) and keyed to one of `num_shards`
+    shards by a stable hash of their id (pairs: per input file) in one step;
+    each shard is gathered, embedded, checked for duplicated ids and written by
+    one task. Every branch (shards, dead letters, counts) flows into one final
+    step that writes RUN_SUMMARY.json into `run_dir`. Only ParDo, GroupByKey,
+    Flatten and Create are used, so the DaskRunner runs it as every other
+    runner does.
     `progress_dir`: where the steps report their progress (see `read_progress`).
     """
     root = os.path.commonpath([os.path.dirname(f) for f in files]) if "://" not in files[0] else ""
     warm = (model, max_seq_length, threads)  # the model loads while lines are read
     read = (pipeline
             | "ListFiles" >> beam.Create(list(files))
-            | "ReadLines" >> beam.ParDo(ReadLines(root, progress_dir, warm)))
-    parsed = (read
-              | "Lines" >> beam.FlatMap(of_kind(LINE))
-              | "Redistribute" >> beam.Reshuffle()
-              | "Parse" >> beam.ParDo(ParseLine("pairs" if pairs else input_format, warm)))
-    dead = parsed | "DeadLetters" >> beam.FlatMap(of_kind(DEAD))
-    valid = parsed | "Valid" >> beam.FlatMap(of_kind(VALID))
-    events = [read | "LineCounts" >> beam.FlatMap(of_kind(COUNT)),
-              dead | "CountDead" >> beam.Map(lambda _: ("dead_lettered", 1)),
-              (dead
+            | "ReadLines" >> beam.ParDo(ReadLines(root, progress_dir, warm,
+                                                  "pairs" if pairs else input_format,
+                                                  num_shards)))
+    events = [read | "Counts" >> beam.FlatMap(of_kind(COUNT)),
+              (read
+               | "DeadLetters" >> beam.FlatMap(of_kind(DEAD))
                | "DeadKey" >> beam.Map(lambda line: (None, line))
                | "GatherDead" >> beam.GroupByKey()
-               | "WriteDeadLetters" >> beam.ParDo(WriteDeadLetters(run_dir)))]
-    if pairs:
-        keyed = valid | "ShardPairs" >> beam.Map(lambda pair: (
-            (pair_destination(pair["file"]), shard_of(f"{pair['file']}:{pair['line']}",
-                                                    num_shards)),
-            (f"{pair['line']:012d}", pair)))
-    else:
-        events.append(valid
-                      | "Ids" >> beam.Map(lambda element: (element[0], element[2]))
-                      | "CountIds" >> beam.CombinePerKey(CountPlaces())
-                      | "Duplicates" >> beam.FlatMap(duplicate_events))
-        keyed = valid | "ShardSentences" >> beam.Map(
-            lambda element: (("embeddings", shard_of(element[0], num_shards)),
-                             (element[0], element[1])))
-    events.append(keyed
-                  | "GatherShards" >> beam.GroupByKey()
-                  | "EmbedShards" >> beam.ParDo(EmbedShard(
-                      model, run_dir, num_shards, pairs, english_only, model_batch_size,
-                      max_seq_length, model_max_tokens, threads, progress_dir)))
+               | "WriteDeadLetters" >> beam.ParDo(WriteDeadLetters(run_dir))),
+              (read
+               | "Valid" >> beam.FlatMap(of_kind(VALID))
+               | "GatherShards" >> beam.GroupByKey()
+               | "EmbedShards" >> beam.ParDo(EmbedShard(
+                   model, run_dir, num_shards, pairs, english_only, model_batch_size,
+                   max_seq_length, model_max_tokens, threads, progress_dir)))]
     return (events
             | "Events" >> beam.Flatten()
             | "OneKey" >> beam.Map(lambda event: (None, event))

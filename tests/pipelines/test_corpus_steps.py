@@ -7,28 +7,27 @@ import os
 import subprocess
 import sys
 
-import apache_beam as beam
 import pytest
-from apache_beam.testing import test_pipeline
-from apache_beam.testing.util import assert_that, equal_to
 from conftest import CORPUS_SENTENCES
 
 from lealla_tf.pipelines import corpus_steps
 from lealla_tf.pipelines.corpus_steps import (
+    COUNT,
     DEAD,
+    TIMING,
     VALID,
-    CountPlaces,
     EmbedShard,
-    ParseLine,
     ReadLines,
     describe_duplicates,
-    duplicate_events,
+    parse_line,
     read_progress,
+    shard_duplicates,
+    shard_of,
 )
 
 
 def parsed(input_format, raw):
-    return list(ParseLine(input_format).process(("a.txt", 7, raw)))
+    return [parse_line(input_format, "a.txt", 7, raw)]
 
 
 def test_a_line_is_a_record_or_a_dead_letter_with_its_reason():
@@ -55,15 +54,32 @@ def test_timings_become_each_stages_span_and_busy_seconds():
                                                                  "busy": 7.0}
 
 
+def test_a_line_is_read_parsed_and_keyed_to_its_shard_in_one_step(tmp_path):
+    """Valid lines come out keyed for the shards' GroupByKey, dead letters beside
+    them, then the file's counts and the read's timing."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.tsv").write_bytes(b"doc-1\tThe dog.\nno tab\n")
+    events = list(ReadLines(str(tmp_path / "in"), input_format="tsv", num_shards=4).process(
+        str(tmp_path / "in" / "a.tsv")))
+    assert events[0] == (VALID, (("embeddings", shard_of("doc-1", 4)),
+                                 ("doc-1", "The dog.", "a.tsv:1")))
+    assert events[1][0] == DEAD and json.loads(events[1][1])["reason"] == "no_tab"
+    assert events[2:4] == [(COUNT, ("lines_read", 2)), (COUNT, ("dead_lettered", 1))]
+    kind, (timing, (stage, start, end)) = events[4]
+    assert (kind, timing, stage) == (COUNT, TIMING, "read") and start <= end
+    (tmp_path / "in" / "p.tsv").write_bytes(b"Der Hund.\tThe dog.\n")
+    ((kind, (key, value)), *_) = ReadLines(str(tmp_path / "in"), input_format="pairs",
+                                           num_shards=4).process(str(tmp_path / "in" / "p.tsv"))
+    assert key == ("p", shard_of("p.tsv:1", 4)) and value[0] == "000000000001"
+    assert value[1] == {"file": "p.tsv", "line": 1, "source": "Der Hund.", "target": "The dog."}
+
+
 def test_duplicated_ids_are_counted_with_their_first_places():
-    with test_pipeline.TestPipeline() as pipeline:
-        events = (pipeline
-                  | beam.Create([("a", "x:3"), ("b", "x:1"), ("a", "x:1"), ("a", "y:9"),
-                                 ("a", "x:2")])
-                  | beam.CombinePerKey(CountPlaces())
-                  | beam.FlatMap(duplicate_events))
-        assert_that(events, equal_to([("duplicate_ids", 1),
-                                      ("duplicate_example", ("a", 4, ["x:1", "x:2", "x:3"]))]))
+    items = sorted([("a", "x", "x:3"), ("b", "y", "x:1"), ("a", "x", "x:1"), ("a", "z", "y:9"),
+                    ("a", "x", "x:2")])
+    assert list(shard_duplicates(items)) == [
+        ("duplicate_ids", 1), ("duplicate_example", ("a", 4, ["x:1", "x:2", "x:3"]))]
+    assert list(shard_duplicates([("a", "x", "x:1"), ("b", "y", "x:2")])) == []
     assert describe_duplicates([("a", 4, ["x:1", "x:2", "x:3"]), ("b", 2, ["x:1", "y:2"])]) == (
         "'a' (4x: x:1, x:2, x:3, ...), 'b' (2x: x:1, y:2)")
 
@@ -80,7 +96,7 @@ def test_the_shard_step_hands_the_token_cap_to_the_model(corpus_model, tmp_path,
 
     monkeypatch.setattr(embedder_lib.Embedder, "encode", recorded)
     shard = EmbedShard(corpus_model[0], str(tmp_path), 1, False, False, 16, None, 8)
-    events = list(shard.process((("embeddings", 0), [(f"k{i}", s) for i, s in
+    events = list(shard.process((("embeddings", 0), [(f"k{i}", s, f"a.txt:{i}") for i, s in
                                                      enumerate(CORPUS_SENTENCES)])))
     assert ("embedded", len(CORPUS_SENTENCES)) in events
     assert calls == [(len(CORPUS_SENTENCES), 16, 8)]
@@ -103,7 +119,7 @@ def test_a_worker_caps_its_tensorflow_threads_before_it_loads_the_model(corpus_m
 
 def test_the_steps_before_the_shards_load_the_worker_s_model_ahead_once(corpus_model,
                                                                         monkeypatch):
-    """ReadLines and ParseLine start the load in their setup; the shard then finds
+    """ReadLines starts the load in its setup; the shard then finds
     the model loaded, and one load serves every step and every later setup. A
     load that fails ahead is retried, its error raised, by the step that needs it."""
     monkeypatch.setattr(corpus_steps, "_MODELS", {})
@@ -118,7 +134,7 @@ def test_the_steps_before_the_shards_load_the_worker_s_model_ahead_once(corpus_m
     warm = (corpus_model[0], None, None)
     thread = corpus_steps.warm_embedder(*warm)
     ReadLines("", None, warm).setup()  # already loading: nothing more
-    ParseLine("lines", warm).setup()
+    ReadLines("", None, warm).setup()
     thread.join(timeout=120)
     assert loads == [corpus_model[0]] and (corpus_model[0], None) in corpus_steps._MODELS
     assert corpus_steps.warm_embedder(*warm) is None
@@ -147,10 +163,10 @@ def test_progress_files_report_lines_read_and_sentences_embedded(corpus_model, t
     for _ in range(5):
         next(lines)
     assert read_progress(progress_dir)["lines_read"] == 4  # a report every 4 lines
-    assert len(list(lines)) == 6  # 4 more lines, the count, the timing
+    assert len(list(lines)) == 7  # 4 more lines, the two counts, the timing
     shard = EmbedShard(corpus_model[0], str(tmp_path / "run"), 1, False, False, 16,
                        progress_dir=progress_dir)
-    list(shard.process((("embeddings", 0), [(f"k{i}", s)
+    list(shard.process((("embeddings", 0), [(f"k{i}", s, f"a.txt:{i}")
                                             for i, s in enumerate(CORPUS_SENTENCES)])))
     assert read_progress(progress_dir) == {"files_read": 1, "lines_read": 9,
                                            "embedded": len(CORPUS_SENTENCES)}
