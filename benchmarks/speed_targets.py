@@ -152,8 +152,9 @@ def _get(parts: dict, part: str, *keys):
 
 def figures(parts: dict, beam_dask: bool = True) -> list:
     """Each target: {figure, value, target, met, unit, source}. `met` is None
-    where the part was not run or failed, and for figures only reported (no
-    target). The student's ratios count only where embedding_speed measured the
+    where the part was not run, or failed before it wrote its result, or its
+    result lacks the figure, and for figures only reported (no target). The
+    student's ratios count only where embedding_speed measured the
     student itself (it falls back to another model when the student is missing).
     `beam_dask`: the Beam part was asked to run on Dask too (else no Dask target)."""
     rows = []

@@ -141,9 +141,10 @@ def read_progress(progress_dir: str) -> dict[str, int]:
 # The kinds of the (kind, value) pairs the steps emit.
 VALID, DEAD, COUNT = "valid", "dead", "count"
 # An event of the run summary: (stage, start, end), wall-clock seconds of one
-# task's stretch of work: "read" (a file's lines read, with the steps a runner
-# fuses into the read), and a shard's "model" (waiting for its worker's model),
-# "embed" and "write".
+# task's stretch of work: "read" (a file's lines read and parsed, with the steps
+# a runner fuses into the read; the worker's model loads meanwhile, started by
+# the read's setup), and a shard's "model" (waiting for its worker's model to
+# finish loading), "embed" and "write".
 TIMING = "timing"
 TIMED_STAGES = ("read", "model", "embed", "write")
 
@@ -166,10 +167,12 @@ class ReadLines(beam.DoFn):
     the read's (COUNT, (TIMING, ...)).
 
     One step reads, parses and keys each line: every further step a line passes
-    through costs each runner a call per line (the DaskRunner, which runs a
-    single input file as one partition, most), and the shards' GroupByKey spreads
-    the work over the workers. Its setup starts loading the worker's model
-    (`warm_embedder`; `warm`: (model, max_seq_length, threads), or None).
+    through costs each runner a call per line (the DaskRunner most: its Create
+    puts up to 128 input files in one partition, and each step after keeps that
+    partitioning, so a few files' lines pass every step in one worker), and the
+    shards' GroupByKey spreads the work over the workers. Its setup starts
+    loading the worker's model (`warm_embedder`; `warm`: (model,
+    max_seq_length, threads), or None).
 
     A record's key is (prefix, shard): ("embeddings", shard of its id), or for
     pairs (the file's name, shard of "file:line"); its value is (id, text,
@@ -303,8 +306,8 @@ class EmbedShard(beam.DoFn):
     BatchElements: those emit their last batch from finish_bundle, whose
     outputs the DaskRunner drops. The shard is sorted by length and embedded
     `SHARD_CHUNK` sentences a call (so each call's batches are as even as the
-    whole shard's), its progress reported after each. Yields ("file", name)
-    and ("embedded", n).
+    whole shard's), its progress reported after each. Yields ("file", name),
+    ("embedded", n), the shard's duplicate-id events and its `TIMING` events.
     """
 
     def __init__(self, model: str, run_dir: str, num_shards: int, pairs: bool,
@@ -334,12 +337,12 @@ class EmbedShard(beam.DoFn):
         return vectors
 
     def process(self, element):
-        start = time.time()
         (prefix, shard), items = element
-        # A retry writes the same file: pairs by line (unique in their file),
-        # sentences by id, then place (the same order for duplicated ids too).
-        items = sorted(items, key=(lambda item: item[0]) if self._pairs
+        # A retry writes the same file: pairs by line, then file (two files of one
+        # name in different folders share a prefix), sentences by id, then place.
+        items = sorted(items, key=(lambda item: (item[0], item[1]["file"])) if self._pairs
                        else (lambda item: (item[0], item[2])))
+        start = time.time()
         embedder = _embedder(self._model, self._max_seq_length, self._threads)
         loaded = time.time()
         name = f"{prefix}-{shard:05d}-of-{self._num_shards:05d}.tfrecord.gz"

@@ -49,6 +49,7 @@ from lealla_tf.pipelines.corpus_steps import (
     DEAD,
     PROGRESS_FOLDER,
     RUN_SUMMARY,
+    TIMED_STAGES,
     VALID,
     EmbedShard,
     ReadLines,
@@ -244,7 +245,7 @@ def _progress_of(progress_dir: str):
 def describe_timeline(timeline: dict) -> str:
     """One line of where a run's time went, from its manifest's `timeline`:
     each stage's span after the pipeline started and its tasks' busy seconds."""
-    stages = timeline["stages"]
+    stages = timeline["stages"]  # in the stages' order: a manifest's keys are sorted
     return f"{timeline['seconds']:.1f} s: " + "; ".join(
-        f"{stage} {span['from']:.1f}-{span['to']:.1f} s (busy {span['busy']:.1f} s)"
-        for stage, span in stages.items())
+        f"{stage} {stages[stage]['from']:.1f}-{stages[stage]['to']:.1f} s "
+        f"(busy {stages[stage]['busy']:.1f} s)" for stage in TIMED_STAGES if stage in stages)

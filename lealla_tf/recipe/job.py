@@ -89,14 +89,20 @@ class Job:
         # The teacher embeds in bfloat16 where this CPU multiplies it natively: its
         # evaluations (Tatoeba, news, mining) cost less at the module's scores. The
         # student's float32 export is evaluated in the same precision
-        # (`load_embedder`'s `precision`), so the report's speeds compare the two
-        # models as a user of this CPU would run them.
+        # (`export_precision`), so the report's speeds compare the two models as a
+        # user of this CPU would run them.
         self.teacher_precision = "bfloat16" if bfloat16_arithmetic() else "float32"
         teacher, export = self.path("teacher"), self.path(EXPORT)
         self.models.register(teacher, lambda: teacher_embedder(
             teacher, self.teacher_precision == "bfloat16"))
         self.models.register(export, lambda: load_embedder(
-            export, precision="bfloat16" if self.teacher_precision == "bfloat16" else None))
+            export, precision="bfloat16" if self.export_precision() == "bfloat16" else None))
+
+    def export_precision(self) -> str:
+        """The precision the student's export is evaluated in: the teacher's, or
+        float32 beside a comparison student, which is evaluated from its model
+        directory in float32: the distillation's gain then compares like with like."""
+        return "float32" if COMPARISON in self.runs else self.teacher_precision
 
     def path(self, name: str) -> str:
         """A folder of the work dir: "teacher", "sample", "pairs_teacher" (the
@@ -255,8 +261,8 @@ class Job:
                                                    self.config.teacher_eval_pairs)
         results = evaluate_stage(evaluated, self.tatoeba_dir, self.models)
         for name, (path, _) in evaluated.items():
-            if path == self.path(EXPORT):
-                results[name]["precision"] = self.teacher_precision
+            results[name]["precision"] = (self.export_precision() if path == self.path(EXPORT)
+                                          else "float32")
         return results
 
     def news(self) -> dict:

@@ -60,6 +60,17 @@ def test_embeds_every_valid_line_and_dead_letters_the_rest(corpus_model, corpus)
     assert stages["read"]["from"] <= stages["embed"]["from"] <= stages["write"]["to"]
 
 
+def test_the_timeline_is_told_in_the_stages_order():
+    """A manifest read back has its keys sorted; the line keeps the run's order."""
+    from lealla_tf.pipelines.embed_corpus import describe_timeline
+
+    span = {"from": 1.0, "to": 2.0, "busy": 1.0}
+    line = describe_timeline({"seconds": 3.0, "stages": {"embed": span, "read": span,
+                                                         "write": span}})
+    assert line == ("3.0 s: read 1.0-2.0 s (busy 1.0 s); embed 1.0-2.0 s (busy 1.0 s); "
+                    "write 1.0-2.0 s (busy 1.0 s)")
+
+
 def test_an_int8_tflite_export_embeds_a_corpus(corpus_model, corpus, sentence_vocab_file,
                                                 tmp_path):
     from lealla_tf.inference.formats import export_int8_tflite

@@ -26,7 +26,7 @@ from lealla_tf.parallel_corpus import read_pairs
 from lealla_tf.recipe import job as recipe  # the stages as the job calls them
 from lealla_tf.recipe.job import STAGES, stage_settings
 from lealla_tf.recipe.settings import COMPARISON, RECIPE_LEARNING_RATE, STUDENT, RecipeConfig
-from lealla_tf.recipe.stages import StageInterrupted
+from lealla_tf.recipe.stages import Models, StageInterrupted, Stages
 from lealla_tf.recipe.work_dir import JOB_MARKER, claim_work_dir
 
 WORDS = {"deu": ("Der Hund Nummer {} ist nett.", "Die Katze {} schläft."),
@@ -54,6 +54,26 @@ def tiny_data(tmp_path):
                 for i in range(60)]
         write_pairs(root / "parallel" / "ntrex", language, news)
     return root
+
+
+def test_the_export_is_evaluated_in_the_teachers_precision_unless_a_comparison_runs(
+        tmp_path, monkeypatch):
+    """On a CPU with bfloat16 arithmetic the export loads as bfloat16, as the teacher
+    runs; beside an AMS-alone student (its model directory, float32) in float32."""
+    monkeypatch.setattr(recipe, "bfloat16_arithmetic", lambda: True)
+    job = recipe.Job(RecipeConfig(work_dir=str(tmp_path)), tmp_path, Stages(str(tmp_path)),
+                     Models())
+    requested = []
+    monkeypatch.setattr(recipe, "load_embedder",
+                        lambda path, precision=None: requested.append((path, precision)))
+    job.models.get(job.path(recipe.EXPORT))
+    assert job.teacher_precision == "bfloat16"
+    assert requested == [(job.path(recipe.EXPORT), "bfloat16")]
+    job.runs[COMPARISON] = ("ams", {}, None)
+    assert job.export_precision() == "float32"
+    monkeypatch.setattr(recipe, "bfloat16_arithmetic", lambda: False)
+    assert recipe.Job(RecipeConfig(work_dir=str(tmp_path)), tmp_path, Stages(str(tmp_path)),
+                      Models()).export_precision() == "float32"
 
 
 def test_missing_data_is_named_exactly(tmp_path, capsys):
@@ -103,11 +123,14 @@ def test_main_job_end_to_end_on_tiny_data(tiny_data, tmp_path, capsys):
     expected = "bfloat16" if bfloat16_arithmetic() else "float32"
     assert report["precision"] == {"student": expected, "student_ams_only": expected}
     assert f"training precision: student {expected}" in out
-    # The export is evaluated in the teacher's precision: the speeds compare like with like.
+    # Beside a comparison student (a model directory, float32) the export is evaluated
+    # in float32 too: the distillation's gain compares like with like.
     assert report["teacher_precision"] == expected
-    assert report["tatoeba"]["student"]["precision"] == expected
-    assert report["tatoeba"]["student_teacher_pairs"]["precision"] == expected
-    assert f"float32 export run in {expected}" in report["headline"]["basis"]
+    assert {name: report["tatoeba"][name]["precision"] for name in (
+        "student", "student_ams_only", "student_teacher_pairs")} == dict.fromkeys(
+        ("student", "student_ams_only", "student_teacher_pairs"), "float32")
+    assert f"float32 export run in float32, the teacher in {expected}" in report["headline"][
+        "basis"]
     assert report["export"]["reload_max_abs_difference"] < 1e-5
     assert set(report["tatoeba"]) == {"student", "student_ams_only", "teacher",
                                       "student_teacher_pairs"}
