@@ -422,7 +422,6 @@ class WriteRunSummary(beam.DoFn):
         yield summary
 
 
-
 def stage_spans(timings) -> dict:
     """(stage, start, end) events -> {stage: {"start", "end", "busy"}}: the first
     start and the last end of the stage's tasks (wall-clock seconds) and the sum
