@@ -132,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads_per_worker", type=int, default=None,
                         help="TensorFlow threads of each worker's model (0: TensorFlow's "
                              "default, all cores; default: the cores shared out among "
-                             "--direct_num_workers local worker processes)")
+                             "--direct_num_workers local worker processes, or among the "
+                             "dask workers on each host)")
     return parser
 
 

@@ -15,6 +15,7 @@ import os
 import threading
 import time
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -23,6 +24,7 @@ import tensorflow as tf
 from apache_beam.io.filesystems import FileSystems
 
 from lealla_tf.inference.loaders import load_embedder
+from lealla_tf.machine import usable_cpus
 from lealla_tf.pipelines.beam_files import write_atomically, write_gzip_tfrecords
 from lealla_tf.records import embedding_example, pair_example
 
@@ -48,8 +50,12 @@ _WARMING: set = set()
 
 def _embedder(model: str, max_seq_length: int | None = None,
               threads: int | None = None):
+    """This worker's one `load_embedder(model, max_seq_length)`. `threads`: its
+    TensorFlow threads (0: TensorFlow's default; None: `dask_worker_threads`'
+    share on a dask worker, else TensorFlow's default)."""
     with _MODELS_LOCK:
         if (model, max_seq_length) not in _MODELS:
+            threads = dask_worker_threads() if threads is None else threads
             if threads:
                 limit_threads(threads)
             _MODELS[model, max_seq_length] = load_embedder(model, max_seq_length)
@@ -69,6 +75,8 @@ def warm_embedder(model: str, max_seq_length: int | None = None,
         if key in _MODELS or key in _WARMING:
             return None
         _WARMING.add(key)
+    # The dask worker is known to this task's thread only.
+    threads = dask_worker_threads() if threads is None else threads
 
     def load():
         try:
@@ -80,6 +88,31 @@ def warm_embedder(model: str, max_seq_length: int | None = None,
     thread = threading.Thread(target=load, name="warm_embedder", daemon=True)
     thread.start()
     return thread
+
+
+def dask_worker_threads() -> int | None:
+    """Inside a dask.distributed worker's task: this host's cores shared out among
+    the cluster's workers on this host, as `embed_corpus.threads_per_worker`
+    shares them among the local runner's processes (N workers each starting
+    TensorFlow pools of every core would oversubscribe them); None outside a
+    dask worker or where the scheduler cannot be asked."""
+    try:
+        from distributed import get_client, get_worker  # noqa: PLC0415 - only with dask
+
+        worker = get_worker()
+    except (ImportError, ValueError):
+        return None
+    from distributed.comm import get_address_host  # noqa: PLC0415
+
+    host = get_address_host(worker.address)
+    try:
+        workers = get_client().scheduler_info()["workers"].values()
+    except Exception as error:  # the share is an optimisation, never a failure
+        logging.warning("embed_corpus: the dask scheduler did not say which workers share "
+                        "this host (%s); TensorFlow keeps its default threads", error)
+        return None
+    sharing = sum(1 for info in workers if info.get("host") == host)
+    return max(1, usable_cpus() // max(1, sharing))
 
 
 def limit_threads(threads: int) -> bool:
@@ -121,6 +154,7 @@ def read_progress(progress_dir: str) -> dict[str, int]:
         names = os.listdir(progress_dir)
     except OSError:
         return state
+    parts_done = 0.0  # a file read in N parts: 1/N a part
     for name in names:
         if ".tmp-" in name:
             continue
@@ -128,13 +162,15 @@ def read_progress(progress_dir: str) -> dict[str, int]:
             with open(os.path.join(progress_dir, name)) as handle:
                 fields = handle.read().split()
             count = int(fields[0])
+            parts = int(fields[2]) if fields[1:2] == ["done"] else 0
         except (OSError, ValueError, IndexError):
             continue
         if name.startswith("read-"):
             state["lines_read"] += count
-            state["files_read"] += fields[1:] == ["done"]
+            parts_done += 1 / parts if parts else 0
         elif name.startswith("embedded-"):
             state["embedded"] += count
+    state["files_read"] = int(parts_done + 1e-6)
     return state
 
 
@@ -161,51 +197,59 @@ def of_kind(kind):
 
 
 class ReadLines(beam.DoFn):
-    """file path -> each line parsed where it is read (`parse_line`): (VALID,
-    ((shard key), record)) ready for the shards' GroupByKey, or (DEAD, a JSON
-    line); then (COUNT, ("lines_read", lines)), (COUNT, ("dead_lettered", n)) and
-    the read's (COUNT, (TIMING, ...)).
+    """(file path, part, parts) -> each line of that part of the file parsed
+    where it is read (`parse_line`): (VALID, ((shard key), record)) ready for the
+    shards' GroupByKey, or (DEAD, a JSON line); then (COUNT, ("lines_read",
+    lines)), (COUNT, ("dead_lettered", n)) and the read's (COUNT, (TIMING, ...)).
+    Part p of `parts` is every line whose 0-based index is p modulo `parts`
+    (each part reads the file through and parses only its own lines): a
+    runner that keeps one task per read (the DaskRunner) needs more reads than
+    input files to give every worker a share (`read_parts`).
 
     One step reads, parses and keys each line: every further step a line passes
-    through costs each runner a call per line (the DaskRunner most: its Create
-    puts up to 128 input files in one partition, and each step after keeps that
-    partitioning, so a few files' lines pass every step in one worker), and the
-    shards' GroupByKey spreads the work over the workers. Its setup starts
-    loading the worker's model (`warm_embedder`; `warm`: (model,
-    max_seq_length, threads), or None).
+    through costs each runner a call per line, and the shards' GroupByKey
+    spreads the work over the workers. Its setup starts loading the worker's
+    model (`warm_embedder`; `warm`: (model, max_seq_length, threads), or None).
 
     A record's key is (prefix, shard): ("embeddings", shard of its id), or for
-    pairs (the file's name, shard of "file:line"); its value is (id, text,
-    "file:line") for sentences, ("<line, 12 digits>", pair dict) for pairs.
-    The file's name in ids is its path relative to `root` (the inputs' common
-    folder), so two files called deu.txt in different folders give different ids.
+    pairs (the file's name, shard of "file:line"), extended by `spread` where
+    given (`spread_keys`); its value is (id, text, "file:line") for sentences,
+    ("<line, 12 digits>", pair dict) for pairs. The file's name in ids is its
+    path relative to `root` (the inputs' common folder), so two files called
+    deu.txt in different folders give different ids.
     """
 
     def __init__(self, root: str = "", progress_dir: str | None = None,
-                 warm: tuple | None = None, input_format: str = "lines", num_shards: int = 1):
+                 warm: tuple | None = None, input_format: str = "lines", num_shards: int = 1,
+                 spread: dict | None = None):
         self._root = root
         self._progress_dir = progress_dir
         self._warm = warm
         self._format = input_format
         self._num_shards = num_shards
+        self._spread = spread or {}
 
     def setup(self):
         if self._warm is not None:
             warm_embedder(*self._warm)
 
-    def process(self, path):
+    def process(self, element):
+        path, part, parts = element
         start = time.time()
         lines_read = beam.metrics.Metrics.counter(NAMESPACE, "lines_read")
         dead_lettered = beam.metrics.Metrics.counter(NAMESPACE, "dead_lettered")
         name = os.path.relpath(path, self._root) if self._root else os.path.basename(path)
-        report = f"read-{zlib.crc32(path.encode('utf-8')):08x}"
-        number = dead = 0
+        report = f"read-{zlib.crc32(path.encode('utf-8')):08x}-{part}"
+        own = dead = 0
         with FileSystems.open(path) as handle:
             # Beam's CompressedFile has readline() but is not iterable.
             for number, line in enumerate(iter(handle.readline, b""), start=1):
+                if (number - 1) % parts != part:
+                    continue
+                own += 1
                 lines_read.inc()
-                if number % READ_REPORT_LINES == 0:
-                    _report(self._progress_dir, report, str(number))
+                if own % READ_REPORT_LINES == 0:
+                    _report(self._progress_dir, report, str(own))
                 kind, record = parse_line(self._format, name, number,
                                           line.rstrip(b"\n").rstrip(b"\r"))
                 if kind == DEAD:
@@ -214,17 +258,44 @@ class ReadLines(beam.DoFn):
                     yield DEAD, record
                 else:
                     yield VALID, self._keyed(record)
-        _report(self._progress_dir, report, f"{number} done")
-        yield COUNT, ("lines_read", number)
+        _report(self._progress_dir, report, f"{own} done {parts}")
+        yield COUNT, ("lines_read", own)
         yield COUNT, ("dead_lettered", dead)
         yield COUNT, (TIMING, ("read", start, time.time()))
 
     def _keyed(self, record):
         if self._format == "pairs":
-            return ((pair_destination(record["file"]),
-                     shard_of(f"{record['file']}:{record['line']}", self._num_shards)),
-                    (f"{record['line']:012d}", record))
-        return ("embeddings", shard_of(record[0], self._num_shards)), record
+            key = (pair_destination(record["file"]),
+                   shard_of(f"{record['file']}:{record['line']}", self._num_shards))
+            return self._spread.get(key, key), (f"{record['line']:012d}", record)
+        key = ("embeddings", shard_of(record[0], self._num_shards))
+        return self._spread.get(key, key), record
+
+
+def shard_keys(files: Sequence[str], root: str, pairs: bool, num_shards: int) -> list[tuple]:
+    """Every (prefix, shard) key `ReadLines` can give the lines of `files`, sorted."""
+    prefixes = ({pair_destination(os.path.relpath(path, root) if root else os.path.basename(path))
+                 for path in files} if pairs else {"embeddings"})
+    return sorted((prefix, shard) for prefix in prefixes for shard in range(num_shards))
+
+
+def spread_keys(keys: Sequence[tuple], partitions: int) -> dict[tuple, tuple]:
+    """{key: key + (salt,)}, the salt chosen so that Beam's DaskRunner gives
+    the i-th of `keys` to output partition i modulo `partitions` of its
+    GroupByKey (one dask task each): its GroupByKey is dask.bag's task
+    shuffle, which sends a key to partition int(tokenize(key), 16) modulo the
+    partitions, so the shard keys alone can pile several shards into one task
+    and leave a worker idle. Other runners group the extended keys alike.
+    Should dask place keys otherwise, the shards stay correct, only less even."""
+    from dask.base import tokenize  # noqa: PLC0415 - dask only where the DaskRunner runs
+
+    spread = {}
+    for index, key in enumerate(keys):
+        salt = 0
+        while int(tokenize(key + (salt,)), 16) % partitions != index % partitions:
+            salt += 1
+        spread[key] = key + (salt,)
+    return spread
 
 
 def parse_line(input_format: str, path: str, number: int, raw: bytes):
@@ -337,7 +408,8 @@ class EmbedShard(beam.DoFn):
         return vectors
 
     def process(self, element):
-        (prefix, shard), items = element
+        key, items = element
+        prefix, shard = key[:2]  # a key may carry `spread_keys`' salt
         # A retry writes the same file: pairs by line, then file (two files of one
         # name in different folders share a prefix), sentences by id, then place.
         items = sorted(items, key=(lambda item: (item[0], item[1]["file"])) if self._pairs

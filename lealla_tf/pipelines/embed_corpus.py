@@ -29,6 +29,7 @@ runner (Dataflow, Flink, Spark) and the DaskRunner run it unchanged.
 
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -36,7 +37,7 @@ from collections.abc import Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import DirectOptions
+from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
 from lealla_tf.folder_lock import one_writer
 from lealla_tf.inference.batching import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
@@ -58,6 +59,8 @@ from lealla_tf.pipelines.corpus_steps import (
     describe_duplicates,
     of_kind,
     read_progress,
+    shard_keys,
+    spread_keys,
     timeline,
 )
 from lealla_tf.pipelines.options import pipeline_options, run_pipeline
@@ -70,13 +73,14 @@ def threads_per_worker(options, asked: int | None = None) -> int | None:
     processes (--direct_num_workers=N --direct_running_mode=multi_processing), this
     host's cores shared out among them, so N workers do not each start a pool of
     every core (chosen by benchmarks/beam_throughput.py --workers=2, run before
-    and after the change: commit 1325bec, which made it); else None (TensorFlow's
-    default)."""
+    and after the change: commit 1325bec, which made it); else None: TensorFlow's
+    default, but on a dask worker, which shares its host's cores out among the
+    dask workers there when it loads the model (`corpus_steps.dask_worker_threads`)."""
     if asked is not None:
         if asked < 0:
             raise ValueError(f"--threads_per_worker must be at least 0 (0: TensorFlow's "
                              f"default), got {asked}")
-        return asked or None
+        return asked
     direct = options.view_as(DirectOptions)
     # 0 is Beam's "a worker a core"
     workers = usable_cpus() if direct.direct_num_workers == 0 else direct.direct_num_workers or 1
@@ -104,11 +108,15 @@ def build_pipeline(pipeline, files: Sequence[str], model: str, run_dir: str,
     """
     root = os.path.commonpath([os.path.dirname(f) for f in files]) if "://" not in files[0] else ""
     warm = (model, max_seq_length, threads)  # the model loads while lines are read
+    parts, partitions = dask_reads(pipeline.options, len(files), num_shards)
+    spread = (None if partitions is None
+              else spread_keys(shard_keys(files, root, pairs, num_shards), partitions))
     read = (pipeline
-            | "ListFiles" >> beam.Create(list(files))
+            | "ListFiles" >> beam.Create([(path, part, parts) for path in files
+                                          for part in range(parts)])
             | "ReadLines" >> beam.ParDo(ReadLines(root, progress_dir, warm,
                                                   "pairs" if pairs else input_format,
-                                                  num_shards)))
+                                                  num_shards, spread)))
     events = [read | "Counts" >> beam.FlatMap(of_kind(COUNT)),
               (read
                | "DeadLetters" >> beam.FlatMap(of_kind(DEAD))
@@ -126,6 +134,35 @@ def build_pipeline(pipeline, files: Sequence[str], model: str, run_dir: str,
             | "OneKey" >> beam.Map(lambda event: (None, event))
             | "Gather" >> beam.GroupByKey()
             | "WriteRunSummary" >> beam.ParDo(WriteRunSummary(run_dir)))
+
+
+def dask_reads(options, num_files: int, num_shards: int) -> tuple[int, int | None]:
+    """(the parts each input file is read in, the partitions of the shards'
+    GroupByKey) for `options`' runner: (1, None) but on the DaskRunner.
+
+    The DaskRunner cuts a pipeline into partitions only at its Create, and every
+    step after, GroupByKey included, keeps as many: a run over one file would be
+    one partition from read to shards, one worker embedding every shard while
+    the others idle. So, unless --dask_npartitions or --dask_partition_size says
+    otherwise, it is given one partition a shard (--dask_npartitions is set to
+    `num_shards` here), and each file is read in as many parts as it takes for
+    the reads to fill them; `spread_keys` then deals the shards to them evenly.
+    """
+    if "DaskRunner" not in str(options.view_as(StandardOptions).runner):
+        return 1, None
+    from apache_beam.runners.dask.dask_runner import DaskOptions  # noqa: PLC0415 - dask is heavy
+
+    dask = options.view_as(DaskOptions)
+    if dask.partition_size:
+        return 1, math.ceil(num_files / dask.partition_size)
+    if not dask.npartitions:
+        dask.npartitions = num_shards
+    parts = math.ceil(dask.npartitions / num_files)
+    reads = num_files * parts
+    # dask.bag.from_sequence's cut of `reads` items into npartitions
+    size = (math.ceil(reads / dask.npartitions) if reads <= 100
+            else max(1, reads // dask.npartitions))
+    return parts, math.ceil(reads / size)
 
 
 def expand_inputs(patterns: Sequence[str]):
@@ -151,7 +188,7 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
     `pipeline_args` are Beam's own flags (--runner=..., --direct_num_workers=...).
     `max_seq_length` truncates what the model embeds (see `load_embedder`).
     `threads_per_worker_asked`: TensorFlow threads of each worker's model (see
-    `threads_per_worker`; None: shared out among local worker processes).
+    `threads_per_worker`; None: shared out among a host's worker processes).
     `progress`: show the run's progress on stderr (`PipelineProgress`, fed
     by the steps' progress files; local outputs only).
     Raises FileNotFoundError / ValueError for bad arguments (an `output` that

@@ -22,7 +22,9 @@ from lealla_tf.pipelines.corpus_steps import (
     parse_line,
     read_progress,
     shard_duplicates,
+    shard_keys,
     shard_of,
+    spread_keys,
 )
 
 
@@ -60,7 +62,7 @@ def test_a_line_is_read_parsed_and_keyed_to_its_shard_in_one_step(tmp_path):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.tsv").write_bytes(b"doc-1\tThe dog.\nno tab\n")
     events = list(ReadLines(str(tmp_path / "in"), input_format="tsv", num_shards=4).process(
-        str(tmp_path / "in" / "a.tsv")))
+        (str(tmp_path / "in" / "a.tsv"), 0, 1)))
     assert events[0] == (VALID, (("embeddings", shard_of("doc-1", 4)),
                                  ("doc-1", "The dog.", "a.tsv:1")))
     assert events[1][0] == DEAD and json.loads(events[1][1])["reason"] == "no_tab"
@@ -69,9 +71,50 @@ def test_a_line_is_read_parsed_and_keyed_to_its_shard_in_one_step(tmp_path):
     assert (kind, timing, stage) == (COUNT, TIMING, "read") and start <= end
     (tmp_path / "in" / "p.tsv").write_bytes(b"Der Hund.\tThe dog.\n")
     ((kind, (key, value)), *_) = ReadLines(str(tmp_path / "in"), input_format="pairs",
-                                           num_shards=4).process(str(tmp_path / "in" / "p.tsv"))
+                                           num_shards=4).process(
+        (str(tmp_path / "in" / "p.tsv"), 0, 1))
     assert key == ("p", shard_of("p.tsv:1", 4)) and value[0] == "000000000001"
     assert value[1] == {"file": "p.tsv", "line": 1, "source": "Der Hund.", "target": "The dog."}
+
+
+def test_a_file_read_in_parts_gives_each_line_to_one_part_with_its_own_number(tmp_path):
+    """Part p of N parses the lines whose 0-based index is p modulo N, keeping the
+    line numbers of the whole file; the parts' counts add up to the file's."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_bytes(b"one\n\ntwo\nthree\nfour\n")
+    seen, counts = [], {"lines_read": 0, "dead_lettered": 0}
+    for part in range(2):
+        for kind, value in ReadLines(str(tmp_path / "in")).process(
+                (str(tmp_path / "in" / "a.txt"), part, 2)):
+            if kind == VALID:
+                seen.append(value[1][2])
+            elif kind == DEAD:
+                seen.append(json.loads(value)["line"])
+            elif value[0] in counts:
+                counts[value[0]] += value[1]
+    assert seen == ["a.txt:1", "a.txt:3", "a.txt:5", 2, "a.txt:4"]
+    assert counts == {"lines_read": 5, "dead_lettered": 1}
+
+
+def test_spread_keys_deal_shards_evenly_to_the_dask_shuffles_partitions(tmp_path):
+    """Each shard key gets a salt that sends it to its own partition of dask.bag's
+    task shuffle (key -> int(tokenize(key), 16) % partitions); ReadLines keys
+    its records with the salted key."""
+    from dask.base import tokenize
+
+    keys = shard_keys(["/in/deu-eng.tsv.gz", "/in/fra-eng.tsv"], "/in", True, 3)
+    assert keys == [("deu-eng", 0), ("deu-eng", 1), ("deu-eng", 2), ("fra-eng", 0),
+                    ("fra-eng", 1), ("fra-eng", 2)]
+    assert shard_keys(["/in/a.txt", "/in/b.txt"], "/in", False, 2) == [
+        ("embeddings", 0), ("embeddings", 1)]
+    spread = spread_keys(keys, 4)
+    assert [int(tokenize(spread[key]), 16) % 4 for key in keys] == [0, 1, 2, 3, 0, 1]
+    assert all(spread[key][:2] == key for key in keys)
+    (tmp_path / "a.txt").write_bytes(b"Der Hund.\n")
+    lines = spread_keys(shard_keys([str(tmp_path / "a.txt")], str(tmp_path), False, 2), 2)
+    ((kind, (key, _)), *_) = ReadLines(str(tmp_path), num_shards=2, spread=lines).process(
+        (str(tmp_path / "a.txt"), 0, 1))
+    assert key == lines["embeddings", shard_of("a.txt:1", 2)]
 
 
 def test_duplicated_ids_are_counted_with_their_first_places():
@@ -159,7 +202,7 @@ def test_progress_files_report_lines_read_and_sentences_embedded(corpus_model, t
     (tmp_path / "in" / "a.txt").write_text("".join(f"line {i}\n" for i in range(9)))
     progress_dir = str(tmp_path / "progress")
     reader = ReadLines(str(tmp_path / "in"), progress_dir)
-    lines = iter(reader.process(str(tmp_path / "in" / "a.txt")))
+    lines = iter(reader.process((str(tmp_path / "in" / "a.txt"), 0, 1)))
     for _ in range(5):
         next(lines)
     assert read_progress(progress_dir)["lines_read"] == 4  # a report every 4 lines
@@ -170,5 +213,25 @@ def test_progress_files_report_lines_read_and_sentences_embedded(corpus_model, t
                                             for i, s in enumerate(CORPUS_SENTENCES)])))
     assert read_progress(progress_dir) == {"files_read": 1, "lines_read": 9,
                                            "embedded": len(CORPUS_SENTENCES)}
+    reader = ReadLines(str(tmp_path / "in"), str(tmp_path / "halves"))
+    list(reader.process((str(tmp_path / "in" / "a.txt"), 0, 2)))
+    assert read_progress(str(tmp_path / "halves")) == {"files_read": 0, "lines_read": 5,
+                                                       "embedded": 0}
+    list(reader.process((str(tmp_path / "in" / "a.txt"), 1, 2)))
+    assert read_progress(str(tmp_path / "halves")) == {"files_read": 1, "lines_read": 9,
+                                                       "embedded": 0}
     assert read_progress(str(tmp_path / "absent")) == {
         "files_read": 0, "lines_read": 0, "embedded": 0}
+
+
+def test_dask_workers_share_their_hosts_cores_out(dask_cluster):
+    """On each of the two local dask workers a model gets half this host's cores
+    (at least one); outside a dask worker there is nothing to share."""
+    import distributed
+
+    from lealla_tf.machine import usable_cpus
+
+    assert corpus_steps.dask_worker_threads() is None
+    with distributed.Client(dask_cluster.scheduler_address) as client:
+        futures = [client.submit(corpus_steps.dask_worker_threads, pure=False) for _ in range(2)]
+        assert {future.result() for future in futures} == {max(1, usable_cpus() // 2)}
