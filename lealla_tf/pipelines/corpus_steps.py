@@ -15,17 +15,15 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Sequence
 from typing import Any
 
 import apache_beam as beam
 import numpy as np
-import tensorflow as tf
 from apache_beam.io.filesystems import FileSystems
 
 from lealla_tf.inference.loaders import load_embedder
-from lealla_tf.machine import usable_cpus
 from lealla_tf.pipelines.beam_files import write_atomically, write_gzip_tfrecords
+from lealla_tf.pipelines.worker_threads import dask_worker_threads, limit_threads
 from lealla_tf.records import embedding_example, pair_example
 
 NAMESPACE = "embed_corpus"
@@ -88,46 +86,6 @@ def warm_embedder(model: str, max_seq_length: int | None = None,
     thread = threading.Thread(target=load, name="warm_embedder", daemon=True)
     thread.start()
     return thread
-
-
-def dask_worker_threads() -> int | None:
-    """Inside a dask.distributed worker's task: this host's cores shared out among
-    the cluster's workers on this host, as `embed_corpus.threads_per_worker`
-    shares them among the local runner's processes (N workers each starting
-    TensorFlow pools of every core would oversubscribe them); None outside a
-    dask worker or where the scheduler cannot be asked."""
-    try:
-        from distributed import get_client, get_worker  # noqa: PLC0415 - only with dask
-
-        worker = get_worker()
-    except (ImportError, ValueError):
-        return None
-    from distributed.comm import get_address_host  # noqa: PLC0415
-
-    host = get_address_host(worker.address)
-    try:
-        workers = get_client().scheduler_info()["workers"].values()
-    except Exception as error:  # the share is an optimisation, never a failure
-        logging.warning("embed_corpus: the dask scheduler did not say which workers share "
-                        "this host (%s); TensorFlow keeps its default threads", error)
-        return None
-    sharing = sum(1 for info in workers if info.get("host") == host)
-    return max(1, usable_cpus() // max(1, sharing))
-
-
-def limit_threads(threads: int) -> bool:
-    """Caps this process's TensorFlow thread pools (intra- and inter-op) at
-    `threads`; False, with a warning, where TensorFlow already runs here (its pools
-    are fixed at start-up: an in-process runner's worker is the caller's process)."""
-    try:
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
-    except RuntimeError:
-        logging.warning("embed_corpus: TensorFlow already started in this process; "
-                        "its thread pools stay as they are (threads per worker: %d asked)",
-                        threads)
-        return False
-    return True
 
 
 def _report(progress_dir: str | None, name: str, value: str) -> None:
@@ -213,8 +171,8 @@ class ReadLines(beam.DoFn):
 
     A record's key is (prefix, shard): ("embeddings", shard of its id), or for
     pairs (the file's name, shard of "file:line"), extended by `spread` where
-    given (`spread_keys`); its value is (id, text, "file:line") for sentences,
-    ("<line, 12 digits>", pair dict) for pairs. The file's name in ids is its
+    given (`dask_partitions.spread_keys`); its value is (id, text, "file:line")
+    for sentences, ("<line, 12 digits>", pair dict) for pairs. The file's name in ids is its
     path relative to `root` (the inputs' common folder), so two files called
     deu.txt in different folders give different ids.
     """
@@ -270,32 +228,6 @@ class ReadLines(beam.DoFn):
             return self._spread.get(key, key), (f"{record['line']:012d}", record)
         key = ("embeddings", shard_of(record[0], self._num_shards))
         return self._spread.get(key, key), record
-
-
-def shard_keys(files: Sequence[str], root: str, pairs: bool, num_shards: int) -> list[tuple]:
-    """Every (prefix, shard) key `ReadLines` can give the lines of `files`, sorted."""
-    prefixes = ({pair_destination(os.path.relpath(path, root) if root else os.path.basename(path))
-                 for path in files} if pairs else {"embeddings"})
-    return sorted((prefix, shard) for prefix in prefixes for shard in range(num_shards))
-
-
-def spread_keys(keys: Sequence[tuple], partitions: int) -> dict[tuple, tuple]:
-    """{key: key + (salt,)}, the salt chosen so that Beam's DaskRunner gives
-    the i-th of `keys` to output partition i modulo `partitions` of its
-    GroupByKey (one dask task each): its GroupByKey is dask.bag's task
-    shuffle, which sends a key to partition int(tokenize(key), 16) modulo the
-    partitions, so the shard keys alone can pile several shards into one task
-    and leave a worker idle. Other runners group the extended keys alike.
-    Should dask place keys otherwise, the shards stay correct, only less even."""
-    from dask.base import tokenize  # noqa: PLC0415 - dask only where the DaskRunner runs
-
-    spread = {}
-    for index, key in enumerate(keys):
-        salt = 0
-        while int(tokenize(key + (salt,)), 16) % partitions != index % partitions:
-            salt += 1
-        spread[key] = key + (salt,)
-    return spread
 
 
 def parse_line(input_format: str, path: str, number: int, raw: bytes):

@@ -29,7 +29,6 @@ runner (Dataflow, Flink, Spark) and the DaskRunner run it unchanged.
 
 import json
 import logging
-import math
 import os
 import shutil
 import time
@@ -37,12 +36,10 @@ from collections.abc import Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
 from lealla_tf.folder_lock import one_writer
 from lealla_tf.inference.batching import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
 from lealla_tf.inference.loaders import model_kind
-from lealla_tf.machine import usable_cpus
 from lealla_tf.mining.run_folders import commit_run, file_in_the_way, run_directory
 from lealla_tf.pipelines.corpus_steps import (
     COUNT,
@@ -59,34 +56,12 @@ from lealla_tf.pipelines.corpus_steps import (
     describe_duplicates,
     of_kind,
     read_progress,
-    shard_keys,
-    spread_keys,
     timeline,
 )
+from lealla_tf.pipelines.dask_partitions import dask_reads, shard_keys, spread_keys
 from lealla_tf.pipelines.options import pipeline_options, run_pipeline
+from lealla_tf.pipelines.worker_threads import threads_per_worker
 from lealla_tf.progress import PipelineProgress
-
-
-def threads_per_worker(options, asked: int | None = None) -> int | None:
-    """TensorFlow threads for each worker's model: `asked` when given (0: TensorFlow's
-    own default, all cores), else, when the local runner starts several worker
-    processes (--direct_num_workers=N --direct_running_mode=multi_processing), this
-    host's cores shared out among them, so N workers do not each start a pool of
-    every core (chosen by benchmarks/beam_throughput.py --workers=2, run before
-    and after the change: commit 1325bec, which made it); else None: TensorFlow's
-    default, but on a dask worker, which shares its host's cores out among the
-    dask workers there when it loads the model (`corpus_steps.dask_worker_threads`)."""
-    if asked is not None:
-        if asked < 0:
-            raise ValueError(f"--threads_per_worker must be at least 0 (0: TensorFlow's "
-                             f"default), got {asked}")
-        return asked
-    direct = options.view_as(DirectOptions)
-    # 0 is Beam's "a worker a core"
-    workers = usable_cpus() if direct.direct_num_workers == 0 else direct.direct_num_workers or 1
-    if workers > 1 and direct.direct_running_mode == "multi_processing":
-        return max(1, usable_cpus() // workers)
-    return None
 
 
 def build_pipeline(pipeline, files: Sequence[str], model: str, run_dir: str,
@@ -134,35 +109,6 @@ def build_pipeline(pipeline, files: Sequence[str], model: str, run_dir: str,
             | "OneKey" >> beam.Map(lambda event: (None, event))
             | "Gather" >> beam.GroupByKey()
             | "WriteRunSummary" >> beam.ParDo(WriteRunSummary(run_dir)))
-
-
-def dask_reads(options, num_files: int, num_shards: int) -> tuple[int, int | None]:
-    """(the parts each input file is read in, the partitions of the shards'
-    GroupByKey) for `options`' runner: (1, None) but on the DaskRunner.
-
-    The DaskRunner cuts a pipeline into partitions only at its Create, and every
-    step after, GroupByKey included, keeps as many: a run over one file would be
-    one partition from read to shards, one worker embedding every shard while
-    the others idle. So, unless --dask_npartitions or --dask_partition_size says
-    otherwise, it is given one partition a shard (--dask_npartitions is set to
-    `num_shards` here), and each file is read in as many parts as it takes for
-    the reads to fill them; `spread_keys` then deals the shards to them evenly.
-    """
-    if "DaskRunner" not in str(options.view_as(StandardOptions).runner):
-        return 1, None
-    from apache_beam.runners.dask.dask_runner import DaskOptions  # noqa: PLC0415 - dask is heavy
-
-    dask = options.view_as(DaskOptions)
-    if dask.partition_size:
-        return 1, math.ceil(num_files / dask.partition_size)
-    if not dask.npartitions:
-        dask.npartitions = num_shards
-    parts = math.ceil(dask.npartitions / num_files)
-    reads = num_files * parts
-    # dask.bag.from_sequence's cut of `reads` items into npartitions
-    size = (math.ceil(reads / dask.npartitions) if reads <= 100
-            else max(1, reads // dask.npartitions))
-    return parts, math.ceil(reads / size)
 
 
 def expand_inputs(patterns: Sequence[str]):

@@ -22,9 +22,7 @@ from lealla_tf.pipelines.corpus_steps import (
     parse_line,
     read_progress,
     shard_duplicates,
-    shard_keys,
     shard_of,
-    spread_keys,
 )
 
 
@@ -94,27 +92,6 @@ def test_a_file_read_in_parts_gives_each_line_to_one_part_with_its_own_number(tm
                 counts[value[0]] += value[1]
     assert seen == ["a.txt:1", "a.txt:3", "a.txt:5", 2, "a.txt:4"]
     assert counts == {"lines_read": 5, "dead_lettered": 1}
-
-
-def test_spread_keys_deal_shards_evenly_to_the_dask_shuffles_partitions(tmp_path):
-    """Each shard key gets a salt that sends it to its own partition of dask.bag's
-    task shuffle (key -> int(tokenize(key), 16) % partitions); ReadLines keys
-    its records with the salted key."""
-    from dask.base import tokenize
-
-    keys = shard_keys(["/in/deu-eng.tsv.gz", "/in/fra-eng.tsv"], "/in", True, 3)
-    assert keys == [("deu-eng", 0), ("deu-eng", 1), ("deu-eng", 2), ("fra-eng", 0),
-                    ("fra-eng", 1), ("fra-eng", 2)]
-    assert shard_keys(["/in/a.txt", "/in/b.txt"], "/in", False, 2) == [
-        ("embeddings", 0), ("embeddings", 1)]
-    spread = spread_keys(keys, 4)
-    assert [int(tokenize(spread[key]), 16) % 4 for key in keys] == [0, 1, 2, 3, 0, 1]
-    assert all(spread[key][:2] == key for key in keys)
-    (tmp_path / "a.txt").write_bytes(b"Der Hund.\n")
-    lines = spread_keys(shard_keys([str(tmp_path / "a.txt")], str(tmp_path), False, 2), 2)
-    ((kind, (key, _)), *_) = ReadLines(str(tmp_path), num_shards=2, spread=lines).process(
-        (str(tmp_path / "a.txt"), 0, 1))
-    assert key == lines["embeddings", shard_of("a.txt:1", 2)]
 
 
 def test_duplicated_ids_are_counted_with_their_first_places():
@@ -222,16 +199,3 @@ def test_progress_files_report_lines_read_and_sentences_embedded(corpus_model, t
                                                        "embedded": 0}
     assert read_progress(str(tmp_path / "absent")) == {
         "files_read": 0, "lines_read": 0, "embedded": 0}
-
-
-def test_dask_workers_share_their_hosts_cores_out(dask_cluster):
-    """On each of the two local dask workers a model gets half this host's cores
-    (at least one); outside a dask worker there is nothing to share."""
-    import distributed
-
-    from lealla_tf.machine import usable_cpus
-
-    assert corpus_steps.dask_worker_threads() is None
-    with distributed.Client(dask_cluster.scheduler_address) as client:
-        futures = [client.submit(corpus_steps.dask_worker_threads, pure=False) for _ in range(2)]
-        assert {future.result() for future in futures} == {max(1, usable_cpus() // 2)}

@@ -18,7 +18,7 @@ from lealla_tf.mining.run_folders import read_manifest
 from lealla_tf.mining.shards import read_embeddings
 from lealla_tf.models.encoder import build_encoder
 from lealla_tf.pipelines import corpus_steps
-from lealla_tf.pipelines.embed_corpus import dask_reads, embed_corpus, threads_per_worker
+from lealla_tf.pipelines.embed_corpus import embed_corpus
 from lealla_tf.tokenizers.tokenizer import Tokenizer
 from lealla_tf.train.data import find_training_files, pair_dataset, teacher_dimension_of
 
@@ -142,56 +142,6 @@ def test_several_worker_processes(corpus_model, corpus):
     assert manifest["counts"] == {"lines_read": 11, "embedded": 8, "dead_lettered": 3}
 
 
-
-
-def test_local_worker_processes_share_the_cores_out():
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    from lealla_tf.machine import usable_cpus
-
-    def threads(args, asked=None):
-        return threads_per_worker(PipelineOptions(args), asked)
-
-    multi = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
-    assert threads(multi) == max(1, usable_cpus() // 2)
-    assert threads(["--direct_num_workers=64", "--direct_running_mode=multi_processing"]) == 1
-    assert threads(["--direct_num_workers=2"]) is None  # threads of one process: its own pool
-    # 0 is Beam's "a worker a core"
-    assert threads(["--direct_num_workers=0", "--direct_running_mode=multi_processing"]) == 1
-    assert threads([]) is None
-    assert threads(multi, asked=3) == 3 and threads(multi, asked=0) == 0
-    with pytest.raises(ValueError, match="--threads_per_worker must be at least 0"):
-        threads(multi, asked=-1)
-
-
-
-def test_the_dask_runner_gets_a_partition_a_shard_and_reads_enough_parts_to_fill_them():
-    """One input file on the DaskRunner is read in one part a shard, so every
-    shard has its own partition (--dask_npartitions set to the shards unless
-    given); other runners read each file whole."""
-    from apache_beam.options.pipeline_options import PipelineOptions
-    from apache_beam.runners.dask.dask_runner import DaskOptions
-
-    from lealla_tf.pipelines.options import pipeline_options
-
-    def reads(args, files, shards):
-        options = pipeline_options(args)
-        return dask_reads(options, files, shards), options.view_as(DaskOptions).npartitions
-
-    flags = ["--runner=DaskRunner"]
-    assert reads(flags, 1, 4) == ((4, 4), 4)
-    assert reads(flags, 3, 4) == ((2, 3), 4)  # 6 reads in dask.bag's cut: 3 of 2
-    import dask.bag
-
-    assert dask.bag.from_sequence(range(6), npartitions=4).npartitions == 3
-    assert dask.bag.from_sequence(range(400), npartitions=7).npartitions == 8
-    assert dask_reads(pipeline_options(["--runner=DaskRunner", "--dask_npartitions=7"]),
-                      400, 4) == (1, 8)
-    assert reads(flags, 200, 4) == ((1, 4), 4)
-    assert reads(flags + ["--dask_npartitions=2"], 1, 4) == ((2, 2), 2)
-    assert reads(flags + ["--dask_partition_size=16"], 40, 4) == ((1, 3), None)
-    assert reads([], 1, 4) == ((1, None), None)
-    assert dask_reads(PipelineOptions([]), 1, 4) == (1, None)
 
 
 def test_a_token_cap_cuts_smaller_batches_with_the_same_vectors(corpus_model, corpus):

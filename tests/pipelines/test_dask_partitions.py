@@ -1,0 +1,57 @@
+"""lealla_tf.pipelines.dask_partitions: on the DaskRunner a run gets a partition a
+shard, reads its files in enough parts to fill them, and sends each shard to a
+partition of its own. (That the DaskRunner's output equals the FnApiRunner's:
+tests/pipelines/test_embed_corpus.py.)"""
+
+from lealla_tf.pipelines.corpus_steps import ReadLines, shard_of
+from lealla_tf.pipelines.dask_partitions import dask_reads, shard_keys, spread_keys
+
+
+def test_the_dask_runner_gets_a_partition_a_shard_and_reads_enough_parts_to_fill_them():
+    """One input file on the DaskRunner is read in one part a shard, so every
+    shard has its own partition (--dask_npartitions set to the shards unless
+    given); other runners read each file whole."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.runners.dask.dask_runner import DaskOptions
+
+    from lealla_tf.pipelines.options import pipeline_options
+
+    def reads(args, files, shards):
+        options = pipeline_options(args)
+        return dask_reads(options, files, shards), options.view_as(DaskOptions).npartitions
+
+    flags = ["--runner=DaskRunner"]
+    assert reads(flags, 1, 4) == ((4, 4), 4)
+    assert reads(flags, 3, 4) == ((2, 3), 4)  # 6 reads in dask.bag's cut: 3 of 2
+    import dask.bag
+
+    assert dask.bag.from_sequence(range(6), npartitions=4).npartitions == 3
+    assert dask.bag.from_sequence(range(400), npartitions=7).npartitions == 8
+    assert dask_reads(pipeline_options(["--runner=DaskRunner", "--dask_npartitions=7"]),
+                      400, 4) == (1, 8)
+    assert reads(flags, 200, 4) == ((1, 4), 4)
+    assert reads(flags + ["--dask_npartitions=2"], 1, 4) == ((2, 2), 2)
+    assert reads(flags + ["--dask_partition_size=16"], 40, 4) == ((1, 3), None)
+    assert reads([], 1, 4) == ((1, None), None)
+    assert dask_reads(PipelineOptions([]), 1, 4) == (1, None)
+
+
+def test_spread_keys_deal_shards_evenly_to_the_dask_shuffles_partitions(tmp_path):
+    """Each shard key gets a salt that sends it to its own partition of dask.bag's
+    task shuffle (key -> int(tokenize(key), 16) % partitions); ReadLines keys
+    its records with the salted key."""
+    from dask.base import tokenize
+
+    keys = shard_keys(["/in/deu-eng.tsv.gz", "/in/fra-eng.tsv"], "/in", True, 3)
+    assert keys == [("deu-eng", 0), ("deu-eng", 1), ("deu-eng", 2), ("fra-eng", 0),
+                    ("fra-eng", 1), ("fra-eng", 2)]
+    assert shard_keys(["/in/a.txt", "/in/b.txt"], "/in", False, 2) == [
+        ("embeddings", 0), ("embeddings", 1)]
+    spread = spread_keys(keys, 4)
+    assert [int(tokenize(spread[key]), 16) % 4 for key in keys] == [0, 1, 2, 3, 0, 1]
+    assert all(spread[key][:2] == key for key in keys)
+    (tmp_path / "a.txt").write_bytes(b"Der Hund.\n")
+    lines = spread_keys(shard_keys([str(tmp_path / "a.txt")], str(tmp_path), False, 2), 2)
+    ((kind, (key, _)), *_) = ReadLines(str(tmp_path), num_shards=2, spread=lines).process(
+        (str(tmp_path / "a.txt"), 0, 1))
+    assert key == lines["embeddings", shard_of("a.txt:1", 2)]
