@@ -30,8 +30,8 @@ NAMESPACE = "embed_corpus"
 COUNTERS = ("lines_read", "embedded", "dead_lettered")
 RUN_SUMMARY = "RUN_SUMMARY.json"
 DEAD_LETTER_FILE = "dead_letter.jsonl"
-# Progress of a local run: each input file's lines read and each shard's
-# sentences embedded so far, one small file each, in the run folder (removed
+# Progress of a local run: each read's lines read (a file's, or a part's of
+# it) and each shard's sentences embedded so far, one small file each, in the run folder (removed
 # before the run commits); the command line's progress bar reads them.
 PROGRESS_FOLDER = ".progress"
 READ_REPORT_LINES = 100_000  # lines read between two reports of a file
@@ -112,7 +112,7 @@ def read_progress(progress_dir: str) -> dict[str, int]:
         names = os.listdir(progress_dir)
     except OSError:
         return state
-    parts_done = 0.0  # a file read in N parts: 1/N a part
+    done: dict[str, list] = {}  # a file's parts done, and how many it has
     for name in names:
         if ".tmp-" in name:
             continue
@@ -125,17 +125,19 @@ def read_progress(progress_dir: str) -> dict[str, int]:
             continue
         if name.startswith("read-"):
             state["lines_read"] += count
-            parts_done += 1 / parts if parts else 0
+            if parts:
+                file_done = done.setdefault(name.rsplit("-", 1)[0], [0, parts])
+                file_done[0] += 1
         elif name.startswith("embedded-"):
             state["embedded"] += count
-    state["files_read"] = int(parts_done + 1e-6)
+    state["files_read"] = sum(1 for parts_done, parts in done.values() if parts_done >= parts)
     return state
 
 
 # The kinds of the (kind, value) pairs the steps emit.
 VALID, DEAD, COUNT = "valid", "dead", "count"
 # An event of the run summary: (stage, start, end), wall-clock seconds of one
-# task's stretch of work: "read" (a file's lines read and parsed, with the steps
+# task's stretch of work: "read" (a file's or a part's lines read and parsed, with the steps
 # a runner fuses into the read; the worker's model loads meanwhile, started by
 # the read's setup), and a shard's "model" (waiting for its worker's model to
 # finish loading), "embed" and "write".

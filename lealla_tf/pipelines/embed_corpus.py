@@ -24,7 +24,9 @@ safe, and a second run into an output that a live run holds is refused.
 
 Without a --runner in `pipeline_args` it runs on Beam's FnApiRunner (the local
 runner, without the Prism download DirectRunner would attempt); any portable
-runner (Dataflow, Flink, Spark) and the DaskRunner run it unchanged.
+runner (Dataflow, Flink, Spark) and the DaskRunner run it unchanged (on the
+DaskRunner the files are read in parts and the shards spread over its
+partitions: `lealla_tf.pipelines.dask_partitions`).
 """
 
 import json
@@ -78,17 +80,16 @@ def build_pipeline(pipeline, files: Sequence[str], model: str, run_dir: str,
     one task. Every branch (shards, dead letters, counts) flows into one final
     step that writes RUN_SUMMARY.json into `run_dir`. Only ParDo, GroupByKey,
     Flatten and Create are used, so the DaskRunner runs it as every other
-    runner does.
+    runner does (its partitions: `dask_partitions.dask_reads`).
     `progress_dir`: where the steps report their progress (see `read_progress`).
     """
     root = os.path.commonpath([os.path.dirname(f) for f in files]) if "://" not in files[0] else ""
     warm = (model, max_seq_length, threads)  # the model loads while lines are read
-    parts, partitions = dask_reads(pipeline.options, len(files), num_shards)
+    reads, partitions = dask_reads(pipeline.options, files, num_shards)
     spread = (None if partitions is None
               else spread_keys(shard_keys(files, root, pairs, num_shards), partitions))
     read = (pipeline
-            | "ListFiles" >> beam.Create([(path, part, parts) for path in files
-                                          for part in range(parts)])
+            | "ListFiles" >> beam.Create(reads)
             | "ReadLines" >> beam.ParDo(ReadLines(root, progress_dir, warm,
                                                   "pairs" if pairs else input_format,
                                                   num_shards, spread)))

@@ -4,6 +4,7 @@ workers do not each start TensorFlow pools of every core, and the cap applied
 before the model loads."""
 
 import logging
+import sys
 
 import tensorflow as tf
 from apache_beam.options.pipeline_options import DirectOptions
@@ -39,6 +40,8 @@ def dask_worker_threads() -> int | None:
     shares them among the local runner's processes (N workers each starting
     TensorFlow pools of every core would oversubscribe them); None outside a
     dask worker or where the scheduler cannot be asked."""
+    if "distributed" not in sys.modules:  # no dask worker runs this process
+        return None
     try:
         from distributed import get_client, get_worker  # noqa: PLC0415 - only with dask
 

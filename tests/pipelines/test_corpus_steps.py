@@ -194,8 +194,11 @@ def test_progress_files_report_lines_read_and_sentences_embedded(corpus_model, t
     list(reader.process((str(tmp_path / "in" / "a.txt"), 0, 2)))
     assert read_progress(str(tmp_path / "halves")) == {"files_read": 0, "lines_read": 5,
                                                        "embedded": 0}
+    (tmp_path / "in" / "b.txt").write_text("one\ntwo\n")
+    list(reader.process((str(tmp_path / "in" / "b.txt"), 0, 2)))  # two halves of two files
+    assert read_progress(str(tmp_path / "halves"))["files_read"] == 0
     list(reader.process((str(tmp_path / "in" / "a.txt"), 1, 2)))
-    assert read_progress(str(tmp_path / "halves")) == {"files_read": 1, "lines_read": 9,
+    assert read_progress(str(tmp_path / "halves")) == {"files_read": 1, "lines_read": 10,
                                                        "embedded": 0}
     assert read_progress(str(tmp_path / "absent")) == {
         "files_read": 0, "lines_read": 0, "embedded": 0}

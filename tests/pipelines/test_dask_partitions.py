@@ -8,9 +8,10 @@ from lealla_tf.pipelines.dask_partitions import dask_reads, shard_keys, spread_k
 
 
 def test_the_dask_runner_gets_a_partition_a_shard_and_reads_enough_parts_to_fill_them():
-    """One input file on the DaskRunner is read in one part a shard, so every
-    shard has its own partition (--dask_npartitions set to the shards unless
-    given); other runners read each file whole."""
+    """On the DaskRunner the files are read in as many parts, in all, as the run
+    has partitions (a partition a shard unless given, at most 32); more files
+    than partitions are read whole. Other runners read each file whole."""
+    import dask.bag
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.runners.dask.dask_runner import DaskOptions
 
@@ -18,22 +19,26 @@ def test_the_dask_runner_gets_a_partition_a_shard_and_reads_enough_parts_to_fill
 
     def reads(args, files, shards):
         options = pipeline_options(args)
-        return dask_reads(options, files, shards), options.view_as(DaskOptions).npartitions
+        planned, partitions = dask_reads(options, [f"f{i}" for i in range(files)], shards)
+        parts = [sum(1 for read in planned if read[0] == f"f{i}") for i in range(files)]
+        assert all(read[2] == parts[int(read[0][1:])] for read in planned)
+        assert sorted(planned) == sorted({read for read in planned})  # each part once
+        return parts, partitions, options.view_as(DaskOptions).npartitions
 
     flags = ["--runner=DaskRunner"]
-    assert reads(flags, 1, 4) == ((4, 4), 4)
-    assert reads(flags, 3, 4) == ((2, 3), 4)  # 6 reads in dask.bag's cut: 3 of 2
-    import dask.bag
-
-    assert dask.bag.from_sequence(range(6), npartitions=4).npartitions == 3
+    assert reads(flags, 1, 4) == ([4], 4, 4)
+    assert reads(flags, 3, 4) == ([2, 1, 1], 4, 4)
+    assert reads(flags, 3, 8) == ([3, 3, 2], 8, 8)
+    assert reads(flags, 200, 4) == ([1] * 200, 4, 4)
+    assert reads(flags, 1, 64) == ([32], 32, 32)  # the task shuffle's one-stage limit
+    assert reads(flags + ["--dask_npartitions=2"], 1, 4) == ([2], 2, 2)
+    assert reads(flags + ["--dask_npartitions=40"], 1, 4) == ([40], None, 40)
+    assert reads(flags + ["--dask_partition_size=16"], 40, 4) == ([1] * 40, 3, None)
+    # dask.bag's own cut, which dask_reads follows: 400 reads asked into 7 give 8
     assert dask.bag.from_sequence(range(400), npartitions=7).npartitions == 8
-    assert dask_reads(pipeline_options(["--runner=DaskRunner", "--dask_npartitions=7"]),
-                      400, 4) == (1, 8)
-    assert reads(flags, 200, 4) == ((1, 4), 4)
-    assert reads(flags + ["--dask_npartitions=2"], 1, 4) == ((2, 2), 2)
-    assert reads(flags + ["--dask_partition_size=16"], 40, 4) == ((1, 3), None)
-    assert reads([], 1, 4) == ((1, None), None)
-    assert dask_reads(PipelineOptions([]), 1, 4) == (1, None)
+    assert reads(flags + ["--dask_npartitions=7"], 400, 4)[1] == 8
+    assert reads([], 2, 4) == ([1, 1], None, None)
+    assert dask_reads(PipelineOptions([]), ["f0"], 4) == ([("f0", 0, 1)], None)
 
 
 def test_spread_keys_deal_shards_evenly_to_the_dask_shuffles_partitions(tmp_path):
