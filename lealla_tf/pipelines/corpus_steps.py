@@ -30,9 +30,9 @@ NAMESPACE = "embed_corpus"
 COUNTERS = ("lines_read", "embedded", "dead_lettered")
 RUN_SUMMARY = "RUN_SUMMARY.json"
 DEAD_LETTER_FILE = "dead_letter.jsonl"
-# Progress of a local run: each read's lines read (a file's, or a part's of
-# it) and each shard's sentences embedded so far, one small file each, in the run folder (removed
-# before the run commits); the command line's progress bar reads them.
+# Progress of a local run: each read's lines read and each shard's sentences
+# embedded so far, one small file each, in the run folder (removed before the
+# run commits); the command line's progress bar reads them.
 PROGRESS_FOLDER = ".progress"
 READ_REPORT_LINES = 100_000  # lines read between two reports of a file
 SHARD_CHUNK = 8192  # sentences a shard embeds between two reports
@@ -48,9 +48,8 @@ _WARMING: set = set()
 
 def _embedder(model: str, max_seq_length: int | None = None,
               threads: int | None = None):
-    """This worker's one `load_embedder(model, max_seq_length)`. `threads`: its
-    TensorFlow threads (0: TensorFlow's default; None: `dask_worker_threads`'
-    share on a dask worker, else TensorFlow's default)."""
+    """This worker's one `load_embedder(model, max_seq_length)`, on `threads` TensorFlow
+    threads (0: TensorFlow's default; None: `dask_worker_threads`' share, or the default)."""
     with _MODELS_LOCK:
         if (model, max_seq_length) not in _MODELS:
             threads = dask_worker_threads() if threads is None else threads
@@ -126,8 +125,7 @@ def read_progress(progress_dir: str) -> dict[str, int]:
         if name.startswith("read-"):
             state["lines_read"] += count
             if parts:
-                file_done = done.setdefault(name.rsplit("-", 1)[0], [0, parts])
-                file_done[0] += 1
+                done.setdefault(name.rsplit("-", 1)[0], [0, parts])[0] += 1
         elif name.startswith("embedded-"):
             state["embedded"] += count
     state["files_read"] = sum(1 for parts_done, parts in done.values() if parts_done >= parts)
@@ -137,7 +135,7 @@ def read_progress(progress_dir: str) -> dict[str, int]:
 # The kinds of the (kind, value) pairs the steps emit.
 VALID, DEAD, COUNT = "valid", "dead", "count"
 # An event of the run summary: (stage, start, end), wall-clock seconds of one
-# task's stretch of work: "read" (a file's or a part's lines read and parsed, with the steps
+# task's stretch of work: "read" (a read's lines parsed, with the steps
 # a runner fuses into the read; the worker's model loads meanwhile, started by
 # the read's setup), and a shard's "model" (waiting for its worker's model to
 # finish loading), "embed" and "write".
@@ -162,9 +160,8 @@ class ReadLines(beam.DoFn):
     shards' GroupByKey, or (DEAD, a JSON line); then (COUNT, ("lines_read",
     lines)), (COUNT, ("dead_lettered", n)) and the read's (COUNT, (TIMING, ...)).
     Part p of `parts` is every line whose 0-based index is p modulo `parts`
-    (each part reads the file through and parses only its own lines): a
-    runner that keeps one task per read (the DaskRunner) needs more reads than
-    input files to give every worker a share (`read_parts`).
+    (each part reads the whole file): the DaskRunner keeps one task per read and
+    needs more reads than files to share them out (`dask_partitions.dask_reads`).
 
     One step reads, parses and keys each line: every further step a line passes
     through costs each runner a call per line, and the shards' GroupByKey
@@ -174,9 +171,9 @@ class ReadLines(beam.DoFn):
     A record's key is (prefix, shard): ("embeddings", shard of its id), or for
     pairs (the file's name, shard of "file:line"), extended by `spread` where
     given (`dask_partitions.spread_keys`); its value is (id, text, "file:line")
-    for sentences, ("<line, 12 digits>", pair dict) for pairs. The file's name in ids is its
-    path relative to `root` (the inputs' common folder), so two files called
-    deu.txt in different folders give different ids.
+    for sentences, ("<line, 12 digits>", pair dict) for pairs. The file's name
+    in ids is `file_name`'s, so two files called deu.txt in different folders
+    give different ids.
     """
 
     def __init__(self, root: str = "", progress_dir: str | None = None,
@@ -198,7 +195,7 @@ class ReadLines(beam.DoFn):
         start = time.time()
         lines_read = beam.metrics.Metrics.counter(NAMESPACE, "lines_read")
         dead_lettered = beam.metrics.Metrics.counter(NAMESPACE, "dead_lettered")
-        name = os.path.relpath(path, self._root) if self._root else os.path.basename(path)
+        name = file_name(path, self._root)
         report = f"read-{zlib.crc32(path.encode('utf-8')):08x}-{part}"
         own = dead = 0
         with FileSystems.open(path) as handle:
@@ -260,6 +257,11 @@ def parse_line(input_format: str, path: str, number: int, raw: bytes):
     return DEAD, json.dumps({"file": path, "line": number, "reason": reason,
                              "raw": raw.decode("utf-8", "backslashreplace")},
                             ensure_ascii=False)
+
+
+def file_name(path: str, root: str) -> str:
+    """A file's name in ids and shard keys: relative to `root`, else its base name."""
+    return os.path.relpath(path, root) if root else os.path.basename(path)
 
 
 def pair_destination(path: str) -> str:

@@ -10,12 +10,11 @@ a partition of its own.
 """
 
 import math
-import os
 from collections.abc import Sequence
 
 from apache_beam.options.pipeline_options import StandardOptions
 
-from lealla_tf.pipelines.corpus_steps import pair_destination
+from lealla_tf.pipelines.corpus_steps import file_name, pair_destination
 
 # dask.bag's task shuffle (the DaskRunner's GroupByKey) has exactly as many output
 # partitions as input ones, each key at int(tokenize(key), 16) modulo their number,
@@ -63,8 +62,8 @@ def dask_reads(options, files: Sequence[str],
 
 def shard_keys(files: Sequence[str], root: str, pairs: bool, num_shards: int) -> list[tuple]:
     """Every (prefix, shard) key `ReadLines` can give the lines of `files`, sorted."""
-    prefixes = ({pair_destination(os.path.relpath(path, root) if root else os.path.basename(path))
-                 for path in files} if pairs else {"embeddings"})
+    prefixes = ({pair_destination(file_name(path, root)) for path in files} if pairs
+                else {"embeddings"})
     return sorted((prefix, shard) for prefix in prefixes for shard in range(num_shards))
 
 
