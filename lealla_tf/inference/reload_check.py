@@ -28,16 +28,22 @@ LOADERS = ("hub_keras_layer", "tfsm_layer", "keras3_layer", "saved_model_load")
 
 
 def reload_in_fresh_process(path: str, sentences, loader: str = "hub_keras_layer",
-                            export_format: str = "lealla", timeout: int = 600) -> dict:
+                            export_format: str = "lealla", timeout: int = 600,
+                            only_batch: bool = False) -> dict:
     """Loads `path` with `loader` in a new Python process and embeds `sentences`.
 
     Returns the arrays the check recorded ("batch": the embeddings of all
     sentences in one call, plus loader-specific ones: dropout with training=True,
-    one sentence at a time, the weights). RuntimeError with the child's stderr
-    when loading fails.
+    one sentence at a time, the weights, a fit through the layer). With
+    `only_batch`, the child loads the model as a user would, records "batch"
+    and stops: the main job's check, which compares only those embeddings and
+    would otherwise spend most of the check's time on the rest. RuntimeError
+    with the child's stderr when loading fails.
     """
     if loader not in LOADERS:
         raise ValueError(f"loader must be one of {LOADERS}, got {loader!r}")
+    if only_batch and (loader, export_format) != ("hub_keras_layer", "lealla"):
+        raise ValueError("only_batch is the hub_keras_layer check of a lealla export")
     encoded = [base64.b64encode(s if isinstance(s, bytes) else s.encode("utf-8")).decode()
                for s in sentences]
     with tempfile.TemporaryDirectory() as work:
@@ -50,7 +56,8 @@ def reload_in_fresh_process(path: str, sentences, loader: str = "hub_keras_layer
         result = subprocess.run(
             [sys.executable, "-m", "lealla_tf.inference.reload_check", f"--loader={loader}",
              f"--format={export_format}", f"--path={path}", f"--sentences={sentences_file}",
-             f"--output={output}"], capture_output=True, text=True, env=env, timeout=timeout)
+             f"--output={output}"] + (["--only_batch"] if only_batch else []),
+            capture_output=True, text=True, env=env, timeout=timeout)
         if result.returncode != 0:
             raise RuntimeError(f"{loader} could not reload {path} in a fresh process:\n"
                                f"{result.stderr[-4000:]}")
@@ -79,6 +86,9 @@ def main():
     parser.add_argument("--path", required=True)
     parser.add_argument("--sentences", required=True)
     parser.add_argument("--output", required=True)
+    parser.add_argument("--only_batch", action="store_true",
+                        help="record the batch embeddings only, then stop (hub_keras_layer, "
+                        "lealla format)")
     args = parser.parse_args()
     if args.loader == "hub_keras_layer":
         os.environ["TF_USE_LEGACY_KERAS"] = "1"
@@ -100,6 +110,9 @@ def main():
             text = tf_keras.Input(shape=(), dtype=tf.string)
             model = tf_keras.Model(text, layer(text))
             results["batch"] = model.predict(batch, batch_size=len(sentences), verbose=0)
+            if args.only_batch:
+                np.savez(args.output, **results)
+                return
 
             def embed(x, training):
                 return layer(x, training=training)

@@ -92,6 +92,16 @@ def test_lealla_format_with_hub_keras_layer(model, sentences, exported, tmp_path
     assert_weights_equal(results, model[0].trainable_variables)
 
 
+def test_the_main_jobs_batch_only_check_records_the_batch_alone(model, sentences, exported):
+    """`only_batch`: the same hub.KerasLayer load and batch embeddings as the full
+    check, and nothing else (no dropout runs, no weights, no fit)."""
+    results = reload_in_fresh_process(exported["lealla"], sentences, "hub_keras_layer",
+                                      only_batch=True)
+    assert sorted(results) == ["batch"]
+    expected = expected_outputs(model, sentences)["sentence_embedding"].numpy()
+    np.testing.assert_allclose(results["batch"], expected, atol=TOLERANCE)
+
+
 def test_compiled_lealla_format_equals_the_model_in_a_fresh_process(model, sentences, tmp_path):
     encoder, tokenizer = model
     path = formats.export_lealla_model(encoder, tokenizer, str(tmp_path / "jit"),

@@ -16,6 +16,13 @@ def test_an_unknown_loader_is_refused_before_a_process_starts(tmp_path):
     assert "saved_model_load" in LOADERS and "hub_keras_layer" in LOADERS
 
 
+@pytest.mark.parametrize("loader,export_format", [("saved_model_load", "lealla"),
+                                                   ("hub_keras_layer", "labse")])
+def test_only_batch_is_refused_for_another_check(tmp_path, loader, export_format):
+    with pytest.raises(ValueError, match="only_batch is the hub_keras_layer check"):
+        reload_in_fresh_process(str(tmp_path), ["x"], loader, export_format, only_batch=True)
+
+
 def test_a_reload_that_fails_names_the_loader_the_path_and_the_childs_error(tmp_path):
     missing = tmp_path / "no_export"
     with pytest.raises(RuntimeError) as raised:
