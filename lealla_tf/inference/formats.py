@@ -299,15 +299,16 @@ def encoder_from_module(encoder_dir: str, config, dtype=None, name: str = "teach
     return encoder
 
 
-def export_encoder_only(encoder, export_path: str) -> str:
-    """Exports int32 ids -> L2-normalised embeddings, with no text ops."""
+def export_encoder_only(encoder, export_path: str, parts: int | None = None) -> str:
+    """Exports int32 ids -> L2-normalised embeddings, with no text ops, computed
+    by the encoder's fast forward pass (`parts`: see `LeallaEncoder.forward`)."""
     root = export_root()
     _attach_variables(root, encoder)
 
     def embed(input_word_ids, input_mask, input_type_ids, training=False):
         inputs = {"input_word_ids": input_word_ids, "input_mask": input_mask,
                   "input_type_ids": input_type_ids}
-        return encoder(inputs, training=training)["sentence_embedding"]
+        return encoder.forward(inputs, training=training, parts=parts)["sentence_embedding"]
 
     specs = [tf.TensorSpec([None, None], tf.int32, name=name) for name in INPUT_NAMES]
     root.__call__ = tf.function(embed)
@@ -327,7 +328,8 @@ def export_int8_tflite(encoder, tokenizer, export_path: str) -> str:
     """Exports the encoder as a TFLite model with int8 weights (see the module contract)."""
     os.makedirs(export_path, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="encoder_only_") as saved_model:
-        export_encoder_only(encoder, saved_model)
+        # One part: the interpreter runs its ops one at a time, each on every thread.
+        export_encoder_only(encoder, saved_model, parts=1)
         converter = tf.lite.TFLiteConverter.from_saved_model(saved_model)
         converter.optimizations = [tf.lite.Optimize.DEFAULT]  # dynamic-range int8 weights
         flatbuffer = converter.convert()

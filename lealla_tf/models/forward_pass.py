@@ -119,7 +119,9 @@ def _forward(encoder, inputs, training, compute, weights, fused=False,
     batch, length = tf.shape(ids)[0], tf.shape(ids)[1]
     width = encoder.hidden_dim
     # Keras' masked softmax: -1e9 added at padded keys (float32).
-    key_bias = tf.cast((1.0 - tf.cast(mask, tf.float32))[:, None, None, :] * -1e9, compute)
+    # (A reshape, not [:, None, None, :]: TFLite has no strided slice that adds axes.)
+    key_bias = tf.cast(tf.reshape(1.0 - tf.cast(mask, tf.float32), [batch, 1, 1, length])
+                       * -1e9, compute)
     rows = tf.reshape(x, [-1, width])
     encoder_outputs = []
     for i in range(encoder.num_layers):

@@ -266,6 +266,23 @@ def test_int8_tflite_export_embeds_text_close_to_float(model, sentences, tmp_pat
         model_kind(path)
 
 
+def test_int8_tflite_runs_the_fast_forward_pass(model, tmp_path):
+    """The TFLite model is converted from the fast forward pass: per layer, the
+    three attention projections as one matmul (four in all, not six), and no
+    shape arithmetic of the Keras layers' reshapes, which split the graph into
+    pieces the interpreter's XNNPACK delegate runs apart."""
+    encoder, tokenizer = model
+    path = formats.export_int8_tflite(encoder, tokenizer, str(tmp_path / "int8"))
+    with open(os.path.join(path, formats.TFLITE_FILE), "rb") as f:
+        content = f.read()
+    interpreter = tf.lite.Interpreter(model_content=content)
+    ops = [op["op_name"] for op in interpreter._get_ops_details()]
+    outside = [encoder.embedding_projection, encoder.pooled_dense, encoder.output_dense]
+    dense = 4 * encoder.encoder_config.num_layers + sum(d is not None for d in outside)
+    assert ops.count("FULLY_CONNECTED") == dense, ops
+    assert "UNSORTED_SEGMENT_PROD" not in ops and "REDUCE_PROD" not in ops, ops
+
+
 def test_an_export_carries_no_path_of_the_machine_that_built_it(tmp_path, monkeypatch):
     """A SentencePiece vocabulary with a compiled normalizer (as every converted
     teacher's and student's is) put the build's `/tmp/tmpXXXX.tsv` rule-file path
