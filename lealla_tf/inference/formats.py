@@ -151,8 +151,9 @@ def export_lealla_model(encoder, tokenizer, export_path: str, jit_compile: bool 
     root.vocab_file = tokenizer.vocab_file
     _attach_variables(root, encoder)
     compiled = tf.function(
-        # one part: XLA runs one fused program, so independent halves gain nothing
-        lambda inputs: encoder.forward(inputs, parts=1)["sentence_embedding"], jit_compile=True)
+        # the inference parts, as uncompiled: XLA's runtime runs the independent
+        # halves side by side too (docs/benchmarks.md, the exports' speed)
+        lambda inputs: encoder.forward(inputs)["sentence_embedding"], jit_compile=True)
 
     def embed_inputs(inputs, training=False):
         if jit_compile and not training:

@@ -50,8 +50,9 @@ def forward(encoder, inputs, training=False, parts: int | None = None,
 
     Inference runs the batch as `parts` (default `INFERENCE_PARTS`) independent
     parts, each through `encoder.forward_batches`. Where one thread runs the
-    graph (a Beam worker capped at one, an XLA-compiled function, which the XLA
-    exports call with `parts=1`) the parts run one after the other.
+    graph (a Beam worker capped at one) the parts run one after the other; the
+    int8 TFLite export is built with `parts=1` (its interpreter runs one op at a
+    time on every thread).
     `skipped_layers`: see `forward_batches`.
     """
     parts = INFERENCE_PARTS if parts is None else parts
