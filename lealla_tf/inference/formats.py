@@ -40,8 +40,10 @@ beforehand and no network, and a TFLite one:
     `serving_default(input_word_ids, input_mask, input_type_ids)` int32
     `[batch, seq]` -> `{"default": float32 [batch, d]}` (unit rows).
 
-`export_int8_tflite` -> the encoder-only model converted to TFLite with
-dynamic-range int8 weights (weights stored as int8, activations float), in a
+`export_int8_tflite` -> the encoder-only model (its fast forward pass, one
+part) converted to TFLite with dynamic-range int8 weights (weights stored as
+int8, activations float between ops, quantized per call by the interpreter's
+XNNPACK delegate for its int8 matmuls), in a
 directory: `model.tflite` (inputs `input_word_ids`, `input_mask`,
 `input_type_ids` int32 `[batch, seq]`, any batch and length; output float32
 `[batch, d]` unit rows), the vocabulary, and `tflite_model.json` (how to
