@@ -377,6 +377,7 @@ def run_report(args) -> int:
     parts, seconds = {}, {}
     all_commands = commands(args, work)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    code = commit()  # the code the run starts on: a commit made while it runs is not it
     for index, name in enumerate(args.parts, 1):
         print(f"[{index}/{len(args.parts)}] {name}: {' '.join(all_commands[name][1:])}",
               flush=True)
@@ -388,7 +389,7 @@ def run_report(args) -> int:
         print(f"[{index}/{len(args.parts)}] {name}: {state} in {seconds[name] / 60:.1f} min",
               flush=True)
     report = {"benchmark": "speed_targets", "machine": machine(), "started": started,
-              "commit": commit(), "recipe_dir": args.recipe_dir, "data_dir": args.data_dir,
+              "commit": code, "recipe_dir": args.recipe_dir, "data_dir": args.data_dir,
               "commands": {name: all_commands[name][1:] for name in args.parts},
               "seconds": seconds, "parts": parts}
     report["beam_dask"] = args.beam_dask

@@ -234,6 +234,23 @@ def test_the_exit_status_says_whether_every_asked_figure_was_measured(
     assert len(dask_rows) == int(dask)
 
 
+def test_the_report_names_the_commit_the_run_started_on(tmp_path, monkeypatch):
+    """A commit made while the benchmarks run (they take half an hour) is not the
+    code that ran: the report records HEAD as it was at the start."""
+    data = tmp_path / "data"
+    for folder in ("parallel", "tatoeba_dev"):
+        (data / folder).mkdir(parents=True)
+    args = speed_targets.parse_args([f"--output_json={tmp_path / 'r.json'}",
+                                     f"--recipe_dir={recipe_dir(tmp_path / 'recipe')}",
+                                     f"--data_dir={data}", "--parts=beam", "--no-beam_dask"])
+    heads = iter(["a" * 40, "b" * 40])
+    monkeypatch.setattr(speed_targets, "commit", lambda: next(heads))
+    monkeypatch.setattr(speed_targets, "run_part",
+                        lambda *_, **__: {"beam_over_bare": 0.96, "runners": {"fn_api": {}}})
+    speed_targets.run_report(args)
+    assert json.loads((tmp_path / "r.json").read_text())["commit"] == "a" * 40
+
+
 # A benchmark that starts a worker of its own (as embedding_speed and Beam do), then waits.
 WITH_WORKER = textwrap.dedent("""
     import subprocess, sys, time
