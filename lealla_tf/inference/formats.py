@@ -38,7 +38,10 @@ beforehand and no network, and a TFLite one:
 
 `export_encoder_only` -> ids in, embeddings out, no text ops (TFLite / ONNX):
     `serving_default(input_word_ids, input_mask, input_type_ids)` int32
-    `[batch, seq]` -> `{"default": float32 [batch, d]}` (unit rows).
+    `[batch, seq]` -> `{"default": float32 [batch, d]}` (unit rows), computed by
+    the fast forward pass in one part; `__call__(..., training=True)` applies
+    dropout with its masks (`lealla_tf.models.layers.hash_dropout`), as the
+    LEALLA format does.
 
 `export_int8_tflite` -> the encoder-only model (its fast forward pass, one
 part) converted to TFLite with dynamic-range int8 weights (weights stored as
@@ -302,9 +305,10 @@ def encoder_from_module(encoder_dir: str, config, dtype=None, name: str = "teach
     return encoder
 
 
-def export_encoder_only(encoder, export_path: str, parts: int | None = None) -> str:
+def export_encoder_only(encoder, export_path: str, parts: int = 1) -> str:
     """Exports int32 ids -> L2-normalised embeddings, with no text ops, computed
-    by the encoder's fast forward pass (`parts`: see `LeallaEncoder.forward`)."""
+    by the encoder's fast forward pass (`parts`: see `LeallaEncoder.forward`; one
+    by default, for converters whose runtimes run one op at a time)."""
     root = export_root()
     _attach_variables(root, encoder)
 
@@ -331,8 +335,7 @@ def export_int8_tflite(encoder, tokenizer, export_path: str) -> str:
     """Exports the encoder as a TFLite model with int8 weights (see the module contract)."""
     os.makedirs(export_path, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="encoder_only_") as saved_model:
-        # One part: the interpreter runs its ops one at a time, each on every thread.
-        export_encoder_only(encoder, saved_model, parts=1)
+        export_encoder_only(encoder, saved_model)
         converter = tf.lite.TFLiteConverter.from_saved_model(saved_model)
         converter.optimizations = [tf.lite.Optimize.DEFAULT]  # dynamic-range int8 weights
         flatbuffer = converter.convert()

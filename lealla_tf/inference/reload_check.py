@@ -7,7 +7,8 @@ tests and the main job's export stage both use it. Only `import tensorflow_text`
 
     python -m lealla_tf.inference.reload_check \
         --loader=hub_keras_layer|tfsm_layer|keras3_layer|saved_model_load \
-        --format=lealla|labse --path=... --sentences=sentences.json --output=out.npz
+        --format=lealla|labse --path=... --sentences=sentences.json --output=out.npz \
+        [--only_batch]
 
 The child imports TensorFlow and the loader's library inside `main`, after it has
 chosen Keras 2 or 3 for that loader (`TF_USE_LEGACY_KERAS`), as a user's fresh

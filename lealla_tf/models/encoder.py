@@ -294,8 +294,8 @@ class LeallaEncoder(keras.Model):
             inputs: the dict the Keras call takes.
             training: dropout on (the layers' rates and seed generators).
             parts: an inference batch runs as this many independent parts
-                (default `forward_pass.INFERENCE_PARTS`); 1 where one thread
-                runs the graph (an XLA-compiled function).
+                (default `forward_pass.INFERENCE_PARTS`); 1 where the graph
+                runs one op at a time (a TFLite or ONNX conversion).
             fused_kernels: run the layers with `lealla_tf.models.kernels`' fused
                 ops (the students' training step on a CPU, when
                 `kernels.usable()`); exports never do.

@@ -231,16 +231,30 @@ def test_vocabulary_travels_as_an_asset(exported):
 
 def test_encoder_only_converts_to_tflite(model, sentences, exported):
     encoder, tokenizer = model
-    inputs = tokenizer(tf.constant(sentences[:20]))
     converter = tf.lite.TFLiteConverter.from_saved_model(exported["encoder_only"])
     interpreter = tf.lite.Interpreter(model_content=converter.convert())
     runner = interpreter.get_signature_runner("serving_default")
-    got = runner(**{k: v.numpy() for k, v in inputs.items()})["default"]
-    want = encoder(inputs)["sentence_embedding"].numpy()
-    np.testing.assert_allclose(got, want, atol=TOLERANCE)
+    for batch in (sentences[:20], sentences[:1]):  # one row: no empty part anywhere
+        inputs = tokenizer(tf.constant(batch))
+        got = runner(**{k: v.numpy() for k, v in inputs.items()})["default"]
+        want = encoder(inputs)["sentence_embedding"].numpy()
+        np.testing.assert_allclose(got, want, atol=TOLERANCE)
     ops = str(tf.saved_model.load(exported["encoder_only"]).signatures["serving_default"]
               .graph.as_graph_def())
     assert "FastBert" not in ops and "Sentencepiece" not in ops
+
+
+def test_encoder_only_applies_dropout_only_in_training(model, sentences, exported):
+    encoder, tokenizer = model
+    inputs = tokenizer(tf.constant(sentences[:8]))
+    loaded = tf.saved_model.load(exported["encoder_only"])
+    ids = [inputs[name] for name in formats.INPUT_NAMES]
+    reference = loaded(*ids, training=False).numpy()
+    np.testing.assert_allclose(reference, encoder(inputs)["sentence_embedding"].numpy(),
+                               atol=TOLERANCE)
+    results = {"training_a": loaded(*ids, training=True).numpy(),
+               "training_b": loaded(*ids, training=True).numpy()}
+    assert_dropout_only_in_training(results, reference)
 
 
 def test_int8_tflite_export_embeds_text_close_to_float(model, sentences, tmp_path):

@@ -179,7 +179,8 @@ def test_the_job_ends_within_two_minutes_of_its_budget(tmp_path, machine):
     86 s, evaluate 84 s, news 10 s, mine 91 s), on a Zen 5 (main_job.json) and
     on the Xeon at a 17-minute budget (main_job_budget17.json, the export's
     batch-only check), the job ends inside its budget by less than two minutes,
-    whatever share of the rows the teacher runs on."""
+    whatever share of the rows the teacher runs on. (The Zen 4's and Zen 5's
+    export times are those of the full reload check, longer than today's.)"""
     times = {"zen4": ({"teacher": 24.0, "vocabulary": 30.0, "sample": 12.0,
                        "teacher_evaluation": 365.0}, 1.59, 17.0,
                       {"export": 86.0, "evaluate": 84.0, "news": 10.0, "mine": 91.0}, 38.0),
@@ -196,7 +197,6 @@ def test_the_job_ends_within_two_minutes_of_its_budget(tmp_path, machine):
     # on fewer (`step_share`), and the stages after training cost what they did.
     inside = replay_job(tmp_path, before, full_step * step_share(RecipeConfig()), evaluation,
                         after, budget)
-    print(f"{machine}: {inside:.0f} s inside")
     assert 0.0 <= inside <= 120.0, inside
 
 
