@@ -28,6 +28,13 @@ def recipe_dir(root):
     return root
 
 
+def data_dir(root):
+    """An empty data dir with the folders speed_targets looks for."""
+    for folder in ("parallel", "tatoeba_dev"):
+        (root / folder).mkdir(parents=True)
+    return root
+
+
 @pytest.mark.parametrize("flags,message", [
     (["--parts=embedding,bogus"], "--parts must name some of"),
     (["--rounds=0"], "must be at least 1"),
@@ -58,9 +65,7 @@ def test_what_the_main_job_has_not_left_is_named(tmp_path, capsys):
 def test_each_part_runs_its_benchmark_on_the_main_jobs_outputs(tmp_path):
     from benchmarks.embedding_speed import parse_args as embedding_flags
 
-    data = tmp_path / "data"
-    for folder in ("parallel", "tatoeba_dev"):
-        (data / folder).mkdir(parents=True)
+    data = data_dir(tmp_path / "data")
     recipe = recipe_dir(tmp_path / "recipe")
     args = speed_targets.parse_args([f"--output_json={tmp_path / 'r.json'}",
                                      f"--recipe_dir={recipe}", f"--data_dir={data}"])
@@ -219,9 +224,7 @@ def test_each_figure_is_set_against_its_target():
 ], ids=["no_dask", "dask", "dask_missing", "failed"])
 def test_the_exit_status_says_whether_every_asked_figure_was_measured(
         tmp_path, monkeypatch, beam, dask, status):
-    data = tmp_path / "data"
-    for folder in ("parallel", "tatoeba_dev"):
-        (data / folder).mkdir(parents=True)
+    data = data_dir(tmp_path / "data")
     recipe = recipe_dir(tmp_path / "recipe")
     args = speed_targets.parse_args([f"--output_json={tmp_path / 'r.json'}",
                                      f"--recipe_dir={recipe}", f"--data_dir={data}",
@@ -237,9 +240,7 @@ def test_the_exit_status_says_whether_every_asked_figure_was_measured(
 def test_the_report_names_the_commit_the_run_started_on(tmp_path, monkeypatch):
     """A commit made while the benchmarks run (they take half an hour) is not the
     code that ran: the report records HEAD as it was at the start."""
-    data = tmp_path / "data"
-    for folder in ("parallel", "tatoeba_dev"):
-        (data / folder).mkdir(parents=True)
+    data = data_dir(tmp_path / "data")
     args = speed_targets.parse_args([f"--output_json={tmp_path / 'r.json'}",
                                      f"--recipe_dir={recipe_dir(tmp_path / 'recipe')}",
                                      f"--data_dir={data}", "--parts=beam", "--no-beam_dask"])
