@@ -23,9 +23,10 @@ own run. Up to --kills_per_run kills, in order, fall on one run before it is let
 finish.
 
 At the end of each run its figures must equal the reference's, timings aside:
-the report's Tatoeba, news and mining scores and the student's training log (the
-main job), the training log (the train command); and so must the evaluations
-along training (the report's, eval_log.jsonl). The result records every kill
+the report's Tatoeba, news and mining scores, the student's training log and
+its final weights, bit for bit (the main job), the training log (the train
+command); and so must the evaluations along training (the report's,
+eval_log.jsonl). The result records every kill
 (its window and moment, the stage the output shows it landed in, the exit
 status of the rerun after it: -9 when that rerun was killed too) and each run's
 differences; the script exits 1 when a run differed or a rerun failed.
@@ -50,7 +51,7 @@ from benchmarks.common import machine, stop_signals_passed_to, write_result
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 START, REPORT, TRAINING = "startup", "report", "training"
 STAGE_LINE = re.compile(r"=== (\w+) ===$")
-# The main job: the tiny settings of tests/recipe/test_job.py's kill test.
+# The main job: tiny settings, bfloat16 and length buckets as the real job trains.
 JOB_FLAGS = ["--vocab_size=400", "--sample_pairs=120", "--train_steps=6", "--eval_every=3",
              "--eval_max_pairs=4",
              "--encoder_overrides=num_layers=2,hidden_dim=16,num_heads=2,intermediate_dim=32",
@@ -103,6 +104,18 @@ def without_timings(value):
 def read_jsonl(path) -> list:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def encoder_weights(checkpoints: str) -> dict:
+    """{name: sha256 of its bytes} of each encoder weight in the newest checkpoint
+    of `checkpoints`: equal digests, the same weights bit for bit."""
+    import hashlib
+
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(checkpoints)
+    return {name: hashlib.sha256(reader.get_tensor(name).tobytes()).hexdigest()
+            for name, _ in tf.train.list_variables(checkpoints) if name.startswith("encoder/")}
 
 
 def training_position(model_dir: str) -> str:
@@ -237,13 +250,14 @@ class MainJob:
 
     @staticmethod
     def figures(work: str) -> dict:
-        """The report's scores and the student's training log."""
+        """The report's scores, the student's training log and final weights."""
         with open(os.path.join(work, "report", "report.json")) as f:
             report = json.load(f)
         return without_timings({
             "tatoeba": report["tatoeba"], "news": report["news"],
             "mining": report["mining"]["results"],
-            "train_log": read_jsonl(os.path.join(work, "student", "train_log.jsonl"))})
+            "train_log": read_jsonl(os.path.join(work, "student", "train_log.jsonl")),
+            "weights": encoder_weights(os.path.join(work, "student", "checkpoints"))})
 
     @staticmethod
     def logs(work: str) -> dict:

@@ -1,7 +1,8 @@
 """benchmarks/kill_anywhere.py, short: the main job killed with SIGKILL three
-times after its teacher stage, and `python -m lealla_tf.train` killed twice, each
-rerun until it completes, end with the figures and the evaluations along training
-of a run never killed. The full run (every stage, twenty kills and more) is
+times after its teacher stage (moments drawn in training, export and mine), and
+`python -m lealla_tf.train` killed twice, each rerun until it completes, end
+with the figures (the student's weights among them) and the evaluations along
+training of a run never killed. The full run (every stage, twenty kills and more) is
 `python -m benchmarks.kill_anywhere` (docs/reliability.md)."""
 
 import random
@@ -64,6 +65,8 @@ def test_killed_anywhere_and_rerun_the_jobs_end_as_if_never_killed(
                                       str(tmp_path / "main_job"), 3, 3, rng,
                                       windows=("train_student", "export", "mine"))
     assert job["kills"] == 3 and not job["failed_reruns"], job["runs"]
+    # the figures compared hold the student's final weights (bfloat16, length buckets)
+    assert kill_anywhere.MainJob.figures(str(tmp_path / "main_job" / "reference"))["weights"]
     assert job["equal"], [run["differences"] for run in job["runs"]]
     assert job["logs_equal"], [run["log_differences"] for run in job["runs"]]
     train = kill_anywhere.kill_anywhere(

