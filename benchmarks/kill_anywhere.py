@@ -26,10 +26,10 @@ At the end of each run its figures must equal the reference's, timings aside:
 the report's Tatoeba, news and mining scores, the student's training log and
 its final weights, bit for bit (the main job), the training log (the train
 command); and so must the evaluations along training (the report's,
-eval_log.jsonl). The result records every kill
-(its window and moment, the stage the output shows it landed in, the exit
-status of the rerun after it: -9 when that rerun was killed too) and each run's
-differences; the script exits 1 when a run differed or a rerun failed.
+eval_log.jsonl). The result records every kill (its window and moment, the
+stage the output shows it landed in, the exit status of the rerun after it: -9
+when that rerun was killed too) and each run's differences; the script exits 1
+when a run differed or a rerun failed.
 """
 
 import argparse
