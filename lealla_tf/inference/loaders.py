@@ -282,18 +282,14 @@ def load_embedder(model: str, max_seq_length: int | None = None,
     if max_seq_length is not None:
         raise ValueError(f"max_seq_length applies to LaBSE/2-format pairs, not {model}")
     if kind == "model_dir":
-        from lealla_tf.inference.formats import unnormalised  # noqa: PLC0415 - imports TF
         from lealla_tf.models.model_dir import (  # noqa: PLC0415 - imports TF
             load_encoder,
             load_tokenizer,
         )
 
-        encoder, tokenizer = load_encoder(model, checkpoint), load_tokenizer(model)
-        tokens = _token_path(tokenizer.__call__, lambda inputs: encoder.forward(
-            inputs)["sentence_embedding"], tokenizer.pad_id,
-            embed_raw=lambda inputs: unnormalised(encoder, encoder.forward(inputs)))
-        return _from_token_path(tokens, f"model directory {model}" + (
-            f" at {checkpoint}" if checkpoint else ""))
+        return encoder_embedder(load_encoder(model, checkpoint), load_tokenizer(model),
+                                f"model directory {model}" + (
+                                    f" at {checkpoint}" if checkpoint else ""))
     if "://" in model:
         import tensorflow_hub  # noqa: PLC0415 - heavy; only for a hub handle
 
@@ -338,6 +334,24 @@ def load_embedder(model: str, max_seq_length: int | None = None,
         raise ValueError(_not_a_string_model(model, error)) from None
     return Embedder(call, dimension, description,
                     raw_fn=_tensor_function(tf.function(output, input_signature=spec)))
+
+
+def encoder_embedder(encoder, tokenizer, description: str, fused_kernels: bool = False,
+                     skipped_layers=()) -> Embedder:
+    """An `Embedder` of a `LeallaEncoder` and its tokenizer in this process (a
+    model directory's, or a student's along its run): each sentence tokenized
+    once, batches cut to their longest by token length, as an export runs.
+    `fused_kernels` and `skipped_layers` as `LeallaEncoder.forward` takes them."""
+    from lealla_tf.inference.formats import unnormalised  # noqa: PLC0415 - imports TF
+
+    def forward(inputs):
+        return encoder.forward(inputs, fused_kernels=fused_kernels,
+                               skipped_layers=skipped_layers)
+
+    tokens = _token_path(tokenizer.__call__,
+                         lambda inputs: forward(inputs)["sentence_embedding"], tokenizer.pad_id,
+                         embed_raw=lambda inputs: unnormalised(encoder, forward(inputs)))
+    return _from_token_path(tokens, description)
 
 
 def _rebuilt_export(model: str, info: dict, plan: str, fallback: bool = True):

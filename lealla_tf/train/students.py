@@ -2,7 +2,8 @@
 
     student(batch, teacher_vectors, training) -> StudentOutputs
     student.trainable_weights, student.checkpoint_objects()
-    student.embed_function(tokenizer, teacher) -> strings -> unit embeddings, or None
+    student.embed_function(tokenizer, teacher) -> strings -> unit embeddings (an
+      `Embedder` for an encoder), or None
 
 - `EncoderStudent`: a `LeallaEncoder` (every preset, and the recipe's options:
   mean pooling, embedding bottleneck, parameter recurrence, teacher-initialised
@@ -18,6 +19,7 @@ import keras
 import tensorflow as tf
 
 from lealla_tf.configs import TrainConfig, read_json
+from lealla_tf.inference.loaders import encoder_embedder
 from lealla_tf.models import kernels
 from lealla_tf.models.encoder import build_encoder
 from lealla_tf.models.model_dir import CONFIG_FILE, encoder_config_of, latest_checkpoint
@@ -94,12 +96,11 @@ class EncoderStudent:
                              f"of this encoder ({error})") from None
 
     def embed_function(self, tokenizer, teacher=None):
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
-        def embed(strings):
-            return self.encoder.forward(tokenizer(strings),
-                                        skipped_layers=self.skipped_layers)["sentence_embedding"]
-
-        return embed
+        # As an export embeds (`encoder_embedder`): each sentence tokenized once,
+        # batches cut to their longest by token length, in the step's kernels.
+        return encoder_embedder(self.encoder, tokenizer, "the student",
+                                fused_kernels=self.fused_kernels,
+                                skipped_layers=self.skipped_layers)
 
 
 def architecture_differences(theirs, ours) -> list:

@@ -64,3 +64,33 @@ def test_a_mean_pooled_student_starts_from_a_cls_pooled_model(bottleneck_run,
     assert set(ours) < set(source)  # all but the pooler
     for path, value in ours.items():
         np.testing.assert_array_equal(source[path], value)
+
+
+def test_the_dev_evaluation_embeds_as_the_encoder_computes(teacher_records,
+                                                           sentence_vocab_file, tmp_path):
+    """The evaluations along a run embed through the inference path (each sentence
+    tokenized once, batches cut to their longest by token length, the step's
+    kernels): the rows are the encoder's own, in input order, at any depth."""
+    import tensorflow as tf
+
+    from lealla_tf.evaluation.retrieval import embed_sentences
+    from lealla_tf.inference.embedder import Embedder
+
+    config = tiny_config(vocab_size(sentence_vocab_file), teacher_records, "mcl")
+    config.encoder = config.encoder.replace(num_layers=3)
+    task = Trainer(config, str(tmp_path / "m"), make_strategy("default"), sentence_vocab_file,
+                   progress=False).task
+    sentences = ["a much longer sentence than the others , with many more words in it",
+                 "short", "a middling sentence here", "hi", "one two three four five six"]
+    rows = {}
+    for skipped in (frozenset(), frozenset({1})):
+        task.student.skipped_layers = skipped
+        embed = task.embed_function()
+        assert isinstance(embed, Embedder)
+        rows[skipped] = embed_sentences(embed, sentences, batch_size=2)
+        direct = task.student.encoder.forward(task.tokenizer(tf.constant(sentences)),
+                                              skipped_layers=skipped)["sentence_embedding"]
+        np.testing.assert_allclose(rows[skipped], np.asarray(direct), atol=2e-5)
+    # An untrained student's rows lie close together: the skipped layer moves
+    # them by far more than the tolerance above, all the same.
+    assert np.abs(rows[frozenset()] - rows[frozenset({1})]).max() > 1e-4
