@@ -361,11 +361,11 @@ def matmul_peaks(repeats: int) -> dict:
     return peaks
 
 
-# Each model's precision of arithmetic, for the roofline. The int8 TFLite export
-# stays counted against float32's peak: its matmuls run on int8 inside XNNPACK,
-# and there is no int8 peak measured to set them against.
-ARITHMETIC = {name: "bfloat16" for name in ("student_bf16", "lealla_small_501k_bf16",
-                                            "labse_501k_bf16")}
+# Each model's precision of arithmetic, for the roofline: the precision its spec
+# exports in (float32 where it names none). The int8 TFLite export stays counted
+# against float32's peak: its matmuls run on int8 inside XNNPACK, and there is no
+# int8 peak measured to set them against.
+ARITHMETIC = {name: spec["precision"] for name, spec in MODELS.items() if "precision" in spec}
 
 
 def roofline(results: dict, peaks: dict, specs: dict, student_encoder=None,
