@@ -106,7 +106,7 @@ def embed_tatoeba(embed: Callable, tatoeba_dir: str, languages: list[str] | None
 def tatoeba_metrics(embedded) -> dict[str, float]:
     """Flat Tatoeba metrics of `embed_tatoeba`'s output: `tatoeba/<lang>/p_at_1`,
     `.../xx_to_en`, `.../en_to_xx`, `.../pairs`, `tatoeba/average_p_at_1`,
-    `tatoeba/languages`."""
+    `tatoeba/languages`, `tatoeba/sentences` (both sides)."""
     metrics = {}
     for language, (source, english) in embedded.items():
         for name, value in tatoeba_accuracy(source, english).items():
@@ -115,6 +115,7 @@ def tatoeba_metrics(embedded) -> dict[str, float]:
     metrics[TATOEBA_PRIMARY_METRIC] = float(np.mean(
         [metrics[f"tatoeba/{lang}/p_at_1"] for lang in embedded]))
     metrics["tatoeba/languages"] = len(embedded)
+    metrics[TATOEBA_SENTENCES] = 2 * sum(len(source) for source, _ in embedded.values())
     # How far apart different sentences are (near 1: a collapsed model).
     english = np.concatenate([english for _, english in embedded.values()])
     metrics[TATOEBA_MEAN_COSINE] = mean_cosine(
@@ -245,7 +246,6 @@ def tatoeba_metrics_with_margin(embedded, seconds: float) -> dict[str, float]:
     """Cosine and margin metrics of `embed_tatoeba`'s output, with the sentence
     count and the sentences/s of the pass that took `seconds`."""
     metrics = tatoeba_metrics(embedded)
-    metrics[TATOEBA_SENTENCES] = 2 * sum(len(s) for s, _ in embedded.values())
     metrics["tatoeba/sentences_per_second"] = metrics[TATOEBA_SENTENCES] / max(seconds, 1e-9)
     metrics.update(evaluate_tatoeba_margin(
         {language: source for language, (source, _) in embedded.items()},

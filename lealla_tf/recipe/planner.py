@@ -52,6 +52,17 @@ TEACHER_FREE_SHARE = 0.55
 # one machine, whose ratio it keeps with a third in hand. A stage that runs
 # for the comparison too counts twice.
 AFTER_TRAINING_STEPS = {"export": 40.0, "evaluate": 57.0, "news": 7.0, "mine": 58.0}
+# The same stages in sentences of the student's dev evaluation at step 0: each
+# stage's seconds over that evaluation's seconds a sentence (tracing included),
+# from the one main job report whose dev evaluation embeds as the export does
+# (docs/benchmarks.md, "The reserve after training"), with a quarter in hand
+# (`AFTER_TRAINING_IN_HAND`). Most of what follows training is the export's
+# embedding path and its tracing, which that evaluation times on this machine;
+# the step's units also count the teacher's pass, which does not follow them.
+# The plan keeps the smaller of the two reserves: each is an upper bound.
+AFTER_TRAINING_SENTENCES = {"export": 34_000, "evaluate": 50_300, "news": 6_800,
+                            "mine": 56_500}
+AFTER_TRAINING_IN_HAND = 1.25
 # Fewer steps than this and the report says the run was cut short by the budget.
 SHORT_RUN_STEPS = 300
 # The plan's one file, in the student's model_dir: written by the planner only
@@ -91,13 +102,23 @@ def step_share(config: RecipeConfig) -> float:
 
 
 def after_training_seconds(seconds_per_step: float, comparison: bool,
-                           share: float = 1.0) -> float:
-    """What the stages after training will take on this machine
-    (`AFTER_TRAINING_STEPS`), from the student's step and its `step_share`."""
-    units = dict(AFTER_TRAINING_STEPS)
+                           share: float = 1.0,
+                           evaluation: tuple[float, int] | None = None) -> float:
+    """What the stages after training will take on this machine: the smaller of
+    `AFTER_TRAINING_STEPS` of the student's step (over its `step_share`) and,
+    when the student's dev evaluation at step 0 was timed (`evaluation`: its
+    seconds and the sentences it embedded), `AFTER_TRAINING_SENTENCES` at that
+    evaluation's seconds a sentence, `AFTER_TRAINING_IN_HAND` of it."""
+    units, sentences = dict(AFTER_TRAINING_STEPS), dict(AFTER_TRAINING_SENTENCES)
     if comparison:
         units["evaluate"] *= 2
-    return seconds_per_step / share * sum(units.values())
+        sentences["evaluate"] *= 2
+    reserve = seconds_per_step / share * sum(units.values())
+    seconds, embedded = evaluation or (0.0, 0)
+    if seconds and embedded:
+        reserve = min(reserve, AFTER_TRAINING_IN_HAND * seconds / embedded
+                      * sum(sentences.values()))
+    return reserve
 
 
 class BudgetPlanner:
@@ -107,7 +128,8 @@ class BudgetPlanner:
 
     What is left: the budget less `PLAN_MARGIN`, less what the job has spent
     (`stages.elapsed()`), less the stages after training (`after_training`
-    seconds; None: `after_training_seconds` of the step timed here). It pays
+    seconds; None: `after_training_seconds` of the step and the dev evaluation
+    timed here). It pays
     for the student's remaining steps and evaluations and the comparison's
     start, steps (`COMPARISON_STEP_RATIO` of the student's) and evaluations:
     (n - k) p + n r p + fixed = left, for n. At `REPLAN_AT_FRACTION` of n it
@@ -162,8 +184,9 @@ class BudgetPlanner:
         budget = self.config.time_budget_minutes * 60
         spent = self.stages.elapsed()
         after_training = (self.after_training if self.after_training is not None
-                          else after_training_seconds(per_step, self.comparison,
-                                                      step_share(self.config)))
+                          else after_training_seconds(
+                              per_step, self.comparison, step_share(self.config),
+                              (evaluation, measured.get("evaluation_sentences") or 0)))
         left = budget * (1 - PLAN_MARGIN) - spent - after_training
         # The comparison's step against this student's (cheaper with fewer distilled rows).
         ratio = COMPARISON_STEP_RATIO / step_share(self.config) if self.comparison else 0.0
@@ -187,6 +210,7 @@ class BudgetPlanner:
                      "seconds_per_step": per_step, "pairs_per_second":
                      self.config.global_batch_size / per_step,
                      "evaluation_seconds": evaluation,
+                     "evaluation_sentences": measured.get("evaluation_sentences"),
                      "start_seconds": measured["start_seconds"],
                      "comparison_start_seconds": comparison_start,
                      "comparison_step_ratio": ratio, "short": steps < SHORT_RUN_STEPS}

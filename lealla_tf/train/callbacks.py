@@ -40,8 +40,10 @@ class RunState:
     step_seconds: list = dataclasses.field(default_factory=list)
     train_seconds: float = 0.0
     first_step_start: float | None = None
-    # The evaluation at step 0 (None: none was made in this call).
+    # The evaluation at step 0 and the sentences it embedded (None: none was
+    # made in this call).
     evaluation_seconds: float | None = None
+    evaluation_sentences: int | None = None
     # The last step's row of the train log.
     last: dict = dataclasses.field(default_factory=dict)
 
@@ -51,11 +53,12 @@ class RunState:
     def measured(self) -> dict:
         """What a planner is given after each step (`lealla_tf.train.planning`):
         the step, the seconds of the steps so far and of each, the evaluation at
-        step 0, from this call to its first step (the evaluation at step 0
-        included), and from this call to now."""
+        step 0 (its seconds and sentences), from this call to its first step
+        (the evaluation at step 0 included), and from this call to now."""
         return {"step": self.steps_done, "train_seconds": self.train_seconds,
                 "step_seconds": list(self.step_seconds),
                 "evaluation_seconds": self.evaluation_seconds,
+                "evaluation_sentences": self.evaluation_sentences,
                 "start_seconds": (self.first_step_start or time.time()) - self.started,
                 "elapsed_seconds": time.time() - self.started}
 

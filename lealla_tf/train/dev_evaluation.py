@@ -4,14 +4,19 @@
 import os
 import time
 
-from lealla_tf.evaluation.tatoeba import TATOEBA_PRIMARY_METRIC, evaluate_tatoeba
+from lealla_tf.evaluation.tatoeba import (
+    TATOEBA_PRIMARY_METRIC,
+    TATOEBA_SENTENCES,
+    evaluate_tatoeba,
+)
 from lealla_tf.train.callbacks import Callback, RunState
 from lealla_tf.train.logs import read_evaluations
 
 
 class DevEvaluation(Callback):
-    """Evaluates at step 0 (timed: a planner counts it), every `eval_every`
-    steps after that step's checkpoint, and at the last step.
+    """Evaluates at step 0 (timed, its sentences counted: a planner reads
+    both), every `eval_every` steps after that step's checkpoint, and at the
+    last step.
 
     A resumed run keeps the evaluations logged before the kill
     (eval_log.jsonl, cut to the checkpoint by `lealla_tf.train.logs.RunLogs`)
@@ -30,8 +35,9 @@ class DevEvaluation(Callback):
             return
         if steps == 0:
             started = time.time()
-            self.evaluate(trainer, 0)
+            metrics = self.evaluate(trainer, 0)
             state.evaluation_seconds = time.time() - started
+            state.evaluation_sentences = (metrics or {}).get(TATOEBA_SENTENCES)
         elif (steps % every == 0 or steps == trainer.config.train_steps) and not any(
                 e["step"] == steps for e in self.evaluations):
             self.evaluate(trainer, steps)  # killed after the checkpoint, before this

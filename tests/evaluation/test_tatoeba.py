@@ -69,8 +69,9 @@ def test_evaluate_tatoeba_with_oracle(tiny_tatoeba_dir):
     # English sentences repeat across languages but within a language are distinct.
     assert metrics["tatoeba/average_p_at_1"] == pytest.approx(1.0)
     assert metrics["tatoeba/languages"] == 4
+    assert metrics["tatoeba/sentences"] == 2 * len(pairs)  # both sides of every pair
     limited = evaluate_tatoeba(OracleEmbedder(pairs), tiny_tatoeba_dir, max_pairs=1)
-    assert limited["tatoeba/average_p_at_1"] == 1.0
+    assert limited["tatoeba/average_p_at_1"] == 1.0 and limited["tatoeba/sentences"] == 8
 
 
 def test_the_first_pairs_of_one_pass_score_as_a_pass_over_the_first_pairs(tiny_tatoeba_dir):

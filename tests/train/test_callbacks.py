@@ -14,9 +14,11 @@ def test_the_state_measures_from_the_call_to_the_first_step():
     state.first_step_start = state.started + 2.0
     state.step_seconds += [0.5, 0.25]
     state.train_seconds, state.steps_done, state.evaluation_seconds = 0.75, 9, 1.5
+    state.evaluation_sentences = 40
     measured = state.measured()
     assert measured["step"] == 9 and measured["train_seconds"] == 0.75
     assert measured["start_seconds"] == 2.0 and measured["evaluation_seconds"] == 1.5
+    assert measured["evaluation_sentences"] == 40
     assert 0 <= measured["elapsed_seconds"] <= time.time() - state.started
     measured["step_seconds"].append(9.0)  # a copy: the planner cannot change the state
     assert state.step_seconds == [0.5, 0.25]

@@ -7,7 +7,7 @@ import types
 import pytest
 from conftest import Trainer, tiny_config, vocab_size
 
-from lealla_tf.evaluation.tatoeba import TATOEBA_PRIMARY_METRIC
+from lealla_tf.evaluation.tatoeba import TATOEBA_PRIMARY_METRIC, TATOEBA_SENTENCES
 from lealla_tf.train.callbacks import RunState
 from lealla_tf.train.dev_evaluation import DevEvaluation
 
@@ -25,7 +25,7 @@ class FakeTrainer:
     def log(self, step, metrics, evaluations):
         self.logged.append(step)
         evaluations.append({"step": step})
-        return {TATOEBA_PRIMARY_METRIC: 0.5}
+        return {TATOEBA_PRIMARY_METRIC: 0.5, TATOEBA_SENTENCES: 100 + step}
 
     def say(self, text):
         self.said.append(text)
@@ -35,6 +35,7 @@ def test_it_evaluates_at_zero_every_few_steps_and_at_the_end(tmp_path):
     trainer, evaluation, state = FakeTrainer(tmp_path), DevEvaluation(), RunState(0)
     evaluation.on_train_begin(trainer, state)
     assert trainer.logged == [0] and state.evaluation_seconds >= 0
+    assert state.evaluation_sentences == 100  # what a planner prices the later stages by
     for step in range(1, 8):
         state.steps_done = step
         evaluation.after_checkpoint(trainer, state)
@@ -49,6 +50,7 @@ def test_a_resumed_run_makes_only_the_evaluation_a_kill_cut_off(tmp_path):
     state = RunState(3)  # killed after the checkpoint at 3, before its evaluation
     evaluation.on_train_begin(trainer, state)
     assert trainer.logged == [3] and state.evaluation_seconds is None
+    assert state.evaluation_sentences is None
     assert [e["step"] for e in evaluation.evaluations] == [0, 3]
     trainer = FakeTrainer(tmp_path)  # resumed at 3 with its evaluation logged: none again
     (tmp_path / "eval_log.jsonl").write_text(json.dumps({"step": 0}) + "\n"
