@@ -40,8 +40,8 @@ class RunState:
     step_seconds: list = dataclasses.field(default_factory=list)
     train_seconds: float = 0.0
     first_step_start: float | None = None
-    # The evaluation at step 0 and the sentences it embedded (None: none was
-    # made in this call).
+    # The evaluation at step 0 (None: none was made in this call) and the
+    # sentences it embedded (None also when it scored nothing).
     evaluation_seconds: float | None = None
     evaluation_sentences: int | None = None
     # The last step's row of the train log.

@@ -10,6 +10,7 @@ from lealla_tf.recipe.planner import (
     AFTER_TRAINING_SENTENCES,
     AFTER_TRAINING_STEPS,
     COMPARISON_STEP_RATIO,
+    DEV_EVALUATION_SENTENCES,
     PLAN_AT_STEP,
     PLAN_FILE,
     PLAN_MARGIN,
@@ -144,17 +145,13 @@ def test_a_resumed_planner_follows_its_record_and_replays_its_replan(tmp_path):
     assert BudgetPlanner(RecipeConfig(), None, None, False, str(tmp_path)).start(0) is None
 
 
-# The sentences of the job's dev evaluation (Tatoeba dev, its first 50 pairs
-# of each language, both sides), in every main job report replayed here.
-DEV_SENTENCES = 5_600
-
-
 def replay_job(tmp_path, before_training: dict, step_seconds: float, evaluation: float,
                after_training: dict, budget_minutes: float = 38.0,
-               sentences: int = DEV_SENTENCES) -> float:
+               sentences: int = DEV_EVALUATION_SENTENCES) -> float:
     """Seconds the job ends inside its budget, the planner deciding as it does in
     the job: planned at `PLAN_AT_STEP`, re-planned halfway, every step
-    `step_seconds`, the dev evaluation `evaluation` seconds over `sentences`,
+    `step_seconds`, the dev evaluation `evaluation` seconds over `sentences` (the
+    job's: every report replayed here evaluated its first 50 pairs a language),
     the stages before and after training as given."""
     stages = Stages(str(tmp_path), log=lambda _: None)
     stages.seconds = dict(before_training)
@@ -237,21 +234,27 @@ def test_the_step_share_follows_the_teachers_rows():
 def test_the_reserve_is_the_smaller_of_the_steps_and_the_dev_evaluations_price():
     """Without a timed dev evaluation the reserve is the step's units; with one,
     the sentences' units at its seconds a sentence, a quarter in hand, when
-    that is less; a comparison's evaluation counts twice in either."""
+    that is less. A larger evaluation than the calibration's is priced over the
+    calibration's sentences (its tracing is shared by more), a smaller one over
+    its own. A job with a comparison keeps the step's units (its evaluations
+    run in float32), its evaluation counted twice."""
     steps = 1.5 * sum(AFTER_TRAINING_STEPS.values())
     assert after_training_seconds(1.5, False) == pytest.approx(steps)
     assert after_training_seconds(1.5, False, 1.0, (None, 5600)) == pytest.approx(steps)
     assert after_training_seconds(1.5, False, 1.0, (5.4, None)) == pytest.approx(steps)
     priced = AFTER_TRAINING_IN_HAND * 5.4 / 5600 * sum(AFTER_TRAINING_SENTENCES.values())
-    assert priced < steps
+    assert priced < steps and DEV_EVALUATION_SENTENCES == 5600
     assert after_training_seconds(1.5, False, 1.0, (5.4, 5600)) == pytest.approx(priced)
     # a slow dev evaluation (the path before the export's) keeps the step's units
     assert after_training_seconds(1.5, False, 1.0, (17.0, 5600)) == pytest.approx(steps)
     # a dev evaluation of fewer sentences prices each one higher (its tracing)
     assert (after_training_seconds(1.5, False, 1.0, (2.0, 1000))
             > after_training_seconds(1.5, False, 1.0, (5.4, 5600)))
-    compared = after_training_seconds(1.5, True, 1.0, (5.4, 5600))
-    assert compared == pytest.approx(priced + AFTER_TRAINING_IN_HAND * 5.4 / 5600
-                                     * AFTER_TRAINING_SENTENCES["evaluate"])
+    # every pair (--eval_max_pairs=0): 50 s for 90,368 sentences is not 0.55 ms a
+    # sentence but at least 50 s over 5,600, which the step's units undercut
+    assert after_training_seconds(1.5, False, 1.0, (50.0, 90_368)) == pytest.approx(steps)
+    assert after_training_seconds(1.5, False, 1.0, (5.4, 11_200)) == pytest.approx(priced)
+    assert after_training_seconds(1.5, True, 1.0, (5.4, 5600)) == pytest.approx(
+        steps + 1.5 * AFTER_TRAINING_STEPS["evaluate"])
     assert after_training_seconds(1.5, True) == pytest.approx(
         steps + 1.5 * AFTER_TRAINING_STEPS["evaluate"])

@@ -202,6 +202,7 @@ class ScriptedPlanner(BudgetPlanner):
         if self.resumed_at is not None and (self.plan or {}).get("replanned_at_step"):
             return super().__call__(measured)
         if step == 3 and self.plan is None:
+            self.evaluation_sentences = measured["evaluation_sentences"]
             answer = {"train_steps": 9, "checkpoint_every": 3, "eval_every": 3}
             self.plan = {**answer, "planned_at_step": 3}
         elif step == 5 and self.plan and not self.plan.get("replanned_at_step"):
@@ -235,8 +236,13 @@ def test_a_run_killed_after_its_replan_resumes_to_the_replanned_end(
         return [json.loads(line) for line in
                 (model_dir / "train_log.jsonl").read_text().splitlines()]
 
-    reference = run(tmp_path / "a", ScriptedPlanner(str(tmp_path / "a")))
+    scripted = ScriptedPlanner(str(tmp_path / "a"))
+    reference = run(tmp_path / "a", scripted)
     assert reference["final_step"] == 12
+    # the planner is told what the evaluation at step 0 embedded (it prices the
+    # stages after training by it)
+    first = json.loads((tmp_path / "a" / "eval_log.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 0 and scripted.evaluation_sentences == first["tatoeba/sentences"] > 0
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "b", ScriptedPlanner(str(tmp_path / "b"), kill=True))
     recorded = read_plan(str(tmp_path / "b"))
