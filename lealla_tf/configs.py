@@ -236,6 +236,11 @@ class LossConfig:
             that the teacher runs on and that the terms reading it (fd, ld,
             hd, ...) average over; the other terms (AMS) read every pair.
             1: the teacher sees the whole batch.
+        cooldown_distilled_rows: the share while the learning rate decays (the
+            last `OptimizerConfig.decay_fraction` of the steps; the step is
+            traced again where it starts): more of the teacher where the
+            student settles, at the price of dearer steps there. 0:
+            `distilled_rows` throughout.
     """
 
     objective: str = "lealla"
@@ -244,6 +249,7 @@ class LossConfig:
     temperature: float = 100.0
     weights: dict[str, float] = dataclasses.field(default_factory=dict)
     distilled_rows: float = 1.0
+    cooldown_distilled_rows: float = 0.0
 
 
 @dataclasses.dataclass

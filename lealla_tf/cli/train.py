@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--distilled_rows", type=float, default=1.0,
         help="the share of each batch's pairs the teacher runs on and the distillation terms "
              "read (AMS reads every pair); 1: all")
+    add("--cooldown_distilled_rows", type=float, default=0.0,
+        help="that share while the rate decays (the last --decay_fraction of the steps); "
+             "0: --distilled_rows throughout")
     add("--embedding_init", default="random",
         help=f"one of {', '.join(EMBEDDING_INITS)} (needs --embedding_init_source)")
     add("--embedding_init_source", default="", help="teacher module for --embedding_init")
@@ -174,7 +177,8 @@ def config_from_flags(args):
                               in_step=args.teacher_in_step),
         loss=LossConfig(objective=objective, scale=args.scale, margin=args.margin,
                         temperature=args.temperature, weights=parse_weights(args.loss_weights),
-                        distilled_rows=args.distilled_rows),
+                        distilled_rows=args.distilled_rows,
+                        cooldown_distilled_rows=args.cooldown_distilled_rows),
         optimizer=OptimizerConfig(learning_rate=args.learning_rate,
                                   warmup_steps=args.warmup_steps,
                                   weight_decay=args.weight_decay, clip_norm=args.clip_norm,

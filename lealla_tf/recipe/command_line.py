@@ -111,6 +111,9 @@ def _parser(parser_class, description):
     add("--distilled_rows", type=float, default=defaults.distilled_rows,
         help="the share of each batch's pairs the teacher runs on and the distillation terms "
              "read (AMS reads every pair); 1: all")
+    add("--cooldown_distilled_rows", type=float, default=defaults.cooldown_distilled_rows,
+        help="that share while the rate decays (the last --decay_fraction of the steps); "
+             "0: --distilled_rows throughout")
     add("--progressive_depth", type=float, default=defaults.progressive_depth,
         help="the share of the students' steps that skip the pass-through layers of weight "
              "selection (inserted, as initialised, for the rest; needs --train_steps); 0: "
@@ -185,6 +188,7 @@ def config_from_flags(flags: Mapping[str, Any]) -> RecipeConfig:
         warmup_steps=v["warmup_steps"], decay_fraction=v["decay_fraction"],
         clip_norm=v["clip_norm"], scale=v["scale"], margin=v["margin"],
         distilled_rows=v["distilled_rows"],
+        cooldown_distilled_rows=v["cooldown_distilled_rows"],
         progressive_depth=v["progressive_depth"],
         eval_every=v["eval_every"],
         eval_max_pairs=v["eval_max_pairs"], keep_checkpoints=v["keep_checkpoints"],

@@ -83,6 +83,8 @@ RECIPE_MARGIN = 0.15
 # trains many more steps (benchmarks/recipe_sweep.py, its zen4_s250_base and
 # zen4_s250_rows025 rows; docs/benchmarks.md, "The teacher's share").
 RECIPE_DISTILLED_ROWS = 0.25
+# The share while the rate decays (0: RECIPE_DISTILLED_ROWS throughout).
+RECIPE_COOLDOWN_DISTILLED_ROWS = 0.0
 # The comparison's (AMS alone from weight selection, same steps and data): at
 # the student's rate it falls apart, so it keeps its own best rate
 # (benchmarks/recipe_sweep.py, its ams_lr rows).
@@ -181,6 +183,8 @@ class RecipeConfig:
         scale, margin: the AMS term's (`LossConfig`; the margin `RECIPE_MARGIN`).
         distilled_rows: the share of each batch's pairs the in-step teacher
             runs on and the distillation terms read (`LossConfig`).
+        cooldown_distilled_rows: that share while the rate decays
+            (`LossConfig`; 0: `distilled_rows` throughout).
         progressive_depth: the share of the students' steps that skip the
             pass-through layers (`TrainConfig`); needs --train_steps.
         comparison_learning_rate: the comparison student's peak rate, its own
@@ -223,6 +227,7 @@ class RecipeConfig:
     scale: float = 100.0
     margin: float = RECIPE_MARGIN
     distilled_rows: float = RECIPE_DISTILLED_ROWS
+    cooldown_distilled_rows: float = RECIPE_COOLDOWN_DISTILLED_ROWS
     progressive_depth: float = 0.0
     teacher_center: bool = False
     eval_every: int = 0

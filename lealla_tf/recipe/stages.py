@@ -101,7 +101,8 @@ def _comparable(value):
 # Flags added after stages recorded their settings, with the value every stage
 # made before them trained with: a marker without one matches that value.
 ADDED_FLAGS = {"decay_fraction": 1.0, "clip_norm": 1.0, "scale": 100.0, "margin": 0.3,
-               "progressive_depth": 0.0, "one_language_batches": False}
+               "progressive_depth": 0.0, "one_language_batches": False,
+               "cooldown_distilled_rows": 0.0}
 
 
 def check_same_settings(name: str, stored: dict | None, wanted: dict | None) -> None:

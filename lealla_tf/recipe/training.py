@@ -151,6 +151,7 @@ def student_train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_
                               center=config.teacher_center, in_step=in_step),
         loss=LossConfig(objective=objective, scale=config.scale, margin=config.margin,
                         distilled_rows=config.distilled_rows,
+                        cooldown_distilled_rows=config.cooldown_distilled_rows,
                         weights=dict(loss_weights)),
         optimizer=OptimizerConfig(
             learning_rate=config.learning_rate, decay_fraction=config.decay_fraction,

@@ -100,6 +100,9 @@ def validate_train_config(config: TrainConfig) -> None:
         raise ValueError("--temperature and --scale must be positive")
     if not 0 < config.loss.distilled_rows <= 1:  # NaN fails too
         raise ValueError(f"--distilled_rows must be in (0, 1], got {config.loss.distilled_rows}")
+    if not 0 <= config.loss.cooldown_distilled_rows <= 1:
+        raise ValueError("--cooldown_distilled_rows must be in [0, 1] (0: --distilled_rows "
+                         f"throughout), got {config.loss.cooldown_distilled_rows}")
 
 
 def resolve_train_config(config: TrainConfig, vocabulary_size: int,

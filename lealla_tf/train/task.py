@@ -109,11 +109,24 @@ class DistillationTask:
                 raise ValueError("--progressive_depth: a student no deeper than its teacher "
                                  "starts with no pass-through layers to insert late")
         self.trainable = self.student.trainable_weights + self.heads.trainable_weights
+        # The share of the pairs the teacher runs on in the steps traced next
+        # (`set_distilled_rows`; the cooldown's share is set by `Trainer`).
+        self.distilled_rows = config.loss.distilled_rows
         self.jit_compile = resolve_jit_compile(config.jit_compile, strategy)
         self.compiled = self.jit_compile
         self._segments = {}
         if self.jit_compile:
             self._without_fused_kernels()
+
+    def set_distilled_rows(self, share: float) -> bool:
+        """The share of each batch's pairs the teacher runs on from the next
+        trace of the step; True when it changed (the caller traces the step
+        again: the compiled parts are dropped here)."""
+        if share == self.distilled_rows:
+            return False
+        self.distilled_rows = share
+        self._segments = {}
+        return True
 
     def _without_fused_kernels(self):
         """The student and the in-step teacher run their layers op by op: XLA
@@ -259,7 +272,7 @@ class DistillationTask:
     def _distilled_batch(self, batch):
         """The rows the teacher runs on: the whole batch, or its first
         `distilled_rows` share (at least one row) when some term reads the teacher."""
-        share = self.config.loss.distilled_rows
+        share = self.distilled_rows
         if share >= 1 or not any(reads_teacher(t) for t in self.terms):
             return batch
         size = tf.shape(batch["source"]["input_word_ids"])[0]
@@ -270,7 +283,7 @@ class DistillationTask:
 
     def _distilled_batch_size(self):
         """The global batch of the distilled rows, which their terms average over."""
-        share = self.config.loss.distilled_rows
+        share = self.distilled_rows
         replicas = self.strategy.num_replicas_in_sync
         per_replica = self.config.global_batch_size // replicas
         return replicas * max(1, math.ceil(share * per_replica - 1e-9))

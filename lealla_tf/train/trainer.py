@@ -45,6 +45,7 @@ from lealla_tf.configs import TrainConfig
 from lealla_tf.evaluation.tatoeba import TATOEBA_MEAN_COSINE, TATOEBA_PRIMARY_METRIC
 from lealla_tf.models.model_dir import CHECKPOINT_DIR
 from lealla_tf.train.callbacks import Callback, RunState
+from lealla_tf.train.cooldown import CooldownRows
 from lealla_tf.train.depth import ProgressiveDepth
 from lealla_tf.train.dev_evaluation import DevEvaluation
 from lealla_tf.train.distribution import any_worker, is_tpu_strategy, worker_role
@@ -227,9 +228,9 @@ class Trainer:
         steps_done = self.restore_or_initialize()
         self.logs = RunLogs.resume(self.write_dir, steps_done)
         self.progress_log, self.depth = ProgressLog(self.progress), ProgressiveDepth()
-        self.evaluation = DevEvaluation()
-        self.callbacks = [self.progress_log, Planning(planner), self.depth, self.evaluation,
-                          *callbacks]
+        self.cooldown, self.evaluation = CooldownRows(), DevEvaluation()
+        self.callbacks = [self.progress_log, Planning(planner), self.depth, self.cooldown,
+                          self.evaluation, *callbacks]
         iterator = iter(self.task.distributed_dataset(steps_done))
         state, step_fn, reason = RunState(steps_done), None, "train_steps reached"
         try:
@@ -327,6 +328,7 @@ class Trainer:
                    "weights": self.task.weights, "replicas": self.strategy.num_replicas_in_sync,
                    "jit_compile": self.task.jit_compile,
                    "pass_through_inserted_at_step": self.depth.inserted_at_step,
+                   "cooldown_rows_from_step": self.cooldown.started_at_step,
                    "data": self.task.data_info, "initialization": self.initialization}
         if self.role.chief:  # a collapsed model is named, with or without Tatoeba
             summary.update(collapse_check(evaluations, self.task.embed_function,

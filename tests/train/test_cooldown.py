@@ -1,0 +1,97 @@
+"""The teacher's share in the cooldown (lealla_tf.train.cooldown): while the
+rate decays the teacher runs on `cooldown_distilled_rows` of each batch."""
+
+import dataclasses as dc
+import os
+import types
+
+import pytest
+from conftest import Trainer, tiny_config
+
+from lealla_tf.configs import LossConfig, OptimizerConfig, TeacherConfig
+from lealla_tf.teachers.conversion import SENTENCEPIECE_FILE
+from lealla_tf.train.callbacks import RunState
+from lealla_tf.train.cooldown import CooldownRows, cooldown_start, distilled_rows_at
+from lealla_tf.train.resolution import validate_train_config
+from lealla_tf.train.schedules import WarmupLinearDecay
+
+
+def _config(train_steps=100, warmup=10, fraction=0.2, rows=0.25, cooldown=1.0):
+    return types.SimpleNamespace(
+        train_steps=train_steps,
+        optimizer=OptimizerConfig(warmup_steps=warmup, decay_fraction=fraction),
+        loss=LossConfig(distilled_rows=rows, cooldown_distilled_rows=cooldown))
+
+
+def test_the_cooldown_starts_where_the_rate_starts_to_decay():
+    for steps, warmup, fraction in ((100, 10, 0.2), (6, 1, 0.5), (1618, 60, 0.2), (50, 0, 1.0)):
+        config = _config(steps, warmup, fraction)
+        schedule = WarmupLinearDecay(1e-3, warmup, steps, decay_fraction=fraction)
+        start = cooldown_start(config)
+        rates = [float(schedule(step)) for step in range(steps)]
+        assert all(rate >= 1e-3 * (1 - 1e-6) for step, rate in enumerate(rates)
+                   if max(warmup, 1) <= step <= start)  # the peak until the window
+        assert all(rate < 1e-3 * (1 - 1e-6) for step, rate in enumerate(rates) if step > start)
+        assert distilled_rows_at(config, int(start) + 1) == 1.0
+        assert distilled_rows_at(config, int(start) - 1) == 0.25
+    assert cooldown_start(_config()) == 82.0  # 100 - 0.2 * 90
+    assert distilled_rows_at(_config(cooldown=0.0), 99) == 0.25  # 0: one share throughout
+
+
+def test_the_share_changes_once_and_a_resumed_run_starts_with_the_right_one():
+    said, shares = [], []
+    task = types.SimpleNamespace(distilled_rows=0.25)
+
+    def set_distilled_rows(share):
+        changed, task.distilled_rows = share != task.distilled_rows, share
+        shares.append(share)
+        return changed
+
+    task.set_distilled_rows = set_distilled_rows
+    trainer = types.SimpleNamespace(task=task, config=_config(), say=said.append)
+    rows, state = CooldownRows(), RunState(0)
+    rows.on_train_begin(trainer, state)
+    changes = []
+    for step in range(100):
+        state.steps_done = step
+        changes.append(rows.on_step_begin(trainer, state))
+    assert changes.index(True) == 82 and changes.count(True) == 1
+    assert rows.started_at_step == 82 and task.distilled_rows == 1.0
+    assert said == ["step 82: cooldown, the teacher on 1 of each batch's pairs"]
+    resumed = CooldownRows()  # resumed inside the cooldown: its share from the start
+    task.distilled_rows = 0.25
+    resumed.on_train_begin(trainer, RunState(90))
+    assert task.distilled_rows == 1.0 and resumed.started_at_step is None
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5, float("nan")])
+def test_a_cooldown_share_outside_0_to_1_is_refused(share, tiny_parallel_dir):
+    config = tiny_config(50, tiny_parallel_dir, "ams")
+    config = dc.replace(config, loss=dc.replace(config.loss, cooldown_distilled_rows=share))
+    with pytest.raises(ValueError, match="--cooldown_distilled_rows must be in"):
+        validate_train_config(config)
+
+
+def test_a_run_distils_every_row_in_its_cooldown(teacher, tiny_parallel_dir, tmp_path):
+    """6 steps, the rate decaying over the last half of those after its 2
+    warmup steps (from step 4): steps 1-4 run the teacher on half the pairs, 5-6 on all of them (the
+    step traced again), and the summary names where the cooldown came in."""
+    directory, _, pieces = teacher
+    config = tiny_config(len(pieces), tiny_parallel_dir, "ams+fd+ld+hd",
+                         embedding_init="teacher_select", embedding_init_source=directory,
+                         teacher=TeacherConfig(in_step=True), train_steps=6)
+    config.encoder = config.encoder.replace(vocabulary_size=len(pieces), num_layers=4,
+                                            pooling="mean", max_sequence_length=24)
+    config = dc.replace(
+        config, loss=dc.replace(config.loss, distilled_rows=0.5, cooldown_distilled_rows=1.0),
+        optimizer=dc.replace(config.optimizer, decay_fraction=0.5))
+    trainer = Trainer(config, str(tmp_path), None, os.path.join(directory, SENTENCEPIECE_FILE),
+                      progress=False)
+    batches = {}
+
+    def seen(measured):
+        batches[measured["step"]] = trainer.task._distilled_batch_size()
+
+    summary = trainer.train(seen)
+    assert summary["final_step"] == 6 and summary["cooldown_rows_from_step"] == 4
+    assert batches == {1: 4, 2: 4, 3: 4, 4: 4, 5: 8, 6: 8}
