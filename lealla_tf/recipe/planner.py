@@ -100,13 +100,27 @@ def comparison_guard(plan: dict, steps: int) -> float:
                            + (PLANNED_EVALUATIONS + 1) * plan["evaluation_seconds"])
 
 
-def step_share(config: RecipeConfig) -> float:
+def step_share(config: RecipeConfig, rows: float | None = None) -> float:
     """The student's step over the main job's step with the teacher on every
     row, as modelled: the teacher-free part, plus the teacher's part for the
-    share of the rows it runs on (none for an objective that does not read it)."""
+    share of the rows it runs on (`rows`, default `distilled_rows`; none for an
+    objective that does not read it)."""
     taught = any(reads_teacher(t) for t in parse_objective(config.objective))
-    rows = min(1.0, max(0.0, config.distilled_rows)) if taught else 0.0
+    rows = config.distilled_rows if rows is None else rows
+    rows = min(1.0, max(0.0, rows)) if taught else 0.0
     return TEACHER_FREE_SHARE + (1 - TEACHER_FREE_SHARE) * rows
+
+
+def cooldown_extra(config: RecipeConfig) -> float:
+    """What the cooldown's share of the teacher (`cooldown_distilled_rows`) adds
+    to the student's steps, in its steps before it: the last `decay_fraction`
+    of them cost `step_share` at that share over `step_share` at
+    `distilled_rows` (0 without a cooldown share). The plan is made, and
+    re-made, on steps timed before the cooldown."""
+    if not config.cooldown_distilled_rows:
+        return 0.0
+    dearer = step_share(config, config.cooldown_distilled_rows) / step_share(config) - 1
+    return min(1.0, max(0.0, config.decay_fraction)) * dearer
 
 
 def after_training_seconds(seconds_per_step: float, comparison: bool,
@@ -141,7 +155,8 @@ class BudgetPlanner:
     timed here). It pays
     for the student's remaining steps and evaluations and the comparison's
     start, steps (`COMPARISON_STEP_RATIO` of the student's) and evaluations:
-    (n - k) p + n r p + fixed = left, for n. At `REPLAN_AT_FRACTION` of n it
+    (n - k) p + n e p + n r p + fixed = left, for n (e: the cooldown's dearer
+    steps, `cooldown_extra`). At `REPLAN_AT_FRACTION` of n it
     solves the same for the steps left, with p timed over every step so far
     (`replan`).
 
@@ -205,9 +220,10 @@ class BudgetPlanner:
                             + max(0.0, measured["step_seconds"][0] - per_step))
         fixed = PLANNED_EVALUATIONS * evaluation + self.comparison_seconds(
             comparison_start, evaluation)
-        steps = int((left - fixed + step * per_step) // (per_step * (1 + ratio)))
+        extra = cooldown_extra(self.config)
+        steps = int((left - fixed + step * per_step) // (per_step * (1 + ratio + extra)))
         steps = max(steps, PLANNED_WARMUP_STEPS + 1)
-        own = (steps - step) * per_step + fixed
+        own = (steps - step + extra * steps) * per_step + fixed
         every = self.config.eval_every or planned_every(steps)
         answer = {"train_steps": steps, "eval_every": every,
                   "checkpoint_every": planned_every(steps),
@@ -261,9 +277,10 @@ class BudgetPlanner:
         evaluations_left = len(range(every * (step // every + 1), plan["train_steps"], every)) + 1
         fixed = evaluations_left * evaluation + self.comparison_seconds(
             plan["comparison_start_seconds"], evaluation)
-        ratio = plan["comparison_step_ratio"]
-        steps = max(step + 1, int((left - fixed + step * per_step) // (per_step * (1 + ratio))))
-        own = (steps - step) * per_step + evaluations_left * evaluation
+        ratio, extra = plan["comparison_step_ratio"], cooldown_extra(self.config)
+        steps = max(step + 1, int((left - fixed + step * per_step)
+                                  // (per_step * (1 + ratio + extra))))
+        own = (steps - step + extra * steps) * per_step + evaluations_left * evaluation
         answer = {"train_steps": steps,
                   "time_budget_minutes": overshoot_guard(measured["elapsed_seconds"], own)}
         self.plan.update(replanned_at_step=step, planned_train_steps=plan["train_steps"],

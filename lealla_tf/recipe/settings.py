@@ -83,7 +83,9 @@ RECIPE_MARGIN = 0.15
 # trains many more steps (benchmarks/recipe_sweep.py, its zen4_s250_base and
 # zen4_s250_rows025 rows; docs/benchmarks.md, "The teacher's share").
 RECIPE_DISTILLED_ROWS = 0.25
-# The share while the rate decays (0: RECIPE_DISTILLED_ROWS throughout).
+# The share while the rate decays (0: RECIPE_DISTILLED_ROWS throughout). Every
+# pair there gained no more than one seed's spread at equal steps, for dearer
+# steps (benchmarks/recipe_sweep.py, its zen4_s500_cooldown_rows1 row).
 RECIPE_COOLDOWN_DISTILLED_ROWS = 0.0
 # The comparison's (AMS alone from weight selection, same steps and data): at
 # the student's rate it falls apart, so it keeps its own best rate
