@@ -119,6 +119,16 @@ def resolved_recipe(argv) -> dict:
     return json.loads(json.dumps({k: settings[k] for k in TRAINING_FLAGS}))
 
 
+def recorded_recipe(trained: dict) -> dict:
+    """A finished row's settings, a flag added since it trained at the value it
+    trained with (`lealla_tf.recipe.stages.ADDED_FLAGS`)."""
+    from lealla_tf.recipe.stages import ADDED_FLAGS
+
+    recipe = trained.get("recipe") or {}
+    return {**{flag: value for flag, value in ADDED_FLAGS.items() if flag in TRAINING_FLAGS},
+            **recipe} if recipe else recipe
+
+
 def train_variant(name, argv, work_dir, data_dir, result_file):
     """Runs in a fresh process: the main job's training stage with `argv`, then
     the evaluation; writes `result_file`."""
@@ -252,7 +262,7 @@ def main(argv=None) -> int:
         except ValueError as error:
             print(f"error: {error} (and {result_file[:-5]}/)", file=sys.stderr)
             return 2
-        if trained is not None and trained.get("recipe") != resolved_recipe(flags):
+        if trained is not None and recorded_recipe(trained) != resolved_recipe(flags):
             print(f"error: {result_file} was trained with other settings (flags "
                   f"{trained.get('flags')}, the defaults of its day) than --variant={name}="
                   f"{' '.join(flags)} gives now; name the variant otherwise, or delete "

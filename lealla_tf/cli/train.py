@@ -78,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the share of each batch's pairs the teacher runs on and the distillation terms "
              "read (AMS reads every pair); 1: all")
     add("--cooldown_distilled_rows", type=float, default=0.0,
-        help="that share while the rate decays (the last --decay_fraction of the steps); "
-             "0: --distilled_rows throughout")
+        help="that share while the rate decays (the last --decay_fraction of the steps after "
+             "warmup: every one at --decay_fraction=1); 0: --distilled_rows throughout")
     add("--embedding_init", default="random",
         help=f"one of {', '.join(EMBEDDING_INITS)} (needs --embedding_init_source)")
     add("--embedding_init_source", default="", help="teacher module for --embedding_init")

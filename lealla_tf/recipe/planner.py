@@ -10,10 +10,12 @@ defaults, and its --help answers before TensorFlow loads (tests/cli/test_scripts
 """
 
 import json
+import math
 import os
 
 from lealla_tf.losses.objectives import parse_objective, reads_teacher
 from lealla_tf.recipe.settings import RecipeConfig
+from lealla_tf.train.decay import decay_window
 
 # === Planning the training to the time budget ===
 
@@ -111,16 +113,66 @@ def step_share(config: RecipeConfig, rows: float | None = None) -> float:
     return TEACHER_FREE_SHARE + (1 - TEACHER_FREE_SHARE) * rows
 
 
-def cooldown_extra(config: RecipeConfig) -> float:
-    """What the cooldown's share of the teacher (`cooldown_distilled_rows`) adds
-    to the student's steps, in its steps before it: the last `decay_fraction`
-    of them cost `step_share` at that share over `step_share` at
-    `distilled_rows` (0 without a cooldown share). The plan is made, and
-    re-made, on steps timed before the cooldown."""
+def cooldown_premium(config: RecipeConfig) -> float:
+    """How much dearer a step is while the rate decays, with the teacher on
+    `cooldown_distilled_rows` of the pairs, than a step before (`step_share`
+    at each share): 0 without a cooldown share, below 0 for a smaller one."""
     if not config.cooldown_distilled_rows:
         return 0.0
-    dearer = step_share(config, config.cooldown_distilled_rows) / step_share(config) - 1
-    return min(1.0, max(0.0, config.decay_fraction)) * dearer
+    return step_share(config, config.cooldown_distilled_rows) / step_share(config) - 1
+
+
+def cooldown_begins(config: RecipeConfig, steps: float) -> float:
+    """The step a planned run of `steps` starts its cooldown at: where its rate
+    starts to decay (the trainer's window, `decay_window`, at the plan's warmup)."""
+    warmup = config.warmup_steps if config.warmup_steps is not None else PLANNED_WARMUP_STEPS
+    return decay_window(float(steps), warmup, config.decay_fraction)[0]
+
+
+def cooldown_seconds(config: RecipeConfig, steps: int, done: int, per_step: float,
+                     premium: float) -> float:
+    """What the cooldown's share adds to a run of `steps` from step `done` on,
+    the steps before it taking `per_step`: `premium` (`cooldown_premium`, or
+    as measured) on each cooldown step still to come."""
+    if not premium:
+        return 0.0
+    to_come = steps - max(done, math.ceil(cooldown_begins(config, steps)))
+    return premium * per_step * max(0, to_come)
+
+
+def steps_that_fit(config: RecipeConfig, seconds: float, done: int, per_step: float,
+                   ratio: float, premium: float) -> int:
+    """The most steps whose time from step `done` on fits in `seconds`: each step
+    left `per_step`, the comparison's `ratio` of it for every step, and the
+    cooldown's `premium` on its steps still to come (`cooldown_seconds`)."""
+    steps = int((seconds + done * per_step) // (per_step * (1 + ratio)))
+    if not premium:
+        return steps
+
+    def fits(n):
+        return ((n - done) * per_step * (1 + ratio) + done * ratio * per_step
+                + cooldown_seconds(config, n, done, per_step, premium) <= seconds)
+
+    low, high = done, max(done, 2 * steps + 1)  # a cheaper cooldown fits more steps
+    while low < high:  # the time grows with the steps: the last that fits
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low
+
+
+def timed_cooldown(config: RecipeConfig, step_seconds: list, steps: int):
+    """(the seconds of a step before the cooldown, the cooldown's premium) as
+    the steps timed so far show them, in a run planned to `steps`; None when
+    fewer than `PLAN_SKIP_STEPS` cooldown steps were timed past its first
+    `PLAN_SKIP_STEPS` (their new traces): the re-plan then times every step
+    and takes the modelled premium."""
+    begins = math.ceil(cooldown_begins(config, steps))
+    before = step_seconds[PLAN_SKIP_STEPS:begins]
+    during = step_seconds[begins + PLAN_SKIP_STEPS:]
+    if not before or len(during) < PLAN_SKIP_STEPS:
+        return None
+    per_step = sum(before) / len(before)
+    return per_step, sum(during) / len(during) / per_step - 1
 
 
 def after_training_seconds(seconds_per_step: float, comparison: bool,
@@ -155,8 +207,8 @@ class BudgetPlanner:
     timed here). It pays
     for the student's remaining steps and evaluations and the comparison's
     start, steps (`COMPARISON_STEP_RATIO` of the student's) and evaluations:
-    (n - k) p + n e p + n r p + fixed = left, for n (e: the cooldown's dearer
-    steps, `cooldown_extra`). At `REPLAN_AT_FRACTION` of n it
+    (n - k) p + n r p + c + fixed = left, for n (c: the cooldown's dearer steps
+    still to come, `cooldown_seconds`; `steps_that_fit`). At `REPLAN_AT_FRACTION` of n it
     solves the same for the steps left, with p timed over every step so far
     (`replan`).
 
@@ -220,10 +272,11 @@ class BudgetPlanner:
                             + max(0.0, measured["step_seconds"][0] - per_step))
         fixed = PLANNED_EVALUATIONS * evaluation + self.comparison_seconds(
             comparison_start, evaluation)
-        extra = cooldown_extra(self.config)
-        steps = int((left - fixed + step * per_step) // (per_step * (1 + ratio + extra)))
+        premium = cooldown_premium(self.config)
+        steps = steps_that_fit(self.config, left - fixed, step, per_step, ratio, premium)
         steps = max(steps, PLANNED_WARMUP_STEPS + 1)
-        own = (steps - step + extra * steps) * per_step + fixed
+        own = ((steps - step) * per_step + fixed
+               + cooldown_seconds(self.config, steps, step, per_step, premium))
         every = self.config.eval_every or planned_every(steps)
         answer = {"train_steps": steps, "eval_every": every,
                   "checkpoint_every": planned_every(steps),
@@ -269,7 +322,11 @@ class BudgetPlanner:
         if plan.get("replanned_at_step") or step < max(
                 plan["planned_at_step"] + 1, int(REPLAN_AT_FRACTION * plan["train_steps"])):
             return None
-        per_step = self.seconds_per_step(measured)
+        per_step, premium = self.seconds_per_step(measured), cooldown_premium(self.config)
+        timed = premium and timed_cooldown(self.config, measured["step_seconds"],
+                                           plan["train_steps"])
+        if timed:  # the cooldown began before the re-plan: its steps' own price
+            per_step, premium = timed
         evaluation = plan["evaluation_seconds"]
         left = (plan["budget_seconds"] * (1 - PLAN_MARGIN) - self.stages.elapsed()
                 - plan["after_training_seconds"])
@@ -277,10 +334,10 @@ class BudgetPlanner:
         evaluations_left = len(range(every * (step // every + 1), plan["train_steps"], every)) + 1
         fixed = evaluations_left * evaluation + self.comparison_seconds(
             plan["comparison_start_seconds"], evaluation)
-        ratio, extra = plan["comparison_step_ratio"], cooldown_extra(self.config)
-        steps = max(step + 1, int((left - fixed + step * per_step)
-                                  // (per_step * (1 + ratio + extra))))
-        own = (steps - step + extra * steps) * per_step + evaluations_left * evaluation
+        steps = max(step + 1, steps_that_fit(self.config, left - fixed, step, per_step,
+                                             plan["comparison_step_ratio"], premium))
+        own = ((steps - step) * per_step + evaluations_left * evaluation
+               + cooldown_seconds(self.config, steps, step, per_step, premium))
         answer = {"train_steps": steps,
                   "time_budget_minutes": overshoot_guard(measured["elapsed_seconds"], own)}
         self.plan.update(replanned_at_step=step, planned_train_steps=plan["train_steps"],

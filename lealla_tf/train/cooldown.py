@@ -3,16 +3,16 @@ while the learning rate decays, the teacher runs on that share of each batch's
 pairs instead of `distilled_rows`."""
 
 from lealla_tf.train.callbacks import Callback, RunState
-from lealla_tf.train.schedules import decay_window
+from lealla_tf.train.decay import decay_window
 
 
 def cooldown_start(config) -> float:
     """The step a run's rate starts to decay at (its `TrainConfig`, whose
     `train_steps` a plan may have moved; warmup resolved)."""
     optimizer = config.optimizer
-    start, _ = decay_window(config.train_steps, optimizer.warmup_steps or 0,
+    start, _ = decay_window(float(config.train_steps), optimizer.warmup_steps or 0,
                             optimizer.decay_fraction)
-    return float(start)
+    return start
 
 
 def distilled_rows_at(config, steps_done: int) -> float:
@@ -38,7 +38,7 @@ class CooldownRows(Callback):
     def on_step_begin(self, trainer, state: RunState) -> bool:
         share = distilled_rows_at(trainer.config, state.steps_done)
         changed = trainer.task.set_distilled_rows(share)
-        if changed and share == trainer.config.loss.cooldown_distilled_rows:
+        if changed and state.steps_done >= cooldown_start(trainer.config):
             self.started_at_step = state.steps_done
             trainer.say(f"step {state.steps_done}: cooldown, the teacher on {share:g} of "
                         "each batch's pairs")

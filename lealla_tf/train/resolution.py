@@ -179,7 +179,8 @@ def resolve_train_config(config: TrainConfig, vocabulary_size: int,
 # run keeps that value.
 ADDED_SETTINGS = {**{f"teacher.{name}": getattr(TeacherConfig, name)
                      for name in ("center", "center_pairs", "in_step")},
-                  "progressive_depth": 0.0}
+                  "progressive_depth": 0.0, "loss.distilled_rows": 1.0,
+                  "loss.cooldown_distilled_rows": 0.0, "data.one_language_batches": False}
 
 
 def check_resumable(stored: dict, requested: dict) -> None:

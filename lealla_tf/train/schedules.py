@@ -3,15 +3,7 @@
 import keras
 import tensorflow as tf
 
-
-def decay_window(total_steps, warmup_steps: int, decay_fraction: float):
-    """(the step the rate starts to decay at, the steps it decays over), as
-    float32 tensors: the last `decay_fraction` of the steps after warmup, and
-    never before the warmup ends (step 1 without one). `total_steps` may be a
-    tensor or a `tf.Variable`."""
-    total = tf.cast(total_steps, tf.float32)
-    decay_steps = tf.maximum(decay_fraction * (total - float(warmup_steps)), 1.0)
-    return tf.maximum(total - decay_steps, float(max(warmup_steps, 1))), decay_steps
+from lealla_tf.train.decay import decay_window
 
 
 class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
@@ -38,8 +30,8 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
     def __call__(self, step):
         step = tf.cast(step, tf.float32)
         warmup = tf.cast(max(self.warmup_steps, 1), tf.float32)
-        start, decay_steps = decay_window(self.total_steps, self.warmup_steps,
-                                          self.decay_fraction)
+        start, decay_steps = decay_window(tf.cast(self.total_steps, tf.float32),
+                                          self.warmup_steps, self.decay_fraction, tf.maximum)
         progress = tf.clip_by_value((step - start) / decay_steps, 0.0, 1.0)
         decayed = self.peak * (1.0 - (1.0 - self.end_fraction) * progress)
         return tf.where(step < warmup, self.peak * (step + 1.0) / warmup, decayed)

@@ -120,13 +120,18 @@ class DistillationTask:
 
     def set_distilled_rows(self, share: float) -> bool:
         """The share of each batch's pairs the teacher runs on from the next
-        trace of the step; True when it changed (the caller traces the step
-        again: the compiled parts are dropped here)."""
-        if share == self.distilled_rows:
-            return False
+        trace of the step; True when the step computes something else (the
+        caller traces it again): the share changed, and a term reads the teacher."""
+        changed = share != self.distilled_rows and any(reads_teacher(t) for t in self.terms)
         self.distilled_rows = share
+        return changed
+
+    def forget_traces(self) -> None:
+        """Drops the compiled parts of the step (several replicas, `jit_compile`),
+        traced with what the task computed then: the trainer calls it when a
+        callback changes what the step computes (the layers it skips, the
+        teacher's share)."""
         self._segments = {}
-        return True
 
     def _without_fused_kernels(self):
         """The student and the in-step teacher run their layers op by op: XLA

@@ -242,6 +242,7 @@ class Trainer:
                         reason = stopping
                         break
                     if any(self._call("on_step_begin", state)) or step_fn is None:
+                        self.task.forget_traces()
                         step_fn = self.step_function(iterator.element_spec)
                     measured = self.run_step(step_fn, iterator, state)
                     self._call("on_step_end", state, measured)

@@ -6,6 +6,7 @@ import os
 import types
 
 import pytest
+import tensorflow as tf
 from conftest import Trainer, tiny_config
 
 from lealla_tf.configs import LossConfig, OptimizerConfig, TeacherConfig
@@ -72,26 +73,56 @@ def test_a_cooldown_share_outside_0_to_1_is_refused(share, tiny_parallel_dir):
         validate_train_config(config)
 
 
-def test_a_run_distils_every_row_in_its_cooldown(teacher, tiny_parallel_dir, tmp_path):
-    """6 steps, the rate decaying over the last half of those after its 2
-    warmup steps (from step 4): steps 1-4 run the teacher on half the pairs, 5-6 on all of them (the
-    step traced again), and the summary names where the cooldown came in."""
+def _tiny_run(teacher, tiny_parallel_dir, tmp_path, objective, **loss):
     directory, _, pieces = teacher
-    config = tiny_config(len(pieces), tiny_parallel_dir, "ams+fd+ld+hd",
+    config = tiny_config(len(pieces), tiny_parallel_dir, objective,
                          embedding_init="teacher_select", embedding_init_source=directory,
                          teacher=TeacherConfig(in_step=True), train_steps=6)
     config.encoder = config.encoder.replace(vocabulary_size=len(pieces), num_layers=4,
                                             pooling="mean", max_sequence_length=24)
-    config = dc.replace(
-        config, loss=dc.replace(config.loss, distilled_rows=0.5, cooldown_distilled_rows=1.0),
-        optimizer=dc.replace(config.optimizer, decay_fraction=0.5))
-    trainer = Trainer(config, str(tmp_path), None, os.path.join(directory, SENTENCEPIECE_FILE),
-                      progress=False)
-    batches = {}
+    config = dc.replace(config, loss=dc.replace(config.loss, **loss),
+                        optimizer=dc.replace(config.optimizer, decay_fraction=0.5))
+    return Trainer(config, str(tmp_path), None, os.path.join(directory, SENTENCEPIECE_FILE),
+                   progress=False)
 
-    def seen(measured):
-        batches[measured["step"]] = trainer.task._distilled_batch_size()
 
-    summary = trainer.train(seen)
+def test_a_run_distils_every_row_in_its_cooldown(teacher, tiny_parallel_dir, tmp_path):
+    """6 steps, the rate decaying over the last half of those after its 2
+    warmup steps (from step 4): the traced step runs the teacher on 4 of the 8
+    pairs in steps 1-4 and on all 8 in steps 5-6 (counted inside the graph),
+    the step traced twice, and the summary names where the cooldown came in."""
+    trainer = _tiny_run(teacher, tiny_parallel_dir, tmp_path, "ams+fd+ld+hd",
+                        distilled_rows=0.5, cooldown_distilled_rows=1.0)
+    task = trainer.task
+    rows = tf.Variable(0, dtype=tf.int64)
+    vectors = task.teacher.vectors
+
+    def counted(features):  # runs where the step is traced: adds in the graph
+        rows.assign_add(tf.cast(tf.shape(features["source"]["input_word_ids"])[0], tf.int64))
+        return vectors(features)
+
+    task.teacher.vectors = counted
+    traces, step_function = [], trainer.step_function
+    trainer.step_function = lambda spec: traces.append(spec) or step_function(spec)
+    seen = []
+
+    def rows_of_the_step(measured):
+        seen.append(int(rows.numpy()))
+        rows.assign(0)
+
+    summary = trainer.train(rows_of_the_step)
     assert summary["final_step"] == 6 and summary["cooldown_rows_from_step"] == 4
-    assert batches == {1: 4, 2: 4, 3: 4, 4: 4, 5: 8, 6: 8}
+    assert seen == [4, 4, 4, 4, 8, 8] and len(traces) == 2
+
+
+def test_a_run_whose_terms_do_not_read_the_teacher_keeps_its_step(teacher, tiny_parallel_dir,
+                                                                  tmp_path):
+    """AMS alone (the main job's comparison): no teacher runs, so the cooldown's
+    share changes nothing and the step is not traced again."""
+    trainer = _tiny_run(teacher, tiny_parallel_dir, tmp_path, "ams",
+                        distilled_rows=0.5, cooldown_distilled_rows=1.0)
+    traces, step_function = [], trainer.step_function
+    trainer.step_function = lambda spec: traces.append(spec) or step_function(spec)
+    summary = trainer.train()
+    assert summary["final_step"] == 6 and summary["cooldown_rows_from_step"] is None
+    assert len(traces) == 1

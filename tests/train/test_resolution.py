@@ -87,6 +87,19 @@ def test_a_run_written_before_progressive_depth_resumes_at_full_depth():
         check_resumable(stored, {"train_steps": 9, "progressive_depth": 0.5})
 
 
+def test_a_run_written_before_the_teachers_shares_resumes_with_them_unchanged():
+    """A config.json from before `distilled_rows` and `cooldown_distilled_rows`
+    (and `one_language_batches`) ran with the teacher on every row throughout."""
+    stored = {"train_steps": 5, "loss": {"objective": "lealla"}, "data": {}}
+    same = {"train_steps": 9, "loss": {"objective": "lealla", "distilled_rows": 1.0,
+                                       "cooldown_distilled_rows": 0.0},
+            "data": {"one_language_batches": False}}
+    check_resumable(stored, same)
+    with pytest.raises(ValueError, match="loss.cooldown_distilled_rows: 0.0 -> 1.0"):
+        check_resumable(stored, {**same, "loss": {**same["loss"],
+                                                  "cooldown_distilled_rows": 1.0}})
+
+
 def test_the_papers_defaults_follow_the_width():
     assert default_learning_rate(128) == 5e-4 and default_learning_rate(384) == 1e-3
     assert default_train_steps(128) == 100_000 and default_train_steps(256) == 200_000
