@@ -121,12 +121,11 @@ def resolved_recipe(argv) -> dict:
 
 def recorded_recipe(trained: dict) -> dict:
     """A finished row's settings, a flag added since it trained at the value it
-    trained with (`lealla_tf.recipe.stages.ADDED_FLAGS`)."""
-    from lealla_tf.recipe.stages import ADDED_FLAGS
+    trained with (`lealla_tf.recipe.stages.with_added_flags`)."""
+    from lealla_tf.recipe.stages import with_added_flags
 
     recipe = trained.get("recipe") or {}
-    return {**{flag: value for flag, value in ADDED_FLAGS.items() if flag in TRAINING_FLAGS},
-            **recipe} if recipe else recipe
+    return with_added_flags(recipe, TRAINING_FLAGS) if recipe else recipe
 
 
 def train_variant(name, argv, work_dir, data_dir, result_file):

@@ -122,11 +122,16 @@ def cooldown_premium(config: RecipeConfig) -> float:
     return step_share(config, config.cooldown_distilled_rows) / step_share(config) - 1
 
 
+def planned_warmup(config: RecipeConfig) -> int:
+    """The warmup of a run whose steps the plan decides: --warmup_steps, else
+    `PLANNED_WARMUP_STEPS`."""
+    return config.warmup_steps if config.warmup_steps is not None else PLANNED_WARMUP_STEPS
+
+
 def cooldown_begins(config: RecipeConfig, steps: float) -> float:
     """The step a planned run of `steps` starts its cooldown at: where its rate
-    starts to decay (the trainer's window, `decay_window`, at the plan's warmup)."""
-    warmup = config.warmup_steps if config.warmup_steps is not None else PLANNED_WARMUP_STEPS
-    return decay_window(float(steps), warmup, config.decay_fraction)[0]
+    starts to decay (the trainer's window, `decay_window`, at `planned_warmup`)."""
+    return decay_window(float(steps), planned_warmup(config), config.decay_fraction)[0]
 
 
 def cooldown_seconds(config: RecipeConfig, steps: int, done: int, per_step: float,

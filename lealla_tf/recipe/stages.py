@@ -105,6 +105,12 @@ ADDED_FLAGS = {"decay_fraction": 1.0, "clip_norm": 1.0, "scale": 100.0, "margin"
                "cooldown_distilled_rows": 0.0}
 
 
+def with_added_flags(stored: dict, wanted) -> dict:
+    """`stored` settings with each flag of `wanted` added since they were
+    recorded at the value they were made with (`ADDED_FLAGS`)."""
+    return {**{flag: value for flag, value in ADDED_FLAGS.items() if flag in wanted}, **stored}
+
+
 def check_same_settings(name: str, stored: dict | None, wanted: dict | None) -> None:
     """ValueError in one line naming every flag whose value differs from the one
     a finished stage was made with. A marker without settings (an older job's,
@@ -115,8 +121,7 @@ def check_same_settings(name: str, stored: dict | None, wanted: dict | None) -> 
         raise ValueError(f"the work dir's {name} stages were made by an older lealla_tf that "
                          "recorded no flags: pass --fresh or another --work_dir")
     wanted = _comparable(wanted)
-    stored = {**{flag: value for flag, value in ADDED_FLAGS.items() if flag in wanted},
-              **stored}
+    stored = with_added_flags(stored, wanted)
     differing = [f"--{flag}={stored.get(flag)!r} (now {wanted.get(flag)!r})"
                  for flag in sorted(set(stored) | set(wanted))
                  if stored.get(flag) != wanted.get(flag)]

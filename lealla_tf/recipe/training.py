@@ -27,6 +27,7 @@ from lealla_tf.recipe.planner import (
     PLANNED_WARMUP_STEPS,
     BudgetPlanner,
     planned_every,
+    planned_warmup,
     read_plan,
 )
 from lealla_tf.recipe.settings import RecipeConfig, recipe_loss_weights
@@ -126,16 +127,16 @@ def student_train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_
         eval_every, checkpoint_every = config.eval_every, max(1, config.train_steps // 5)
     elif steps:
         length = steps
-        warmup = (config.warmup_steps if config.warmup_steps is not None
-                  else PLANNED_WARMUP_STEPS if not config.train_steps else max(1, steps // 10))
+        warmup = (planned_warmup(config) if not config.train_steps
+                  else config.warmup_steps if config.warmup_steps is not None
+                  else max(1, steps // 10))
         recorded = recorded or {}
         eval_every = recorded.get("eval_every", config.eval_every or planned_every(steps))
         checkpoint_every = recorded.get("checkpoint_every", planned_every(steps))
     else:  # planned at PLAN_AT_STEP: nothing saved or evaluated before
         # The warmup a resumed run (n > 0 above) takes too, or its rates would differ.
         length = 100 * PLANNED_WARMUP_STEPS
-        warmup = (config.warmup_steps if config.warmup_steps is not None
-                  else PLANNED_WARMUP_STEPS)
+        warmup = planned_warmup(config)
         eval_every = checkpoint_every = PLANNED_WARMUP_STEPS
     train = TrainConfig(
         preset=config.preset, encoder=encoder,

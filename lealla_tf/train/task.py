@@ -112,6 +112,7 @@ class DistillationTask:
         # The share of the pairs the teacher runs on in the steps traced next
         # (`set_distilled_rows`; the cooldown's share is set by `Trainer`).
         self.distilled_rows = config.loss.distilled_rows
+        self.reads_teacher = any(reads_teacher(t) for t in self.terms)
         self.jit_compile = resolve_jit_compile(config.jit_compile, strategy)
         self.compiled = self.jit_compile
         self._segments = {}
@@ -122,7 +123,7 @@ class DistillationTask:
         """The share of each batch's pairs the teacher runs on from the next
         trace of the step; True when the step computes something else (the
         caller traces it again): the share changed, and a term reads the teacher."""
-        changed = share != self.distilled_rows and any(reads_teacher(t) for t in self.terms)
+        changed = share != self.distilled_rows and self.reads_teacher
         self.distilled_rows = share
         return changed
 
@@ -278,7 +279,7 @@ class DistillationTask:
         """The rows the teacher runs on: the whole batch, or its first
         `distilled_rows` share (at least one row) when some term reads the teacher."""
         share = self.distilled_rows
-        if share >= 1 or not any(reads_teacher(t) for t in self.terms):
+        if share >= 1 or not self.reads_teacher:
             return batch
         size = tf.shape(batch["source"]["input_word_ids"])[0]
         rows = tf.maximum(1, tf.cast(tf.math.ceil(share * tf.cast(size, tf.float32)), tf.int32))
