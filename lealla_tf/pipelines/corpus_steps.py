@@ -39,10 +39,14 @@ SHARD_CHUNK = 8192  # sentences a shard embeds between two reports
 
 
 # One loaded model per worker process, whatever the runner does with DoFn instances
-# (the DaskRunner sets a DoFn up again for every bundle); the lock makes a load
-# started ahead (`warm_embedder`) and the first shard's wait for it one load.
-_MODELS: dict[str, Any] = {}
-_MODELS_LOCK = threading.Lock()
+# (the DaskRunner sets a DoFn up again for every bundle). `_STATE` guards the two
+# tables and is never held through a load; a key's own lock in `_LOADS` makes a
+# load started ahead (`warm_embedder`) and the first shard's wait for it one load,
+# while another bundle's setup returns at once instead of waiting for that load
+# (a read would otherwise stall behind it, and the shuffle behind the read).
+_MODELS: dict[tuple, Any] = {}
+_LOADS: dict[tuple, threading.Lock] = {}
+_STATE = threading.Lock()
 _WARMING: set = set()
 
 
@@ -50,13 +54,22 @@ def _embedder(model: str, max_seq_length: int | None = None,
               threads: int | None = None):
     """This worker's one `load_embedder(model, max_seq_length)`, on `threads` TensorFlow
     threads (0: TensorFlow's default; None: `dask_worker_threads`' share, or the default)."""
-    with _MODELS_LOCK:
-        if (model, max_seq_length) not in _MODELS:
-            threads = dask_worker_threads() if threads is None else threads
-            if threads:
-                limit_threads(threads)
-            _MODELS[model, max_seq_length] = load_embedder(model, max_seq_length)
-        return _MODELS[model, max_seq_length]
+    key = (model, max_seq_length)
+    with _STATE:
+        if key in _MODELS:
+            return _MODELS[key]
+        load = _LOADS.setdefault(key, threading.Lock())
+    with load:
+        with _STATE:
+            if key in _MODELS:  # loaded while this call waited
+                return _MODELS[key]
+        threads = dask_worker_threads() if threads is None else threads
+        if threads:
+            limit_threads(threads)
+        embedder = load_embedder(model, max_seq_length)
+        with _STATE:
+            _MODELS[key] = embedder
+        return embedder
 
 
 def warm_embedder(model: str, max_seq_length: int | None = None,
@@ -68,7 +81,7 @@ def warm_embedder(model: str, max_seq_length: int | None = None,
     (and its error raised) by the shard that needs the model. Returns the
     thread, or None where the model is loaded or loading already."""
     key = (model, max_seq_length)
-    with _MODELS_LOCK:
+    with _STATE:
         if key in _MODELS or key in _WARMING:
             return None
         _WARMING.add(key)

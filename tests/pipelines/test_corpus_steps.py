@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 from conftest import CORPUS_SENTENCES
@@ -143,6 +144,7 @@ def test_the_steps_before_the_shards_load_the_worker_s_model_ahead_once(corpus_m
     the model loaded, and one load serves every step and every later setup. A
     load that fails ahead is retried, its error raised, by the step that needs it."""
     monkeypatch.setattr(corpus_steps, "_MODELS", {})
+    monkeypatch.setattr(corpus_steps, "_LOADS", {})
     monkeypatch.setattr(corpus_steps, "_WARMING", set())
     loads, real = [], corpus_steps.load_embedder
 
@@ -169,6 +171,42 @@ def test_the_steps_before_the_shards_load_the_worker_s_model_ahead_once(corpus_m
     assert ("/nowhere", None) not in corpus_steps._MODELS
     with pytest.raises(FileNotFoundError, match="/nowhere is gone"):
         corpus_steps._embedder("/nowhere")
+
+
+def test_a_read_s_setup_never_waits_for_the_load_in_flight(monkeypatch):
+    """The DaskRunner sets ReadLines up again for every bundle: a second read on
+    a worker whose model is loading must read at once, not stall behind the
+    load (and the shuffle behind it); the shard that needs the model waits for
+    that same load, and one load serves both."""
+    monkeypatch.setattr(corpus_steps, "_MODELS", {})
+    monkeypatch.setattr(corpus_steps, "_LOADS", {})
+    monkeypatch.setattr(corpus_steps, "_WARMING", set())
+    started, release, loads = threading.Event(), threading.Event(), []
+
+    def slow(model, max_seq_length=None):
+        loads.append(model)
+        started.set()
+        assert release.wait(timeout=60)
+        return f"embedder of {model}"
+
+    monkeypatch.setattr(corpus_steps, "load_embedder", slow)
+    warm = ("/a/model", None, 1)
+    monkeypatch.setattr(corpus_steps, "limit_threads", lambda threads: True)
+    thread = corpus_steps.warm_embedder(*warm)
+    assert started.wait(timeout=60)
+    setup = threading.Thread(target=ReadLines("", None, warm).setup)
+    setup.start()
+    setup.join(timeout=5)
+    assert not setup.is_alive()  # returned while the load is still blocked
+    shard = []
+    waiting = threading.Thread(target=lambda: shard.append(corpus_steps._embedder(*warm)))
+    waiting.start()
+    waiting.join(timeout=0.5)
+    assert waiting.is_alive() and not shard  # the shard waits for the load in flight
+    release.set()
+    thread.join(timeout=60)
+    waiting.join(timeout=60)
+    assert shard == ["embedder of /a/model"] and loads == ["/a/model"]
 
 
 def test_progress_files_report_lines_read_and_sentences_embedded(corpus_model, tmp_path,
