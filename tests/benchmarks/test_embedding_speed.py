@@ -40,6 +40,7 @@ def test_a_quick_run_measures_the_student_in_a_process_of_its_own(corpus_model, 
         assert 0.0 < figures["padding_waste"] < 0.5
         assert figures["tokens_per_second"] > figures["sentences_per_second"] > 0
     assert student["bytes"] > 10_000 and 0 <= student["p_at_1"] <= 100
+    assert 0 < student["load_seconds"] < 120
     assert "--student_model_dir" in result["skipped"]["student_int8"]
     assert result["student_reference"] == "student" and result["variants"] == {}
     assert "forward_parts" not in result and "roofline" not in result

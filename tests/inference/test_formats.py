@@ -223,6 +223,20 @@ def test_no_lambda_layers_and_one_copy_of_the_weights(model, exported, name):
     assert weight_bytes < size < 2 * weight_bytes + 5_000_000
 
 
+def test_the_lealla_export_stores_each_network_graph_once(exported):
+    """`__call__` at inference and both serving signatures call `embed_inputs`' graph
+    instead of tracing the network again: one inference graph and one training
+    graph, so a load (a Beam worker's start among them) rebuilds each once."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((pathlib.Path(exported["lealla"]) / "saved_model.pb").read_bytes())
+    library = saved.meta_graphs[0].graph_def.library.function
+    networks = [f.signature.name for f in library
+                if any(node.op in ("MatMul", "BatchMatMulV2") for node in f.node_def)]
+    assert len(networks) == 2, networks  # embed_inputs, and __call__ with training=True
+
+
 def test_vocabulary_travels_as_an_asset(exported):
     for path in (exported["lealla"], exported["labse_paths"]["preprocessor"],
                  exported["labse_paths"]["encoder"]):
