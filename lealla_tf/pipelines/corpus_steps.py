@@ -1,11 +1,10 @@
-"""The Beam steps of `lealla_tf.pipelines.embed_corpus`, and the progress files
-they write for the command line's display.
+"""The Beam steps of `lealla_tf.pipelines.embed_corpus`, and the progress files they write for
+the command line's display.
 
-Steps emit (kind, value) pairs that `of_kind` splits, where Beam would use tagged
-outputs: the DaskRunner's ParDo passes tagged outputs on as main outputs. Every
-step that writes a file writes it atomically (`write_atomically`), so a retried
-task replaces its file. A worker process loads each model once (`_embedder`),
-whatever the runner does with DoFn instances.
+Steps emit (kind, value) pairs that `of_kind` splits, where Beam would use tagged outputs: the
+DaskRunner's ParDo passes tagged outputs on as main outputs. Every step that writes a file
+writes it atomically (`write_atomically`), so a retried task replaces its file. A worker process
+loads each model once (`_embedder`), whatever the runner does with DoFn instances.
 """
 
 import itertools
@@ -39,11 +38,9 @@ SHARD_CHUNK = 8192  # sentences a shard embeds between two reports
 
 
 # One loaded model per worker process, whatever the runner does with DoFn instances
-# (the DaskRunner sets a DoFn up again for every bundle). `_STATE` guards the two
-# tables and is never held through a load; a key's own lock in `_LOADS` makes a
-# load started ahead (`warm_embedder`) and the first shard's wait for it one load,
-# while another bundle's setup returns at once instead of waiting for that load
-# (a read would otherwise stall behind it, and the shuffle behind the read).
+# (the DaskRunner sets a DoFn up again for every bundle). A key's own lock in `_LOADS`
+# makes a load started ahead (`warm_embedder`) and a shard's wait for it one load;
+# `_STATE`, never held through a load, lets a bundle's setup return meanwhile.
 _MODELS: dict[tuple, Any] = {}
 _LOADS: dict[tuple, threading.Lock] = {}
 _STATE = threading.Lock()
@@ -56,30 +53,23 @@ def _embedder(model: str, max_seq_length: int | None = None,
     threads (0: TensorFlow's default; None: `dask_worker_threads`' share, or the default)."""
     key = (model, max_seq_length)
     with _STATE:
-        if key in _MODELS:
-            return _MODELS[key]
         load = _LOADS.setdefault(key, threading.Lock())
-    with load:
-        with _STATE:
-            if key in _MODELS:  # loaded while this call waited
-                return _MODELS[key]
-        threads = dask_worker_threads() if threads is None else threads
-        if threads:
-            limit_threads(threads)
-        embedder = load_embedder(model, max_seq_length)
-        with _STATE:
-            _MODELS[key] = embedder
-        return embedder
+    with load:  # a caller that waited finds the model loaded
+        if key not in _MODELS:
+            threads = dask_worker_threads() if threads is None else threads
+            if threads:
+                limit_threads(threads)
+            _MODELS[key] = load_embedder(model, max_seq_length)
+    return _MODELS[key]
 
 
 def warm_embedder(model: str, max_seq_length: int | None = None,
                   threads: int | None = None) -> threading.Thread | None:
-    """Starts loading this worker's model in a background thread, once a
-    process: the shards' step comes after a shuffle of every line, and a load
-    started while the lines are read and parsed is done by then instead of
-    delaying each worker's first shard. A load that fails here is retried
-    (and its error raised) by the shard that needs the model. Returns the
-    thread, or None where the model is loaded or loading already."""
+    """Starts loading this worker's model in a background thread, once a process: the shards'
+    step comes after a shuffle of every line, and a load started while the lines are read and
+    parsed is done by then instead of delaying each worker's first shard. A load that fails here
+    is retried (and its error raised) by the shard that needs the model. Returns the thread, or
+    None where the model is loaded or loading already."""
     key = (model, max_seq_length)
     with _STATE:
         if key in _MODELS or key in _WARMING:
@@ -101,8 +91,7 @@ def warm_embedder(model: str, max_seq_length: int | None = None,
 
 
 def _report(progress_dir: str | None, name: str, value: str) -> None:
-    """Replaces `progress_dir/name` with `value` (best effort: progress never
-    fails a run)."""
+    """Replaces `progress_dir/name` with `value` (best effort: progress never fails a run)."""
     if progress_dir is None:
         return
     path = os.path.join(progress_dir, name)
@@ -168,25 +157,23 @@ def of_kind(kind):
 
 
 class ReadLines(beam.DoFn):
-    """(file path, part, parts) -> each line of that part of the file parsed
-    where it is read (`parse_line`): (VALID, ((shard key), record)) ready for the
-    shards' GroupByKey, or (DEAD, a JSON line); then (COUNT, ("lines_read",
-    lines)), (COUNT, ("dead_lettered", n)) and the read's (COUNT, (TIMING, ...)).
-    Part p of `parts` is every line whose 0-based index is p modulo `parts`
-    (each part reads the whole file): the DaskRunner keeps one task per read and
+    """(file path, part, parts) -> each line of that part of the file parsed where it is read
+    (`parse_line`): (VALID, ((shard key), record)) ready for the shards' GroupByKey, or (DEAD, a
+    JSON line); then (COUNT, ("lines_read", lines)), (COUNT, ("dead_lettered", n)) and the
+    read's (COUNT, (TIMING, ...)). Part p of `parts` is every line whose 0-based index is p
+    modulo `parts` (each part reads the whole file): the DaskRunner keeps one task per read and
     needs more reads than files to share them out (`dask_partitions.dask_reads`).
 
-    One step reads, parses and keys each line: every further step a line passes
-    through costs each runner a call per line, and the shards' GroupByKey
-    spreads the work over the workers. Its setup starts loading the worker's
-    model (`warm_embedder`; `warm`: (model, max_seq_length, threads), or None).
+    One step reads, parses and keys each line: every further step a line passes through costs
+    each runner a call per line, and the shards' GroupByKey spreads the work over the workers.
+    Its setup starts loading the worker's model (`warm_embedder`; `warm`: (model,
+    max_seq_length, threads), or None).
 
-    A record's key is (prefix, shard): ("embeddings", shard of its id), or for
-    pairs (the file's name, shard of "file:line"), extended by `spread` where
-    given (`dask_partitions.spread_keys`); its value is (id, text, "file:line")
-    for sentences, ("<line, 12 digits>", pair dict) for pairs. The file's name
-    in ids is `file_name`'s, so two files called deu.txt in different folders
-    give different ids.
+    A record's key is (prefix, shard): ("embeddings", shard of its id), or for pairs (the file's
+    name, shard of "file:line"), extended by `spread` where given
+    (`dask_partitions.spread_keys`); its value is (id, text, "file:line") for sentences,
+    ("<line, 12 digits>", pair dict) for pairs. The file's name in ids is `file_name`'s, so two
+    files called deu.txt in different folders give different ids.
     """
 
     def __init__(self, root: str = "", progress_dir: str | None = None,
