@@ -1,7 +1,8 @@
 """Tatoeba P@1 by cosine and by margin, against numpy and on an oracle; the
-metrics of one pass; incomplete languages named; scored in blocks of rows, with
-the whole matrix's results and bounded memory; a loaded model embeds it with each
-tf.function traced once, and TensorFlow warns of no retracing."""
+metrics of one pass, which embeds each different text once; incomplete
+languages named; scored in blocks of rows, with the whole matrix's results and
+bounded memory; a loaded model embeds it with each tf.function traced once, and
+TensorFlow warns of no retracing."""
 
 import shutil
 import subprocess
@@ -87,6 +88,28 @@ def test_the_first_pairs_of_one_pass_score_as_a_pass_over_the_first_pairs(tiny_t
             assert sliced[key] == pytest.approx(value, abs=1e-6), key
     with pytest.raises(ValueError, match="positive"):
         first_pairs(embedded, 0)
+
+
+def test_a_pass_embeds_each_different_text_once_and_times_those(tiny_tatoeba_dir):
+    pairs = [p for ps in TINY_PAIRS.values() for p in ps]
+    oracle, seen = OracleEmbedder(pairs), []
+
+    def counting(strings):
+        seen.extend(s.decode("utf-8") for s in strings.numpy())
+        return oracle(strings)
+
+    embedded = embed_tatoeba(counting, tiny_tatoeba_dir)
+    texts = [text for pair in pairs for text in pair]
+    assert len(set(texts)) < len(texts)  # the fixture's English sides repeat
+    assert sorted(seen) == sorted(set(texts)) and embedded.distinct_sentences == len(set(texts))
+    for language, language_pairs in TINY_PAIRS.items():  # every row is its own text's
+        source, english = embedded[language]
+        for row, (source_text, english_text) in enumerate(language_pairs):
+            np.testing.assert_array_equal(source[row], np.float32(oracle.vectors[source_text]))
+            np.testing.assert_array_equal(english[row], np.float32(oracle.vectors[english_text]))
+    metrics = tatoeba_metrics_with_margin(embedded, seconds=2.0)
+    assert metrics["tatoeba/sentences"] == len(texts)
+    assert metrics["tatoeba/sentences_per_second"] == len(set(texts)) / 2.0
 
 
 def test_an_incomplete_tatoeba_language_is_named_not_dropped(tiny_tatoeba_dir, tmp_path):
