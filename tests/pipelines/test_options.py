@@ -1,8 +1,10 @@
-"""lealla_tf.pipelines.options: the local-runner default and save_main_session."""
+"""lealla_tf.pipelines.options: the local-runner default and save_main_session; on
+the DaskRunner, a shuffle's tasks first."""
 
+import dask
 from apache_beam.options.pipeline_options import SetupOptions, StandardOptions
 
-from lealla_tf.pipelines.options import pipeline_options
+from lealla_tf.pipelines.options import pipeline_options, run_pipeline, shuffles_first
 
 
 def test_defaults_to_the_fn_api_runner():
@@ -17,3 +19,33 @@ def test_keeps_a_given_runner_and_can_leave_it_unset():
     assert given.view_as(SetupOptions).save_main_session is False
     unset = pipeline_options([], save_main_session=False, default_runner=False)
     assert unset.view_as(StandardOptions).runner is None
+
+
+def test_a_shuffles_tasks_come_first_on_the_dask_runner_only():
+    # Keys as dask.bag's task shuffle and Beam's DaskRunner name them.
+    assert shuffles_first(("shuffle-split-5b93614761a0ad0f", 1, 1, (3,))) == 1
+    assert shuffles_first(("shuffle-group-5b93614761a0ad0f", 1, (0,))) == 1
+    assert shuffles_first(("shuffle-join-5b93614761a0ad0f", 0, (2,))) == 1
+    # A step fused behind a shuffle's join (a shard's embedding) is a long task.
+    assert shuffles_first(("apply_dofn_to_bundle-concat-shuffle-join-0f84d333", 0, (9,))) == 0
+    assert shuffles_first(("from_sequence-apply_dofn_to_bundle-c6059c79", 0)) == 0
+    assert shuffles_first("finalize-hlgfinalizecompute-62c11b60") == 0
+
+    class Pipeline:  # records the annotations its graph would be built under
+        def __init__(self, runner):
+            self.options = pipeline_options([f"--runner={runner}"])
+            self.annotations = None
+
+        def run(self):
+            self.annotations = dict(dask.get_annotations())
+            return self
+
+        def wait_until_finish(self):
+            pass
+
+    on_dask, local = Pipeline("DaskRunner"), Pipeline("FnApiRunner")
+    run_pipeline(on_dask)
+    run_pipeline(local)
+    assert on_dask.annotations == {"priority": shuffles_first}
+    assert local.annotations == {}
+    assert dask.get_annotations() == {}  # nothing left behind
