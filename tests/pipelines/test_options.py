@@ -2,6 +2,7 @@
 the DaskRunner, a shuffle's tasks first."""
 
 import dask
+import dask.bag
 from apache_beam.options.pipeline_options import SetupOptions, StandardOptions
 
 from lealla_tf.pipelines.options import pipeline_options, run_pipeline, shuffles_first
@@ -26,10 +27,18 @@ def test_a_shuffles_tasks_come_first_on_the_dask_runner_only():
     assert shuffles_first(("shuffle-split-5b93614761a0ad0f", 1, 1, (3,))) == 1
     assert shuffles_first(("shuffle-group-5b93614761a0ad0f", 1, (0,))) == 1
     assert shuffles_first(("shuffle-join-5b93614761a0ad0f", 0, (2,))) == 1
-    # A step fused behind a shuffle's join (a shard's embedding) is a long task.
+    # Dask names a fused chain of steps after its parts: a Beam step fused with the
+    # shuffle stage it feeds is not a shuffle's own small task.
     assert shuffles_first(("apply_dofn_to_bundle-concat-shuffle-join-0f84d333", 0, (9,))) == 0
     assert shuffles_first(("from_sequence-apply_dofn_to_bundle-c6059c79", 0)) == 0
     assert shuffles_first("finalize-hlgfinalizecompute-62c11b60") == 0
+    # The pinned dask's own task shuffle (the DaskRunner's GroupByKey) is recognised.
+    grouped = dask.bag.from_sequence(range(40), npartitions=4).groupby(lambda n: n % 3,
+                                                                       shuffle="tasks")
+    names = {(key[0] if isinstance(key, tuple) else key)
+             for key in dict(grouped.__dask_graph__())}
+    stages = {name.rsplit("-", 1)[0] for name in names if shuffles_first((name,))}
+    assert {"shuffle-group", "shuffle-split"} <= stages
 
     class Pipeline:  # records the annotations its graph would be built under
         def __init__(self, runner):
