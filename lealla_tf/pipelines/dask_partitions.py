@@ -12,9 +12,8 @@ a partition of its own.
 import math
 from collections.abc import Sequence
 
-from apache_beam.options.pipeline_options import StandardOptions
-
 from lealla_tf.pipelines.corpus_steps import file_name, pair_destination
+from lealla_tf.pipelines.options import on_dask_runner
 
 # dask.bag's task shuffle (the DaskRunner's GroupByKey) has exactly as many output
 # partitions as input ones, each key at int(tokenize(key), 16) modulo their number,
@@ -38,7 +37,7 @@ def dask_reads(options, files: Sequence[str],
     `MAX_SPREAD_PARTITIONS`.
     """
     whole = [(path, 0, 1) for path in files]
-    if "DaskRunner" not in str(options.view_as(StandardOptions).runner):
+    if not on_dask_runner(options):
         return whole, None
     from apache_beam.runners.dask.dask_runner import DaskOptions  # noqa: PLC0415 - dask is heavy
 

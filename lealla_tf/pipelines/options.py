@@ -76,9 +76,14 @@ def shuffles_first(key) -> int:
     return int(str(name).startswith(DASK_SHUFFLE_TASKS))
 
 
+def on_dask_runner(options) -> bool:
+    """Whether `options` run the pipeline on Beam's DaskRunner."""
+    return "DaskRunner" in str(options.view_as(StandardOptions).runner)
+
+
 def _task_order(options):
     """On the DaskRunner, the graph built inside is annotated with `shuffles_first`."""
-    if "DaskRunner" not in str(options.view_as(StandardOptions).runner):
+    if not on_dask_runner(options):
         return contextlib.nullcontext()
     import dask  # noqa: PLC0415 - only with the DaskRunner
 
