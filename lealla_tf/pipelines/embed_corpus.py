@@ -26,7 +26,8 @@ Without a --runner in `pipeline_args` it runs on Beam's FnApiRunner (the local
 runner, without the Prism download DirectRunner would attempt); any portable
 runner (Dataflow, Flink, Spark) and the DaskRunner run it unchanged (on the
 DaskRunner the files are read in parts and the shards spread over its
-partitions: `lealla_tf.pipelines.dask_partitions`).
+partitions, `lealla_tf.pipelines.dask_partitions`, and the partitions over the
+cluster's workers, `lealla_tf.pipelines.options.PartitionWorkers`).
 """
 
 import json

@@ -19,6 +19,7 @@ from lealla_tf.mining.shards import read_embeddings
 from lealla_tf.models.encoder import build_encoder
 from lealla_tf.pipelines import corpus_steps
 from lealla_tf.pipelines.embed_corpus import embed_corpus
+from lealla_tf.pipelines.options import partition_of
 from lealla_tf.tokenizers.tokenizer import Tokenizer
 from lealla_tf.train.data import find_training_files, pair_dataset, teacher_dimension_of
 
@@ -270,14 +271,25 @@ def test_dask_runner_equals_the_fn_api_runner(corpus_model, corpus, dask_cluster
         inputs = [str(corpus / "pairs" / "*")]
     else:
         inputs = [str(corpus / "in" / "*")]
+    import distributed
+
     outputs = {}
     for runner, flags in (("fnapi", []), ("dask", [
             "--runner=DaskRunner", f"--dask_client_address={dask_cluster.scheduler_address}"])):
         outputs[runner] = str(tmp_path / runner)
-        manifest = embed_corpus(inputs, path, outputs[runner], num_shards=3, pairs=pairs,
-                                pipeline_args=flags)
+        with distributed.Client(dask_cluster.scheduler_address) as client, \
+                distributed.get_task_stream(client) as stream:
+            workers = sorted(client.scheduler_info()["workers"])
+            manifest = embed_corpus(inputs, path, outputs[runner], num_shards=3, pairs=pairs,
+                                    pipeline_args=flags)
         assert manifest["counts"]["lines_read"] == (manifest["counts"]["embedded"]
                                                     + manifest["counts"]["dead_lettered"])
+    # On the DaskRunner each partition's tasks (a shard's among them) ran where
+    # `PartitionWorkers` put them: partition i on the i-th worker modulo two.
+    placed = [(partition_of(task["key"]), task["worker"]) for task in stream.data]
+    placed = [(partition, worker) for partition, worker in placed if partition is not None]
+    assert len(workers) == 2 and len(placed) > 10
+    assert all(worker == workers[partition % 2] for partition, worker in placed), placed
     assert read_manifest(outputs["fnapi"])["counts"] == read_manifest(outputs["dask"])["counts"]
     assert read_dead_letters(outputs["fnapi"]) == read_dead_letters(outputs["dask"])
     if pairs:
