@@ -27,7 +27,8 @@ runner, without the Prism download DirectRunner would attempt); any portable
 runner (Dataflow, Flink, Spark) and the DaskRunner run it unchanged (on the
 DaskRunner the files are read in parts and the shards spread over its
 partitions, `lealla_tf.pipelines.dask_partitions`, and the partitions over the
-cluster's workers, `lealla_tf.pipelines.options.PartitionWorkers`).
+cluster's workers, each of which starts loading the model before the run:
+`lealla_tf.pipelines.dask_cluster`).
 """
 
 import json
@@ -61,8 +62,9 @@ from lealla_tf.pipelines.corpus_steps import (
     read_progress,
     timeline,
 )
+from lealla_tf.pipelines.dask_cluster import warm_workers
 from lealla_tf.pipelines.dask_partitions import dask_reads, shard_keys, spread_keys
-from lealla_tf.pipelines.options import pipeline_options, run_pipeline
+from lealla_tf.pipelines.options import on_dask_runner, pipeline_options, run_pipeline
 from lealla_tf.pipelines.worker_threads import threads_per_worker
 from lealla_tf.progress import PipelineProgress
 
@@ -164,6 +166,8 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
         progress_dir = (os.path.join(run_dir, PROGRESS_FOLDER)
                         if progress and "://" not in run_dir else None)
         pipeline = test_pipeline or beam.Pipeline(options=options)
+        if on_dask_runner(pipeline.options):
+            warm_workers(pipeline.options, model, max_seq_length, threads)
         build_pipeline(pipeline, files, model, run_dir, input_format, pairs, english_only,
                        num_shards, model_batch_size, max_seq_length, model_max_tokens,
                        threads, progress_dir)
