@@ -17,9 +17,11 @@ the parallel data):
   process, Beam's in-memory runner);
 - `dask` (with --dask): the same pipeline with `--runner=DaskRunner` against a
   `distributed.LocalCluster` of --workers worker processes on 127.0.0.1,
-  started before the clock starts, as a user's cluster would already be up.
-  Its output is compared with the FnApiRunner's (`outputs_equal`: same ids,
-  the largest difference between vectors, same counts).
+  started before the clock starts, as a user's cluster would already be up,
+  with the settings the README gives for such a cluster
+  (`lealla_tf.pipelines.dask_partitions.EMBEDDING_WORKER_CONFIG`). Its output is
+  compared with the FnApiRunner's (`outputs_equal`: same ids, the largest
+  difference between vectors, same counts).
 
 A quick run on tiny fixtures (what the tests do): `--model=<tiny export>
 --data_dir=<tiny> --num_sentences=30 --workers=0`.
@@ -33,6 +35,7 @@ import tempfile
 import time
 
 from benchmarks.common import machine, tatoeba_sentences, write_result
+from lealla_tf.pipelines.dask_partitions import EMBEDDING_WORKER_CONFIG
 
 
 def benchmark_sentences(data_dir, count):
@@ -153,11 +156,13 @@ def main(argv=None) -> int:
         if args.dask:
             # The FnApiRunner's figure stands whatever happens on the Dask side.
             try:
+                import dask
                 import distributed
 
-                cluster = distributed.LocalCluster(n_workers=args.workers, threads_per_worker=1,
-                                                   processes=True, host="127.0.0.1",
-                                                   dashboard_address=None)
+                with dask.config.set(EMBEDDING_WORKER_CONFIG):
+                    cluster = distributed.LocalCluster(
+                        n_workers=args.workers, threads_per_worker=1, processes=True,
+                        host="127.0.0.1", dashboard_address=None)
                 results["dask"] = dask_run(cluster.scheduler_address, corpus, model,
                                            os.path.join(work, "dask"), len(sentences))
                 equal = same_outputs(os.path.join(work, "fn_api"), os.path.join(work, "dask"))
@@ -178,6 +183,7 @@ def main(argv=None) -> int:
     result = {"benchmark": "beam_throughput", "machine": machine(),
               "model": args.model or f"random lealla_small, {args.vocab_file}",
               "sentences": len(sentences), "workers": args.workers,
+              "dask_worker_config": EMBEDDING_WORKER_CONFIG if args.dask else None,
               "bare_model": {"seconds": bare, "sentences_per_second": len(sentences) / bare},
               "runners": results, **speed_ratios(results, len(sentences) / bare)}
     if equal is not None:

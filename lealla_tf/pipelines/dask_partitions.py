@@ -7,13 +7,22 @@ file would be one partition from its read to its shards: one worker embedding
 every shard while the others idle. `dask_reads` gives the run a partition a
 shard and reads files in parts to fill them; `spread_keys` sends each shard to
 a partition of its own.
+
+On a cluster the runner connects to (--dask_client_address or
+--dask_scheduler_file), `warm_workers` starts each worker's model load before
+the run (and `options.PartitionWorkers` says which worker runs each
+partition's tasks).
+`EMBEDDING_WORKER_CONFIG` holds the settings of a cluster made for embedding.
 """
 
+import logging
 import math
+from collections import Counter
 from collections.abc import Sequence
 
-from lealla_tf.pipelines.corpus_steps import file_name, pair_destination
-from lealla_tf.pipelines.options import on_dask_runner
+from lealla_tf.machine import usable_cpus
+from lealla_tf.pipelines.corpus_steps import file_name, pair_destination, warm_embedder
+from lealla_tf.pipelines.options import dask_connection, on_dask_runner
 
 # dask.bag's task shuffle (the DaskRunner's GroupByKey) has exactly as many output
 # partitions as input ones, each key at int(tokenize(key), 16) modulo their number,
@@ -83,3 +92,62 @@ def spread_keys(keys: Sequence[tuple], partitions: int) -> dict[tuple, tuple]:
             salt += 1
         spread[key] = key + (salt,)
     return spread
+
+
+# Dask settings for the workers of a cluster that embeds, set where the cluster is made
+# (`dask.config.set(EMBEDDING_WORKER_CONFIG)` before a LocalCluster, or the same keys in
+# the workers' dask config): a worker's statistical profiler walks every thread's stack
+# 100 times a second, and the nanny's MALLOC_TRIM_THRESHOLD_ (64 KiB) has glibc hand
+# freed memory back after each batch only to fault it in again on the next; neither
+# is of use to a worker that runs one long embedding task after another. The thread
+# caps are dask's own defaults, kept.
+EMBEDDING_WORKER_CONFIG = {
+    "distributed.worker.profile.enabled": False,
+    "distributed.nanny.pre-spawn-environ": {"OMP_NUM_THREADS": 1, "MKL_NUM_THREADS": 1,
+                                            "OPENBLAS_NUM_THREADS": 1},
+}
+
+
+def warm_workers(options, model: str, max_seq_length: int | None = None,
+                 threads: int | None = None) -> int:
+    """Starts every worker's load of `model` now, before the run is even built:
+    a worker's first shard waits for that load (TensorFlow's import, then
+    `load_embedder`), which otherwise starts with the worker's first read.
+    `threads` as `corpus_steps.warm_embedder` takes them (None: the host's cores
+    shared out among the cluster's workers on it). Returns how many workers
+    were asked; 0 where the runner starts its own cluster or the cluster
+    cannot be asked (a warning says why), and the reads start the loads, as
+    on every runner."""
+    connect = dask_connection(options)
+    if connect is None:
+        return 0
+    import distributed  # noqa: PLC0415 - only with the DaskRunner
+
+    try:
+        with distributed.Client(**connect) as client:
+            workers = client.scheduler_info()["workers"]
+            sharing = dict(Counter(info.get("host") for info in workers.values()))
+            client.run(_warm_here, model, max_seq_length, threads, sharing)
+    except Exception as error:  # the reads start the loads instead
+        logging.warning("the dask workers could not start loading %s ahead (%s); each loads "
+                        "it with its first read", model, error)
+        return 0
+    return len(workers)
+
+
+def _warm_here(model: str, max_seq_length, threads, sharing: dict, dask_worker=None) -> bool:
+    """On a dask worker (`Client.run`, in its event loop): imports the pipeline's
+    steps, then starts this worker's model load (`warm_embedder`'s thread).
+
+    The pipeline's steps are imported with this module, in the event loop,
+    where the worker unpickles the run's tasks, which import Beam too: Beam
+    imported by two threads at once can fail on its own circular imports
+    ("partially initialized module 'apache_beam.runners'")."""
+    if threads is None and dask_worker is not None:
+        from distributed.comm import get_address_host  # noqa: PLC0415 - on a dask worker
+
+        threads = max(1, usable_cpus() // max(1, sharing.get(
+            get_address_host(dask_worker.address), 1)))
+
+    warm_embedder(model, max_seq_length, threads)  # its own thread loads the model
+    return True

@@ -28,7 +28,7 @@ runner (Dataflow, Flink, Spark) and the DaskRunner run it unchanged (on the
 DaskRunner the files are read in parts and the shards spread over its
 partitions, `lealla_tf.pipelines.dask_partitions`, and the partitions over the
 cluster's workers, each of which starts loading the model before the run:
-`lealla_tf.pipelines.dask_cluster`).
+`lealla_tf.pipelines.dask_partitions`).
 """
 
 import json
@@ -62,8 +62,7 @@ from lealla_tf.pipelines.corpus_steps import (
     read_progress,
     timeline,
 )
-from lealla_tf.pipelines.dask_cluster import warm_workers
-from lealla_tf.pipelines.dask_partitions import dask_reads, shard_keys, spread_keys
+from lealla_tf.pipelines.dask_partitions import dask_reads, shard_keys, spread_keys, warm_workers
 from lealla_tf.pipelines.options import on_dask_runner, pipeline_options, run_pipeline
 from lealla_tf.pipelines.worker_threads import threads_per_worker
 from lealla_tf.progress import PipelineProgress

@@ -1,5 +1,6 @@
 """Pipeline options shared by the Beam pipelines in `lealla_tf.pipelines`, and
-how they run (`run_pipeline`)."""
+how they run (`run_pipeline`: on the DaskRunner, in which order and on which
+worker each task runs)."""
 
 import contextlib
 import logging
@@ -81,14 +82,78 @@ def on_dask_runner(options) -> bool:
     return "DaskRunner" in str(options.view_as(StandardOptions).runner)
 
 
+def partition_of(key) -> int | None:
+    """The bag partition a task of the DaskRunner's graph works on, or None: a
+    step's task is (name, partition); a shuffle's group and join tasks end in
+    (partition,), and its split tasks in their input's (partition,)."""
+    if not isinstance(key, tuple) or len(key) < 2:
+        return None
+    last = key[-1]
+    if isinstance(last, tuple) and len(last) == 1:
+        last = last[0]
+    return last if isinstance(last, int) and not isinstance(last, bool) else None
+
+
+class PartitionWorkers:
+    """The dask `workers` annotation that places partition i's tasks on the i-th
+    (modulo their number) of `workers`, a cluster's worker addresses; a task of
+    no partition may run on any of them.
+
+    The DaskRunner's run has a partition a shard (`dask_partitions`), and its
+    shards are of about equal size, so this deals them evenly. Left to the
+    scheduler, a shard's task goes where its inputs or an idle moment happen
+    to be when it becomes ready: some runs put three of four shards on one of
+    two workers. Annotated with `allow_other_workers`, a task whose worker is
+    gone (killed, restarted under another address) runs on another."""
+
+    def __init__(self, workers):
+        self.workers = sorted(workers)
+
+    def __call__(self, key) -> list[str]:
+        partition = partition_of(key)
+        if partition is None:
+            return list(self.workers)
+        return [self.workers[partition % len(self.workers)]]
+
+
+def dask_connection(options) -> dict | None:
+    """`distributed.Client`'s arguments for the cluster the DaskRunner connects
+    to, or None where the runner starts a cluster of its own."""
+    from apache_beam.runners.dask.dask_runner import DaskOptions  # noqa: PLC0415 - dask is heavy
+
+    dask_options = options.view_as(DaskOptions)
+    if not (dask_options.address or dask_options.scheduler_file):
+        return None
+    connect = {"address": dask_options.address, "scheduler_file": dask_options.scheduler_file}
+    if dask_options.timeout is not None:  # else dask's own connect timeout, as the runner's
+        connect["timeout"] = dask_options.timeout
+    return connect
+
+
+def dask_workers(options) -> list[str] | None:
+    """The worker addresses of the cluster the DaskRunner connects to, sorted, or
+    None: the runner starts a cluster of its own, or the cluster cannot be
+    asked (a warning says why)."""
+    connect = dask_connection(options)
+    if connect is None:
+        return None
+    import distributed  # noqa: PLC0415 - only with the DaskRunner
+
+    try:
+        with distributed.Client(**connect) as client:
+            return sorted(client.scheduler_info()["workers"]) or None
+    except Exception as error:  # placement is an optimisation; the run reports its errors
+        logging.warning("the dask scheduler did not list its workers (%s); dask places the "
+                        "tasks itself", error)
+        return None
+
+
 def _task_order(options):
     """On the DaskRunner, the graph built inside is annotated with
     `shuffles_first` and, on a cluster that lists its workers, `PartitionWorkers`."""
     if not on_dask_runner(options):
         return contextlib.nullcontext()
     import dask  # noqa: PLC0415 - only with the DaskRunner
-
-    from lealla_tf.pipelines.dask_cluster import PartitionWorkers, dask_workers  # noqa: PLC0415
 
     workers = dask_workers(options)
     if workers is None:

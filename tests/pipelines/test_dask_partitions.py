@@ -1,10 +1,21 @@
 """lealla_tf.pipelines.dask_partitions: on the DaskRunner a run gets a partition a
 shard, reads its files in enough parts to fill them, and sends each shard to a
-partition of its own. (That the DaskRunner's output equals the FnApiRunner's:
-tests/pipelines/test_embed_corpus.py.)"""
+partition of its own; on a cluster it connects to, each partition's tasks go to
+one worker in turn and the workers' model loads start before the run. (That the
+DaskRunner's output equals the FnApiRunner's: tests/pipelines/test_embed_corpus.py.)"""
 
+import time
+
+from lealla_tf.machine import usable_cpus
 from lealla_tf.pipelines.corpus_steps import ReadLines, shard_of
-from lealla_tf.pipelines.dask_partitions import dask_reads, shard_keys, spread_keys
+from lealla_tf.pipelines.dask_partitions import (
+    EMBEDDING_WORKER_CONFIG,
+    dask_reads,
+    shard_keys,
+    spread_keys,
+    warm_workers,
+)
+from lealla_tf.pipelines.options import pipeline_options
 
 
 def test_the_dask_runner_gets_a_partition_a_shard_and_reads_enough_parts_to_fill_them():
@@ -60,3 +71,58 @@ def test_spread_keys_deal_shards_evenly_to_the_dask_shuffles_partitions(tmp_path
     ((kind, (key, _)), *_) = ReadLines(str(tmp_path), num_shards=2, spread=lines).process(
         (str(tmp_path / "a.txt"), 0, 1))
     assert key == lines["embeddings", shard_of("a.txt:1", 2)]
+
+
+def test_every_worker_starts_loading_the_model_before_the_run(corpus_model, dask_cluster,
+                                                              caplog):
+    import distributed
+
+    path, _ = corpus_model
+    options = pipeline_options(["--runner=DaskRunner",
+                                f"--dask_client_address={dask_cluster.scheduler_address}"])
+    assert warm_workers(options, path) == 2
+
+    def loaded(dask_worker):
+        from lealla_tf.pipelines import corpus_steps
+        from lealla_tf.pipelines.worker_threads import tf
+
+        return ((path, None) in corpus_steps._MODELS,
+                tf.config.threading.get_intra_op_parallelism_threads())
+
+    with distributed.Client(dask_cluster.scheduler_address) as client:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            states = list(client.run(loaded).values())
+            if all(state[0] for state in states):
+                break
+            time.sleep(0.5)
+    # loaded on each worker, on its share of the host's cores (two workers here)
+    assert states == [(True, max(1, usable_cpus() // 2))] * 2
+    # the runner's own cluster, or one that does not answer: the reads start the loads
+    assert warm_workers(pipeline_options(["--runner=DaskRunner"]), path) == 0
+    unreachable = pipeline_options(["--runner=DaskRunner", "--dask_client_address=127.0.0.1:9",
+                                    "--dask_connection_timeout=1"])
+    assert warm_workers(unreachable, path) == 0
+    assert "could not start loading" in caplog.text
+
+
+def test_a_cluster_made_for_embedding_runs_its_workers_without_profiler_or_trim(monkeypatch):
+    import dask
+    import distributed
+
+    # a dask nanny leaves its variables in the environment of the process that made it
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    with dask.config.set(EMBEDDING_WORKER_CONFIG):
+        cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                           host="127.0.0.1", dashboard_address=None)
+    try:
+        with distributed.Client(cluster.scheduler_address) as client:
+            def state(dask_worker):
+                import os
+
+                return ("profile" in dask_worker.periodic_callbacks,
+                        os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("OMP_NUM_THREADS"))
+
+            assert list(client.run(state).values()) == [(False, None, "1")]
+    finally:
+        cluster.close()

@@ -18,8 +18,8 @@ from lealla_tf.mining.run_folders import read_manifest
 from lealla_tf.mining.shards import read_embeddings
 from lealla_tf.models.encoder import build_encoder
 from lealla_tf.pipelines import corpus_steps
-from lealla_tf.pipelines.dask_cluster import partition_of
 from lealla_tf.pipelines.embed_corpus import embed_corpus
+from lealla_tf.pipelines.options import partition_of
 from lealla_tf.tokenizers.tokenizer import Tokenizer
 from lealla_tf.train.data import find_training_files, pair_dataset, teacher_dimension_of
 

@@ -6,6 +6,9 @@ import dask.bag
 from apache_beam.options.pipeline_options import SetupOptions, StandardOptions
 
 from lealla_tf.pipelines.options import (
+    PartitionWorkers,
+    dask_workers,
+    partition_of,
     pipeline_options,
     run_pipeline,
     shuffles_first,
@@ -83,3 +86,35 @@ def test_on_a_cluster_it_connects_to_each_partition_also_goes_to_its_worker(dask
     assert pipeline.annotations["allow_other_workers"] is True
     assert pipeline.annotations["workers"].workers == sorted(
         dask_cluster.workers[name].worker_address for name in dask_cluster.workers)
+
+
+def test_each_partition_of_the_dask_runner_s_graph_goes_to_one_worker_in_turn():
+    # Keys as dask.bag's task shuffle and Beam's DaskRunner name them (a real run's
+    # placement: tests/pipelines/test_embed_corpus.py).
+    assert partition_of(("from_sequence-apply_dofn_to_bundle-c6059c79", 3)) == 3
+    assert partition_of(("apply_dofn_to_bundle-shuffle-join-0f84d333", 0, (2,))) == 2
+    assert partition_of(("shuffle-group-5b93614761a0ad0f", 1, (5,))) == 5
+    # a split task stays with its input partition (the last), not the output it feeds
+    assert partition_of(("shuffle-split-5b93614761a0ad0f", 1, 7, (1,))) == 1
+    assert partition_of("finalize-hlgfinalizecompute-62c11b60") is None
+    assert partition_of(("name", True)) is None and partition_of(("name",)) is None
+    place = PartitionWorkers(["tcp://127.0.0.1:9002", "tcp://127.0.0.1:9001"])
+    assert place(("apply_dofn_to_bundle-1", 0)) == ["tcp://127.0.0.1:9001"]
+    assert place(("apply_dofn_to_bundle-1", 3)) == ["tcp://127.0.0.1:9002"]
+    assert place(("shuffle-join-1", 0, (4,))) == ["tcp://127.0.0.1:9001"]
+    assert place("finalize-1") == ["tcp://127.0.0.1:9001", "tcp://127.0.0.1:9002"]
+
+
+def test_the_workers_are_those_of_the_cluster_the_runner_connects_to(dask_cluster, caplog):
+    address = dask_cluster.scheduler_address
+    listed = dask_workers(pipeline_options(["--runner=DaskRunner",
+                                            f"--dask_client_address={address}"]))
+    assert sorted(listed) == sorted(dask_cluster.workers[name].worker_address
+                                    for name in dask_cluster.workers)
+    # the runner's own cluster: nothing to ask beforehand
+    assert dask_workers(pipeline_options(["--runner=DaskRunner"])) is None
+    # a scheduler that does not answer: dask places the tasks itself, with a warning
+    unreachable = pipeline_options(["--runner=DaskRunner", "--dask_client_address=127.0.0.1:9",
+                                    "--dask_connection_timeout=1"])
+    assert dask_workers(unreachable) is None
+    assert "did not list its workers" in caplog.text
