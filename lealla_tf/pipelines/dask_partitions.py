@@ -97,14 +97,15 @@ def spread_keys(keys: Sequence[tuple], partitions: int) -> dict[tuple, tuple]:
 # Dask settings for the workers of a cluster that embeds, set where the cluster is made
 # (`dask.config.set(EMBEDDING_WORKER_CONFIG)` before a LocalCluster, or the same keys in
 # the workers' dask config): a worker's statistical profiler walks every thread's stack
-# 100 times a second, and the nanny's MALLOC_TRIM_THRESHOLD_ (64 KiB) has glibc hand
-# freed memory back after each batch only to fault it in again on the next; neither
-# is of use to a worker that runs one long embedding task after another. The thread
-# caps are dask's own defaults, kept.
+# 100 times a second, and the nanny's MALLOC_TRIM_THRESHOLD_ (64 KiB, which also fixes
+# glibc's mmap threshold) has freed memory handed back after each batch only to be
+# faulted in again on the next; neither is of use to a worker that runs one long
+# embedding task after another. None unsets the variable (the nanny skips it), whether
+# the key is set alone or merged into dask's defaults; a variable already in the
+# environment the workers start from still reaches them.
 EMBEDDING_WORKER_CONFIG = {
     "distributed.worker.profile.enabled": False,
-    "distributed.nanny.pre-spawn-environ": {"OMP_NUM_THREADS": 1, "MKL_NUM_THREADS": 1,
-                                            "OPENBLAS_NUM_THREADS": 1},
+    "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
 }
 
 
@@ -139,10 +140,12 @@ def _warm_here(model: str, max_seq_length, threads, sharing: dict, dask_worker=N
     """On a dask worker (`Client.run`, in its event loop): imports the pipeline's
     steps, then starts this worker's model load (`warm_embedder`'s thread).
 
-    The pipeline's steps are imported with this module, in the event loop,
-    where the worker unpickles the run's tasks, which import Beam too: Beam
-    imported by two threads at once can fail on its own circular imports
-    ("partially initialized module 'apache_beam.runners'")."""
+    The pipeline's steps (Beam, TensorFlow) are imported with this module, as
+    `Client.run` unpickles it, and `warm_workers` returns only once every worker
+    has them: the run's tasks, sent after, import Beam too, and Beam imported
+    by two threads at once can fail on its own circular imports ("partially
+    initialized module 'apache_beam.runners'"). The worker's event loop waits
+    for that import."""
     if threads is None and dask_worker is not None:
         from distributed.comm import get_address_host  # noqa: PLC0415 - on a dask worker
 

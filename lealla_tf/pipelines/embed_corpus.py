@@ -26,9 +26,10 @@ Without a --runner in `pipeline_args` it runs on Beam's FnApiRunner (the local
 runner, without the Prism download DirectRunner would attempt); any portable
 runner (Dataflow, Flink, Spark) and the DaskRunner run it unchanged (on the
 DaskRunner the files are read in parts and the shards spread over its
-partitions, `lealla_tf.pipelines.dask_partitions`, and the partitions over the
-cluster's workers, each of which starts loading the model before the run:
-`lealla_tf.pipelines.dask_partitions`).
+partitions, `lealla_tf.pipelines.dask_partitions`; on a cluster it connects
+to, each partition goes to one worker in turn,
+`lealla_tf.pipelines.options.PartitionWorkers`, and every worker starts
+loading the model before the run, `dask_partitions.warm_workers`).
 """
 
 import json

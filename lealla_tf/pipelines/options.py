@@ -102,9 +102,14 @@ class PartitionWorkers:
     The DaskRunner's run has a partition a shard (`dask_partitions`), and its
     shards are of about equal size, so this deals them evenly. Left to the
     scheduler, a shard's task goes where its inputs or an idle moment happen
-    to be when it becomes ready: some runs put three of four shards on one of
-    two workers. Annotated with `allow_other_workers`, a task whose worker is
-    gone (killed, restarted under another address) runs on another."""
+    to be when it becomes ready, which can leave a worker idle while another
+    holds several shards. It is a preference: annotated with
+    `allow_other_workers`, a task whose worker is gone (killed, restarted
+    under another address) runs on another, and an idle worker may still
+    steal a waiting one. Every task carries a restriction (which turns off
+    dask's queuing of root tasks), and a worker that joins after the run
+    starts gets only what it steals. Beyond `MAX_SPREAD_PARTITIONS` the
+    shuffle's keys have another shape and its tasks are left to dask."""
 
     def __init__(self, workers):
         self.workers = sorted(workers)

@@ -86,6 +86,7 @@ def test_on_a_cluster_it_connects_to_each_partition_also_goes_to_its_worker(dask
     assert pipeline.annotations["allow_other_workers"] is True
     assert pipeline.annotations["workers"].workers == sorted(
         dask_cluster.workers[name].worker_address for name in dask_cluster.workers)
+    assert dask.get_annotations() == {}  # nothing left behind
 
 
 def test_each_partition_of_the_dask_runner_s_graph_goes_to_one_worker_in_turn():
