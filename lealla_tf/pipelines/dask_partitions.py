@@ -20,9 +20,9 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-from lealla_tf.machine import usable_cpus
 from lealla_tf.pipelines.corpus_steps import file_name, pair_destination, warm_embedder
 from lealla_tf.pipelines.options import dask_connection, on_dask_runner
+from lealla_tf.pipelines.worker_threads import cores_each
 
 # dask.bag's task shuffle (the DaskRunner's GroupByKey) has exactly as many output
 # partitions as input ones, each key at int(tokenize(key), 16) modulo their number,
@@ -149,8 +149,7 @@ def _warm_here(model: str, max_seq_length, threads, sharing: dict, dask_worker=N
     if threads is None and dask_worker is not None:
         from distributed.comm import get_address_host  # noqa: PLC0415 - on a dask worker
 
-        threads = max(1, usable_cpus() // max(1, sharing.get(
-            get_address_host(dask_worker.address), 1)))
+        threads = cores_each(sharing.get(get_address_host(dask_worker.address), 1))
 
     warm_embedder(model, max_seq_length, threads)  # its own thread loads the model
     return True

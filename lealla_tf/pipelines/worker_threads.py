@@ -57,8 +57,12 @@ def dask_worker_threads() -> int | None:
         logging.warning("embed_corpus: the dask scheduler did not say which workers share "
                         "this host (%s); TensorFlow keeps its default threads", error)
         return None
-    sharing = sum(1 for info in workers if info.get("host") == host)
-    return max(1, usable_cpus() // max(1, sharing))
+    return cores_each(sum(1 for info in workers if info.get("host") == host))
+
+
+def cores_each(workers_on_host: int) -> int:
+    """This host's cores shared out among `workers_on_host` dask workers (at least one)."""
+    return max(1, usable_cpus() // max(1, workers_on_host))
 
 
 def limit_threads(threads: int) -> bool:
