@@ -110,30 +110,34 @@ EMBEDDING_WORKER_CONFIG = {
 
 
 def warm_workers(options, model: str, max_seq_length: int | None = None,
-                 threads: int | None = None) -> int:
+                 threads: int | None = None) -> list[str] | None:
     """Starts every worker's load of `model` now, before the run is even built:
     a worker's first shard waits for that load (TensorFlow's import, then
     `load_embedder`), which otherwise starts with the worker's first read.
     `threads` as `corpus_steps.warm_embedder` takes them (None: the host's cores
-    shared out among the cluster's workers on it). Returns how many workers
-    were asked; 0 where the runner starts its own cluster or the cluster
-    cannot be asked (a warning says why), and the reads start the loads, as
-    on every runner."""
+    shared out among the cluster's workers on it).
+
+    Returns the cluster's worker addresses, sorted, for `options.run_pipeline`
+    to place the run on without asking again; None where the runner starts its
+    own cluster or the cluster cannot be asked (a warning says why). Where a
+    worker fails to start its load, a warning says so and the reads start the
+    loads, as on every runner."""
     connect = dask_connection(options)
     if connect is None:
-        return 0
+        return None
     import distributed  # noqa: PLC0415 - only with the DaskRunner
 
+    workers = None
     try:
         with distributed.Client(**connect) as client:
-            workers = client.scheduler_info()["workers"]
-            sharing = dict(Counter(info.get("host") for info in workers.values()))
+            listed = client.scheduler_info()["workers"]
+            workers = sorted(listed) or None
+            sharing = dict(Counter(info.get("host") for info in listed.values()))
             client.run(_warm_here, model, max_seq_length, threads, sharing)
     except Exception as error:  # the reads start the loads instead
         logging.warning("the dask workers could not start loading %s ahead (%s); each loads "
                         "it with its first read", model, error)
-        return 0
-    return len(workers)
+    return workers
 
 
 def _warm_here(model: str, max_seq_length, threads, sharing: dict, dask_worker=None) -> bool:

@@ -166,15 +166,15 @@ def embed_corpus(inputs: Sequence[str], model: str, output: str, input_format: s
         progress_dir = (os.path.join(run_dir, PROGRESS_FOLDER)
                         if progress and "://" not in run_dir else None)
         pipeline = test_pipeline or beam.Pipeline(options=options)
-        if on_dask_runner(pipeline.options):
-            warm_workers(pipeline.options, model, max_seq_length, threads)
+        workers = (warm_workers(pipeline.options, model, max_seq_length, threads)
+                   if on_dask_runner(pipeline.options) else None)
         build_pipeline(pipeline, files, model, run_dir, input_format, pairs, english_only,
                        num_shards, model_batch_size, max_seq_length, model_max_tokens,
                        threads, progress_dir)
         poll = None if progress_dir is None else lambda: _progress_of(progress_dir)
         with PipelineProgress(poll, len(files), "pair" if pairs else "sentence") as shown:
             started = time.time()
-            run_pipeline(pipeline)
+            run_pipeline(pipeline, workers)
             seconds = time.time() - started
             summary_path = os.path.join(run_dir, RUN_SUMMARY)
             if not os.path.exists(summary_path):

@@ -153,26 +153,34 @@ def dask_workers(options) -> list[str] | None:
         return None
 
 
-def _task_order(options):
+# `run_pipeline`'s default: ask the cluster for its workers.
+ASK_CLUSTER = "ask the cluster"
+
+
+def _task_order(options, workers):
     """On the DaskRunner, the graph built inside is annotated with
-    `shuffles_first` and, on a cluster that lists its workers, `PartitionWorkers`."""
+    `shuffles_first` and, given workers (or on a cluster that lists them when
+    asked), `PartitionWorkers`."""
     if not on_dask_runner(options):
         return contextlib.nullcontext()
     import dask  # noqa: PLC0415 - only with the DaskRunner
 
-    workers = dask_workers(options)
-    if workers is None:
+    if workers is ASK_CLUSTER:
+        workers = dask_workers(options)
+    if not workers:
         return dask.annotate(priority=shuffles_first)
     return dask.annotate(priority=shuffles_first, workers=PartitionWorkers(workers),
                          allow_other_workers=True)
 
 
-def run_pipeline(pipeline) -> None:
+def run_pipeline(pipeline, workers=ASK_CLUSTER) -> None:
     """Runs `pipeline` to the end (on the DaskRunner, with `shuffles_first`'s
-    task order and `PartitionWorkers`' placement). The DaskRunner's result holds
-    a client of the user's cluster: it is closed here (the cluster stays up),
-    also on failure."""
-    with _task_order(pipeline.options):
+    task order and `PartitionWorkers`' placement over `workers`: by default
+    those the cluster lists now; a caller that has listed them already passes
+    its list, or None for no placement, and the cluster is not asked again).
+    The DaskRunner's result holds a client of the user's cluster: it is closed
+    here (the cluster stays up), also on failure."""
+    with _task_order(pipeline.options, workers):
         result = pipeline.run()
     try:
         result.wait_until_finish()

@@ -1,6 +1,8 @@
 """lealla_tf.pipelines.options: the local-runner default and save_main_session; on
 the DaskRunner, a shuffle's tasks first and each partition on its worker."""
 
+import time
+
 import dask
 import dask.bag
 from apache_beam.options.pipeline_options import SetupOptions, StandardOptions
@@ -13,6 +15,22 @@ from lealla_tf.pipelines.options import (
     run_pipeline,
     shuffles_first,
 )
+
+
+class RecordingPipeline:
+    """Stands in for a Beam pipeline in run_pipeline: records the dask
+    annotations its graph would be built under."""
+
+    def __init__(self, flags):
+        self.options = pipeline_options(flags)
+        self.annotations = None
+
+    def run(self):
+        self.annotations = dict(dask.get_annotations())
+        return self
+
+    def wait_until_finish(self):
+        pass
 
 
 def test_defaults_to_the_fn_api_runner():
@@ -47,19 +65,8 @@ def test_a_shuffles_tasks_come_first_on_the_dask_runner_only():
     stages = {name.rsplit("-", 1)[0] for name in names if shuffles_first((name,))}
     assert {"shuffle-group", "shuffle-split"} <= stages
 
-    class Pipeline:  # records the annotations its graph would be built under
-        def __init__(self, runner):
-            self.options = pipeline_options([f"--runner={runner}"])
-            self.annotations = None
-
-        def run(self):
-            self.annotations = dict(dask.get_annotations())
-            return self
-
-        def wait_until_finish(self):
-            pass
-
-    on_dask, local = Pipeline("DaskRunner"), Pipeline("FnApiRunner")
+    on_dask = RecordingPipeline(["--runner=DaskRunner"])
+    local = RecordingPipeline(["--runner=FnApiRunner"])
     run_pipeline(on_dask)
     run_pipeline(local)
     assert on_dask.annotations == {"priority": shuffles_first}
@@ -70,23 +77,31 @@ def test_a_shuffles_tasks_come_first_on_the_dask_runner_only():
 def test_on_a_cluster_it_connects_to_each_partition_also_goes_to_its_worker(dask_cluster):
     address = dask_cluster.scheduler_address
 
-    class Pipeline:  # records the annotations its graph would be built under
-        options = pipeline_options(["--runner=DaskRunner", f"--dask_client_address={address}"])
-
-        def run(self):
-            self.annotations = dict(dask.get_annotations())
-            return self
-
-        def wait_until_finish(self):
-            pass
-
-    pipeline = Pipeline()
+    pipeline = RecordingPipeline(["--runner=DaskRunner", f"--dask_client_address={address}"])
     run_pipeline(pipeline)
     assert pipeline.annotations["priority"] is shuffles_first
     assert pipeline.annotations["allow_other_workers"] is True
     assert pipeline.annotations["workers"].workers == sorted(
         dask_cluster.workers[name].worker_address for name in dask_cluster.workers)
     assert dask.get_annotations() == {}  # nothing left behind
+
+
+def test_workers_listed_before_the_run_are_used_without_asking_the_cluster_again(caplog):
+    # A scheduler that would not answer: asked, it would cost a connect timeout
+    # and a warning. Given the workers (as `warm_workers` returns them), or None
+    # (no placement), run_pipeline does not ask.
+    flags = ["--runner=DaskRunner", "--dask_client_address=127.0.0.1:9",
+             "--dask_connection_timeout=5"]
+    listed, unplaced = RecordingPipeline(flags), RecordingPipeline(flags)
+    started = time.monotonic()
+    run_pipeline(listed, ["tcp://127.0.0.1:9002", "tcp://127.0.0.1:9001"])
+    run_pipeline(unplaced, None)
+    assert time.monotonic() - started < 2
+    assert listed.annotations["workers"].workers == ["tcp://127.0.0.1:9001",
+                                                     "tcp://127.0.0.1:9002"]
+    assert listed.annotations["priority"] is shuffles_first
+    assert unplaced.annotations == {"priority": shuffles_first}
+    assert "did not list its workers" not in caplog.text
 
 
 def test_each_partition_of_the_dask_runner_s_graph_goes_to_one_worker_in_turn():
