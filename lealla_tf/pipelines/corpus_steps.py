@@ -22,7 +22,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from lealla_tf.inference.loaders import load_embedder
 from lealla_tf.pipelines.beam_files import write_atomically, write_gzip_tfrecords
-from lealla_tf.pipelines.worker_threads import dask_worker_threads, limit_threads
+from lealla_tf.pipelines.worker_threads import dask_worker_threads, limit_threads, quick_exit
 from lealla_tf.records import embedding_example, pair_example
 
 NAMESPACE = "embed_corpus"
@@ -36,7 +36,6 @@ PROGRESS_FOLDER = ".progress"
 READ_REPORT_LINES = 100_000  # lines read between two reports of a file
 SHARD_CHUNK = 8192  # sentences a shard embeds between two reports
 
-
 # One loaded model per worker process, whatever the runner does with DoFn instances
 # (the DaskRunner sets a DoFn up again for every bundle). A key's own lock in `_LOADS`
 # makes a load started ahead (`warm_embedder`) and a shard's wait for it one load;
@@ -47,10 +46,10 @@ _STATE = threading.Lock()
 _WARMING: set = set()
 
 
-def _embedder(model: str, max_seq_length: int | None = None,
-              threads: int | None = None):
+def _embedder(model: str, max_seq_length: int | None = None, threads: int | None = None):
     """This worker's one `load_embedder(model, max_seq_length)`, on `threads` TensorFlow
-    threads (0: TensorFlow's default; None: `dask_worker_threads`' share, or the default)."""
+    threads (0: TensorFlow's default; None: `dask_worker_threads`' share, or the default);
+    the process then exits without collecting (`quick_exit`)."""
     key = (model, max_seq_length)
     with _STATE:
         load = _LOADS.setdefault(key, threading.Lock())
@@ -60,6 +59,7 @@ def _embedder(model: str, max_seq_length: int | None = None,
             if threads:
                 limit_threads(threads)
             _MODELS[key] = load_embedder(model, max_seq_length)
+            quick_exit()
     return _MODELS[key]
 
 

@@ -1,10 +1,14 @@
-"""TensorFlow threads for a pipeline worker's model: the cores shared out among
-the worker processes on a host (the local runner's, or a dask cluster's), so N
-workers do not each start TensorFlow pools of every core, and the cap applied
-before the model loads."""
+"""A pipeline worker process around its model: TensorFlow threads (the cores
+shared out among the worker processes on a host, the local runner's or a dask
+cluster's, so N workers do not each start TensorFlow pools of every core, and
+the cap applied before the model loads), and an exit that does not wait on the
+garbage collector (`quick_exit`)."""
 
+import atexit
+import gc
 import logging
 import sys
+import threading
 
 import tensorflow as tf
 from apache_beam.options.pipeline_options import DirectOptions
@@ -78,3 +82,26 @@ def limit_threads(threads: int) -> bool:
                         threads)
         return False
     return True
+
+
+_EXIT_HOOK = threading.Lock()
+_EXIT_HOOKED: list = []
+
+
+def quick_exit() -> None:
+    """Once a process, after its model loads: at exit, every object then alive is
+    frozen out of the garbage collector. A loaded TensorFlow model is some
+    170,000 Python objects, and the interpreter's last cyclic collections over
+    them take seconds of a worker's exit, which the run waits for (the local
+    runner closes its worker processes one after another). The objects are
+    freed all the same as the process ends; only their cycles go unvisited.
+    The exit status is untouched."""
+    with _EXIT_HOOK:
+        if not _EXIT_HOOKED:
+            atexit.register(_freeze_collector)  # hooks run last-registered first
+            _EXIT_HOOKED.append(_freeze_collector)
+
+
+def _freeze_collector() -> None:
+    gc.disable()
+    gc.freeze()

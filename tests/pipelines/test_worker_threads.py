@@ -1,5 +1,5 @@
 """lealla_tf.pipelines.worker_threads: a host's cores shared out among the local
-runner's worker processes and among a dask cluster's workers on it."""
+runner's worker processes and among a dask cluster's workers on it; a worker's quick exit."""
 
 import pytest
 
@@ -37,3 +37,26 @@ def test_dask_workers_share_their_hosts_cores_out(dask_cluster):
     with distributed.Client(dask_cluster.scheduler_address) as client:
         futures = [client.submit(dask_worker_threads, pure=False) for _ in range(2)]
         assert {future.result() for future in futures} == {max(1, usable_cpus() // 2)}
+
+
+def test_a_worker_that_loaded_its_model_exits_without_collecting(corpus_model, tmp_path):
+    """The interpreter's last garbage collections over a loaded model take seconds of
+    each worker's exit: once the model is loaded, the exit freezes the collector
+    first (a hook registered before the load runs after it), and the exit status
+    stands."""
+    import subprocess
+    import sys
+
+    path, _ = corpus_model
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print('at exit:', gc.get_freeze_count() > 0, gc.isenabled()))\n"
+        "from lealla_tf.pipelines.corpus_steps import _embedder\n"
+        "print('before:', gc.get_freeze_count() > 0, gc.isenabled())\n"
+        "_embedder(sys.argv[1], None, 1)\n"
+        "sys.exit(3)\n")
+    done = subprocess.run([sys.executable, str(script), path], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["before: False True", "at exit: True False"]
