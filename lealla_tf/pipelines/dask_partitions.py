@@ -119,9 +119,10 @@ def warm_workers(options, model: str, max_seq_length: int | None = None,
 
     Returns the cluster's worker addresses, sorted, for `options.run_pipeline`
     to place the run on without asking again; None where the runner starts its
-    own cluster or the cluster cannot be asked (a warning says why). Where a
-    worker fails to start its load, a warning says so and the reads start the
-    loads, as on every runner."""
+    own cluster, the cluster lists no workers yet, or it cannot be asked (a
+    warning says why): dask then places the tasks itself. Where a worker fails
+    to start its load, a warning says so and the reads start the loads, as on
+    every runner."""
     connect = dask_connection(options)
     if connect is None:
         return None
@@ -136,7 +137,8 @@ def warm_workers(options, model: str, max_seq_length: int | None = None,
             client.run(_warm_here, model, max_seq_length, threads, sharing)
     except Exception as error:  # the reads start the loads instead
         logging.warning("the dask workers could not start loading %s ahead (%s); each loads "
-                        "it with its first read", model, error)
+                        "it with its first read%s", model, error,
+                        "" if workers else ", and dask places the tasks itself")
     return workers
 
 

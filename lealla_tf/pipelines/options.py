@@ -154,7 +154,7 @@ def dask_workers(options) -> list[str] | None:
 
 
 # `run_pipeline`'s default: ask the cluster for its workers.
-ASK_CLUSTER = "ask the cluster"
+ASK_CLUSTER = object()
 
 
 def _task_order(options, workers):
@@ -167,6 +167,8 @@ def _task_order(options, workers):
 
     if workers is ASK_CLUSTER:
         workers = dask_workers(options)
+    elif isinstance(workers, str):
+        raise TypeError(f"workers must be a list of worker addresses or None, got {workers!r}")
     if not workers:
         return dask.annotate(priority=shuffles_first)
     return dask.annotate(priority=shuffles_first, workers=PartitionWorkers(workers),

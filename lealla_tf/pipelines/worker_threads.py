@@ -1,12 +1,13 @@
 """A pipeline worker process around its model: TensorFlow threads (the cores
 shared out among the worker processes on a host, the local runner's or a dask
 cluster's, so N workers do not each start TensorFlow pools of every core, and
-the cap applied before the model loads), and an exit that does not wait on the
-garbage collector (`quick_exit`)."""
+the cap applied before the model loads), and, in a Beam runner's worker
+process, an exit that does not wait on the garbage collector (`quick_exit`)."""
 
 import atexit
 import gc
 import logging
+import os
 import sys
 import threading
 
@@ -84,18 +85,29 @@ def limit_threads(threads: int) -> bool:
     return True
 
 
+# Set by Beam in the environment of every SDK harness process it starts.
+HARNESS_VARIABLE = "CONTROL_API_SERVICE_DESCRIPTOR"
 _EXIT_HOOK = threading.Lock()
 _EXIT_HOOKED: list = []
 
 
 def quick_exit() -> None:
-    """Once a process, after its model loads: at exit, every object then alive is
-    frozen out of the garbage collector. A loaded TensorFlow model is some
-    170,000 Python objects, and the interpreter's last cyclic collections over
-    them take seconds of a worker's exit, which the run waits for (the local
-    runner closes its worker processes one after another). The objects are
-    freed all the same as the process ends; only their cycles go unvisited.
-    The exit status is untouched."""
+    """In a worker process a Beam runner started (its SDK harness, which has
+    `HARNESS_VARIABLE` in its environment), once, after its model loads: at
+    exit, every object then alive is frozen out of the garbage collector. A
+    loaded TensorFlow model is some 170,000 Python objects, and the
+    interpreter's last cyclic collections over them take seconds of a worker's
+    exit, which the run waits for (the local runner closes its worker
+    processes one after another).
+
+    The process's memory goes back to the system as ever, but objects in
+    reference cycles are then never finalized (no `__del__`, no flush of a
+    file left open among them): the pipeline's steps close what they write,
+    and the hook stays out of every other process (a caller's own, where an
+    in-process runner loads the model, and a dask worker, which outlives the
+    run). Earlier exit hooks still run; the exit status is untouched."""
+    if HARNESS_VARIABLE not in os.environ:
+        return
     with _EXIT_HOOK:
         if not _EXIT_HOOKED:
             atexit.register(_freeze_collector)  # hooks run last-registered first

@@ -72,11 +72,11 @@ from lealla_tf.cli import embed_corpus as command
 from lealla_tf.pipelines import embed_corpus
 go = pathlib.Path(sys.argv[1])
 run_pipeline = embed_corpus.run_pipeline
-def paused(pipeline):
+def paused(pipeline, *args, **kwargs):
     go.with_suffix(".started").touch()
     while not go.exists():
         time.sleep(0.05)
-    run_pipeline(pipeline)
+    run_pipeline(pipeline, *args, **kwargs)
 embed_corpus.run_pipeline = paused
 sys.exit(command.main(sys.argv[2:]))
 """

@@ -5,6 +5,7 @@ import time
 
 import dask
 import dask.bag
+import pytest
 from apache_beam.options.pipeline_options import SetupOptions, StandardOptions
 
 from lealla_tf.pipelines.options import (
@@ -102,6 +103,8 @@ def test_workers_listed_before_the_run_are_used_without_asking_the_cluster_again
     assert listed.annotations["priority"] is shuffles_first
     assert unplaced.annotations == {"priority": shuffles_first}
     assert "did not list its workers" not in caplog.text
+    with pytest.raises(TypeError, match="a list of worker addresses"):
+        run_pipeline(RecordingPipeline(flags), "tcp://127.0.0.1:9001")
 
 
 def test_each_partition_of_the_dask_runner_s_graph_goes_to_one_worker_in_turn():

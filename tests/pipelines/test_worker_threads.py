@@ -1,6 +1,8 @@
 """lealla_tf.pipelines.worker_threads: a host's cores shared out among the local
 runner's worker processes and among a dask cluster's workers on it; a worker's quick exit."""
 
+import os
+
 import pytest
 
 from lealla_tf.pipelines.worker_threads import dask_worker_threads, threads_per_worker
@@ -39,13 +41,18 @@ def test_dask_workers_share_their_hosts_cores_out(dask_cluster):
         assert {future.result() for future in futures} == {max(1, usable_cpus() // 2)}
 
 
-def test_a_worker_that_loaded_its_model_exits_without_collecting(corpus_model, tmp_path):
+def test_a_runner_s_worker_that_loaded_its_model_exits_without_collecting(corpus_model,
+                                                                         tmp_path):
     """The interpreter's last garbage collections over a loaded model take seconds of
-    each worker's exit: once the model is loaded, the exit freezes the collector
-    first (a hook registered before the load runs after it), and the exit status
-    stands."""
+    each worker's exit: in a Beam worker process (the variable Beam sets in its
+    harness's environment), once the model is loaded, the exit freezes the
+    collector first (a hook registered before the load runs after it), and the
+    exit status stands. In any other process, no hook."""
+    import atexit
     import subprocess
     import sys
+
+    from lealla_tf.pipelines.worker_threads import HARNESS_VARIABLE, quick_exit
 
     path, _ = corpus_model
     script = tmp_path / "worker.py"
@@ -56,7 +63,12 @@ def test_a_worker_that_loaded_its_model_exits_without_collecting(corpus_model, t
         "print('before:', gc.get_freeze_count() > 0, gc.isenabled())\n"
         "_embedder(sys.argv[1], None, 1)\n"
         "sys.exit(3)\n")
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **{HARNESS_VARIABLE: "url: ''"})
     done = subprocess.run([sys.executable, str(script), path], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=environment)
     assert done.returncode == 3, done.stderr[-2000:]
-    assert done.stdout.splitlines() == ["before: False True", "at exit: True False"]
+    assert done.stdout.splitlines()[-2:] == ["before: False True", "at exit: True False"]
+    # this process is no runner's worker
+    hooks = atexit._ncallbacks()
+    quick_exit()
+    assert atexit._ncallbacks() == hooks
