@@ -5,11 +5,11 @@ the cap applied before the model loads), and, in a Beam runner's worker
 process, an exit that does not wait on the garbage collector (`quick_exit`)."""
 
 import atexit
+import functools
 import gc
 import logging
 import os
 import sys
-import threading
 
 import tensorflow as tf
 from apache_beam.options.pipeline_options import DirectOptions
@@ -35,7 +35,7 @@ def threads_per_worker(options, asked: int | None = None) -> int | None:
     # 0 is Beam's "a worker a core"
     workers = usable_cpus() if direct.direct_num_workers == 0 else direct.direct_num_workers or 1
     if workers > 1 and direct.direct_running_mode == "multi_processing":
-        return max(1, usable_cpus() // workers)
+        return cores_each(workers)
     return None
 
 
@@ -66,7 +66,8 @@ def dask_worker_threads() -> int | None:
 
 
 def cores_each(workers_on_host: int) -> int:
-    """This host's cores shared out among `workers_on_host` dask workers (at least one)."""
+    """This host's cores shared out among `workers_on_host` worker processes, the local
+    runner's or a dask cluster's (at least one each)."""
     return max(1, usable_cpus() // max(1, workers_on_host))
 
 
@@ -87,8 +88,6 @@ def limit_threads(threads: int) -> bool:
 
 # Set by Beam in the environment of every SDK harness process it starts.
 HARNESS_VARIABLE = "CONTROL_API_SERVICE_DESCRIPTOR"
-_EXIT_HOOK = threading.Lock()
-_EXIT_HOOKED: list = []
 
 
 def quick_exit() -> None:
@@ -106,12 +105,13 @@ def quick_exit() -> None:
     and the hook stays out of every other process (a caller's own, where an
     in-process runner loads the model, and a dask worker, which outlives the
     run). Earlier exit hooks still run; the exit status is untouched."""
-    if HARNESS_VARIABLE not in os.environ:
-        return
-    with _EXIT_HOOK:
-        if not _EXIT_HOOKED:
-            atexit.register(_freeze_collector)  # hooks run last-registered first
-            _EXIT_HOOKED.append(_freeze_collector)
+    if HARNESS_VARIABLE in os.environ:
+        _register_exit_hook()
+
+
+@functools.cache  # one hook however many models load
+def _register_exit_hook() -> None:
+    atexit.register(_freeze_collector)  # hooks run last-registered first
 
 
 def _freeze_collector() -> None:

@@ -72,3 +72,19 @@ def test_a_runner_s_worker_that_loaded_its_model_exits_without_collecting(corpus
     hooks = atexit._ncallbacks()
     quick_exit()
     assert atexit._ncallbacks() == hooks
+
+
+def test_a_worker_gets_one_exit_hook_however_many_models_it_loads(monkeypatch):
+    import atexit
+
+    from lealla_tf.pipelines import worker_threads
+
+    monkeypatch.setenv(worker_threads.HARNESS_VARIABLE, "url: ''")
+    hooks = atexit._ncallbacks()
+    try:
+        worker_threads.quick_exit()
+        worker_threads.quick_exit()
+        assert atexit._ncallbacks() == hooks + 1
+    finally:  # this process exits as before
+        atexit.unregister(worker_threads._freeze_collector)
+        worker_threads._register_exit_hook.cache_clear()
