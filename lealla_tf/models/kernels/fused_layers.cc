@@ -376,22 +376,27 @@ Status GetAttentionShape(const Tensor& qkv, const Tensor& bias, const Tensor& ma
 // zeros, so every product below works on whole 16-float vectors.
 //
 // Without dropout (inference, and a training run at rate 0) the factors are all
-// 1 and pd is p: neither is stored, and the products read p.
+// 1 and pd is p: neither is stored, and the products read p. The forward op
+// without dropout goes further: p keeps the softmax's exponentials, unscaled,
+// and each query's context row is scaled by its 1 / sum instead (t x size
+// products for a head, not t x t), one pass over the scores fewer.
 struct Sequence {
   const AttentionShape& s;
   const int64_t t, tq, sp;
-  const bool dropped;  // whether dropout is active: factor and pd are kept
+  const bool dropped;   // whether dropout is active: factor and pd are kept
+  const bool deferred;  // the forward op without dropout: p unscaled, see above
   // rows [t, width] (qkv + bias); results [t, width] (context or dqkv);
   // gradients [t, inner] (dcontext); per head: q, k, v, context, dc, dq, dk,
   // dv [t, sp]; qt, dct [sp, tq]; p, pd, factor, dp [t (keys), tq (queries)].
+  // inverses [tq]: 1 / each query's sum of exponentials, when deferred.
   std::vector<float> rows, results, gradients, key_bias, q, k, v, context, qt, p, pd, factor,
-      dc, dct, dq, dk, dv, dp;
+      dc, dct, dq, dk, dv, dp, inverses;
 
   Sequence(const AttentionShape& shape, bool backward, bool dropout_active)
       : s(shape), t(shape.length), tq(RoundUp16(shape.length)), sp(RoundUp16(shape.size)),
-        dropped(dropout_active), rows(t * s.width), results(t * s.width), key_bias(t),
+        dropped(dropout_active), deferred(!backward && !dropout_active), rows(t * s.width), results(t * s.width), key_bias(t),
         q(t * sp, 0.0f), k(q.size(), 0.0f), v(q.size(), 0.0f), context(q.size()),
-        qt(sp * tq, 0.0f), p(t * tq) {
+        qt(sp * tq, 0.0f), p(t * tq), inverses(tq) {
     if (dropped) {
       pd.resize(p.size());
       factor.resize(p.size());
@@ -421,9 +426,11 @@ struct Sequence {
   // p^T with dropout applied: pd when dropout is active, else p itself.
   const float* Dropped() const { return dropped ? pd.data() : p.data(); }
 
-  // Head h of sequence b: the probabilities p^T after the masked softmax and,
-  // with dropout active, their dropout factors and pd = p * factor.
+  // Head h of sequence b: the probabilities p^T after the masked softmax (or,
+  // deferred, their exponentials and `inverses`) and, with dropout active,
+  // their dropout factors and pd = p * factor.
   void Probabilities(const Dropout& dropout, int64_t b, int64_t h) {
+    const bool drop = dropped, defer = deferred;  // locals: the stores below may alias
     const int64_t size = s.size;
     for (int64_t i = 0; i < t; ++i) {
       const float* row = &rows[i * s.width + h * size];
@@ -436,24 +443,26 @@ struct Sequence {
     for (int64_t i = 0; i < tq; i += 16) {
       V16 top = Splat(-INFINITY);
       for (int64_t j = 0; j < t; ++j) {
-        float* score = &p[j * tq + i];
-        const V16 x = Load16(score) + key_bias[j];
-        Store16(score, x);
+        const V16 x = Load16(&p[j * tq + i]) + key_bias[j];
         top = x > top ? x : top;
       }
       V16 sums = Splat(0.0f);
       for (int64_t j = 0; j < t; ++j) {
         float* score = &p[j * tq + i];
-        const V16 e = Exp16(Load16(score) - top);
+        const V16 e = Exp16(Load16(score) + key_bias[j] - top);
         Store16(score, e);
         sums += e;
       }
       const V16 inverse = 1.0f / sums;
+      if (defer) {
+        Store16(&inverses[i], inverse);
+        continue;
+      }
       for (int64_t j = 0; j < t; ++j) {
         float* score = &p[j * tq + i];
         const V16 probability = Load16(score) * inverse;
         Store16(score, probability);
-        if (dropped) {
+        if (drop) {
           // Entry (query i + lane, key j) of [b, heads, t, t].
           const V16 keep = dropout.Factors16(
               static_cast<uint32_t>(((b * s.heads + h) * t + i) * t + j),
@@ -465,11 +474,16 @@ struct Sequence {
     }
   }
 
-  // Head h's context = pd v into results [t, inner].
+  // Head h's context = pd v into results [t, inner] (deferred: each query's
+  // row of p v times its inverse).
   void Context(int64_t h) {
     Gemm<true>(t, sp, t, Dropped(), tq, v.data(), sp, context.data(), sp);
     for (int64_t i = 0; i < t; ++i) {
-      CopyFloats(&results[i * s.inner + h * s.size], &context[i * sp], s.size);
+      float* row = &context[i * sp];
+      if (deferred) {
+        for (int64_t c = 0; c < sp; c += 16) Store16(row + c, Load16(row + c) * inverses[i]);
+      }
+      CopyFloats(&results[i * s.inner + h * s.size], row, s.size);
     }
   }
 
