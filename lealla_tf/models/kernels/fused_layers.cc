@@ -374,33 +374,20 @@ Status GetAttentionShape(const Tensor& qkv, const Tensor& bias, const Tensor& ma
 // keys of each query is then a sum down the rows, lane by lane, with no sum
 // across a vector. Head dimensions are padded to sp (a multiple of 16) with
 // zeros, so every product below works on whole 16-float vectors.
-//
-// Without dropout (inference, and a training run at rate 0) the factors are all
-// 1 and pd is p: neither is stored, and the products read p. The forward op
-// without dropout goes further: p keeps the softmax's exponentials, unscaled,
-// and each query's context row is scaled by its 1 / sum instead (t x size
-// products for a head, not t x t), one pass over the scores fewer.
 struct Sequence {
   const AttentionShape& s;
   const int64_t t, tq, sp;
-  const bool dropped;   // whether dropout is active: factor and pd are kept
-  const bool deferred;  // the forward op without dropout: p unscaled, see above
   // rows [t, width] (qkv + bias); results [t, width] (context or dqkv);
   // gradients [t, inner] (dcontext); per head: q, k, v, context, dc, dq, dk,
   // dv [t, sp]; qt, dct [sp, tq]; p, pd, factor, dp [t (keys), tq (queries)].
-  // inverses [tq]: 1 / each query's sum of exponentials, when deferred.
   std::vector<float> rows, results, gradients, key_bias, q, k, v, context, qt, p, pd, factor,
-      dc, dct, dq, dk, dv, dp, inverses;
+      dc, dct, dq, dk, dv, dp;
 
-  Sequence(const AttentionShape& shape, bool backward, bool dropout_active)
+  Sequence(const AttentionShape& shape, bool backward)
       : s(shape), t(shape.length), tq(RoundUp16(shape.length)), sp(RoundUp16(shape.size)),
-        dropped(dropout_active), deferred(!backward && !dropout_active), rows(t * s.width), results(t * s.width), key_bias(t),
-        q(t * sp, 0.0f), k(q.size(), 0.0f), v(q.size(), 0.0f), context(q.size()),
-        qt(sp * tq, 0.0f), p(t * tq), inverses(tq) {
-    if (dropped) {
-      pd.resize(p.size());
-      factor.resize(p.size());
-    }
+        rows(t * s.width), results(t * s.width), key_bias(t), q(t * sp, 0.0f),
+        k(q.size(), 0.0f), v(q.size(), 0.0f), context(q.size()), qt(sp * tq, 0.0f),
+        p(t * tq), pd(p.size()), factor(p.size()) {
     if (backward) {
       gradients.resize(t * s.inner);
       dc.assign(q.size(), 0.0f);
@@ -423,14 +410,9 @@ struct Sequence {
     }
   }
 
-  // p^T with dropout applied: pd when dropout is active, else p itself.
-  const float* Dropped() const { return dropped ? pd.data() : p.data(); }
-
-  // Head h of sequence b: the probabilities p^T after the masked softmax (or,
-  // deferred, their exponentials and `inverses`) and, with dropout active,
+  // Head h of sequence b: the probabilities p^T after the masked softmax,
   // their dropout factors and pd = p * factor.
   void Probabilities(const Dropout& dropout, int64_t b, int64_t h) {
-    const bool drop = dropped, defer = deferred;  // locals: the stores below may alias
     const int64_t size = s.size;
     for (int64_t i = 0; i < t; ++i) {
       const float* row = &rows[i * s.width + h * size];
@@ -443,47 +425,40 @@ struct Sequence {
     for (int64_t i = 0; i < tq; i += 16) {
       V16 top = Splat(-INFINITY);
       for (int64_t j = 0; j < t; ++j) {
-        const V16 x = Load16(&p[j * tq + i]) + key_bias[j];
+        float* score = &p[j * tq + i];
+        const V16 x = Load16(score) + key_bias[j];
+        Store16(score, x);
         top = x > top ? x : top;
       }
       V16 sums = Splat(0.0f);
       for (int64_t j = 0; j < t; ++j) {
         float* score = &p[j * tq + i];
-        const V16 e = Exp16(Load16(score) + key_bias[j] - top);
+        const V16 e = Exp16(Load16(score) - top);
         Store16(score, e);
         sums += e;
       }
       const V16 inverse = 1.0f / sums;
-      if (defer) {
-        Store16(&inverses[i], inverse);
-        continue;
-      }
       for (int64_t j = 0; j < t; ++j) {
         float* score = &p[j * tq + i];
         const V16 probability = Load16(score) * inverse;
         Store16(score, probability);
-        if (drop) {
+        V16 keep = Splat(1.0f);
+        if (dropout.active) {
           // Entry (query i + lane, key j) of [b, heads, t, t].
-          const V16 keep = dropout.Factors16(
-              static_cast<uint32_t>(((b * s.heads + h) * t + i) * t + j),
-              static_cast<uint32_t>(t));
-          Store16(&factor[j * tq + i], keep);
-          Store16(&pd[j * tq + i], probability * keep);
+          keep = dropout.Factors16(static_cast<uint32_t>(((b * s.heads + h) * t + i) * t + j),
+                                   static_cast<uint32_t>(t));
         }
+        Store16(&factor[j * tq + i], keep);
+        Store16(&pd[j * tq + i], probability * keep);
       }
     }
   }
 
-  // Head h's context = pd v into results [t, inner] (deferred: each query's
-  // row of p v times its inverse).
+  // Head h's context = pd v into results [t, inner].
   void Context(int64_t h) {
-    Gemm<true>(t, sp, t, Dropped(), tq, v.data(), sp, context.data(), sp);
+    Gemm<true>(t, sp, t, pd.data(), tq, v.data(), sp, context.data(), sp);
     for (int64_t i = 0; i < t; ++i) {
-      float* row = &context[i * sp];
-      if (deferred) {
-        for (int64_t c = 0; c < sp; c += 16) Store16(row + c, Load16(row + c) * inverses[i]);
-      }
-      CopyFloats(&results[i * s.inner + h * s.size], row, s.size);
+      CopyFloats(&results[i * s.inner + h * s.size], &context[i * sp], s.size);
     }
   }
 
@@ -493,18 +468,15 @@ struct Sequence {
       CopyFloats(&dc[i * sp], &gradients[i * s.inner + h * s.size], s.size);
     }
     Transpose(dc.data(), t, s.size, sp, dct.data(), tq);
-    Gemm<false>(t, sp, t, Dropped(), tq, dc.data(), sp, dv.data(), sp);   // dv = pd^T dc
+    Gemm<false>(t, sp, t, pd.data(), tq, dc.data(), sp, dv.data(), sp);   // dv = pd^T dc
     Gemm<false>(t, tq, sp, v.data(), sp, dct.data(), tq, dp.data(), tq);  // d(pd)^T = v dc^T
     // The softmax's gradient, through the dropout: ds = p (dp - sum_keys(p dp)).
     for (int64_t i = 0; i < tq; i += 16) {
       V16 dots = Splat(0.0f);
       for (int64_t j = 0; j < t; ++j) {
         float* g = &dp[j * tq + i];
-        V16 through = Load16(g);
-        if (dropped) {
-          through *= Load16(&factor[j * tq + i]);
-          Store16(g, through);
-        }
+        const V16 through = Load16(g) * Load16(&factor[j * tq + i]);
+        Store16(g, through);
         dots += through * Load16(&p[j * tq + i]);
       }
       for (int64_t j = 0; j < t; ++j) {
@@ -526,12 +498,12 @@ struct Sequence {
 // Runs `fn(Sequence&, b)` over the sequences, one Sequence's scratch per block.
 template <typename Fn>
 void ForSequences(OpKernelContext* context, const AttentionShape& s, bool backward,
-                  bool dropout_active, int64_t cost, const Fn& fn) {
+                  int64_t cost, const Fn& fn) {
   const int64_t threads = context->device()->tensorflow_cpu_worker_threads()->num_threads;
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(s.batch, 4 * threads));
   ForBlocks(context, s.batch, blocks, cost * s.batch / blocks,
             [&](int64_t, int64_t begin, int64_t end) {
-              Sequence sequence(s, backward, dropout_active);
+              Sequence sequence(s, backward);
               for (int64_t b = begin; b < end; ++b) fn(sequence, b);
             });
 }
@@ -594,7 +566,7 @@ class AttentionOp : public AttentionKernel {
     const int32_t* m = context->input(2).flat<int32_t>().data();
     T* out = output->flat<T>().data();
     const int64_t t = s.length;
-    ForSequences(context, s, false, dropout.active, s.heads * t * (8 * t * s.size + 30 * t),
+    ForSequences(context, s, false, s.heads * t * (8 * t * s.size + 30 * t),
                  [&](Sequence& sequence, int64_t bi) {
                    sequence.Load(in, b, m, bi);
                    for (int64_t h = 0; h < s.heads; ++h) {
@@ -633,7 +605,7 @@ class AttentionGradOp : public AttentionKernel {
     const int32_t* m = context->input(3).flat<int32_t>().data();
     T* out = dqkv->flat<T>().data();
     const int64_t t = s.length;
-    ForSequences(context, s, true, dropout.active, s.heads * t * (20 * t * s.size + 50 * t),
+    ForSequences(context, s, true, s.heads * t * (20 * t * s.size + 50 * t),
                  [&](Sequence& sequence, int64_t bi) {
                    sequence.Load(in, b, m, bi);
                    Io<T>::Load(grad + bi * t * s.inner, sequence.gradients.data(), t * s.inner);
