@@ -84,7 +84,7 @@ def test_attention_with_every_key_padded_is_keras_uniform_softmax():
                                atol=1e-5)
 
 
-@pytest.mark.parametrize("rate", [0.0, 0.1])  # 0: the forward op scales the context rows
+@pytest.mark.parametrize("rate", [0.0, 0.1])  # 0: inference, and the recipe's training
 def test_attention_in_bfloat16_rounds_once(rate):
     rng = np.random.default_rng(4)
     qkv = tf.constant(rng.normal(size=(2 * 9, 3 * 4 * 16)), tf.float32)
