@@ -96,6 +96,33 @@ def test_attention_in_bfloat16_rounds_once(rate):
                                reference_attention(qkv, bias, mask, 4, rate, SEED), atol=5e-2)
 
 
+@pytest.mark.parametrize("rate", [0.0, 0.1])
+def test_attention_gradient_in_bfloat16_is_the_float32_gradient_rounded(rate):
+    """The bfloat16 training step's backward op: gradients in the input's type for
+    qkv, float32 for the bias, within bfloat16's rounding of the float32 op's."""
+    rng = np.random.default_rng(5)
+    # float32 values that bfloat16 holds exactly: both ops see the same inputs
+    qkv = tf.cast(tf.cast(rng.normal(size=(2 * 9, 3 * 4 * 16)), tf.bfloat16), tf.float32)
+    bias = tf.constant(rng.normal(size=(192,)), tf.float32)
+    mask = tf.constant([[1] * 9, [1] * 5 + [0] * 4], tf.int32)
+    weights = tf.constant(rng.normal(size=(2 * 9, 64)), tf.float32)
+
+    def gradients(values):
+        with tf.GradientTape() as tape:
+            tape.watch([values, bias])
+            context = kernels.attention(values, bias, mask, SEED, 4, rate)
+            loss = tf.reduce_sum(tf.cast(context, tf.float32) * weights)
+        return tape.gradient(loss, [values, bias])
+
+    (dqkv16, dbias16), (dqkv, dbias) = gradients(tf.cast(qkv, tf.bfloat16)), gradients(qkv)
+    assert dqkv16.dtype == tf.bfloat16 and dbias16.dtype == tf.float32
+    for ours, theirs in ((tf.cast(dqkv16, tf.float32), dqkv), (dbias16, dbias)):
+        scale = float(np.abs(theirs).max())
+        assert scale > 0.1
+        np.testing.assert_allclose(np.asarray(ours) / scale, np.asarray(theirs) / scale,
+                                   atol=2e-2)
+
+
 @pytest.mark.parametrize("approximate", [True, False])
 def test_bias_gelu_equals_tensorflow_gelu(approximate):
     rng = np.random.default_rng(5)
