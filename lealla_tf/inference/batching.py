@@ -67,12 +67,15 @@ def _check_count(name: str, value) -> None:
 
 
 def length_batches(sorted_lengths: Sequence[int], batch_size: int,
-                   max_tokens: int | None = None) -> list:
+                   max_tokens: int | None = None, rows_multiple: int = 1) -> list:
     """Cuts sentences sorted by length into `(start, stop)` batches: at most
     `batch_size` sentences each and, with `max_tokens`, at most that many padded
     positions (sentences x the batch's longest); a sentence longer than
-    `max_tokens` gets a batch of its own."""
+    `max_tokens` gets a batch of its own. `rows_multiple`: a batch that holds at
+    least that many sentences holds a whole multiple of it (a model compiled for
+    such row counts pads the others with empty rows)."""
     _check_count("batch_size", batch_size)
+    _check_count("rows_multiple", rows_multiple)
     if max_tokens is not None:
         _check_count("max_tokens", max_tokens)
     batches, start, count = [], 0, len(sorted_lengths)
@@ -84,6 +87,8 @@ def length_batches(sorted_lengths: Sequence[int], batch_size: int,
                 np.asarray(sorted_lengths[start:stop]) * np.arange(1, stop - start + 1),
                 max_tokens, side="right"))
             stop = start + max(fits, 1)
+        if stop - start >= rows_multiple:
+            stop = start + (stop - start) // rows_multiple * rows_multiple
         batches.append((start, stop))
         start = stop
     return batches
@@ -93,7 +98,8 @@ def encode_in_length_order(embed_batch: Callable, sentences: Sequence, batch_siz
                            lengths: Sequence[int] | None = None,
                            show_progress_bar: bool = False,
                            description: str = "embedding",
-                           max_tokens: int | None = None) -> (np.ndarray, dict):
+                           max_tokens: int | None = None,
+                           rows_multiple: int = 1) -> (np.ndarray, dict):
     """Embeds `sentences` in batches of similar length; rows in input order.
 
     Args:
@@ -106,6 +112,7 @@ def encode_in_length_order(embed_batch: Callable, sentences: Sequence, batch_siz
             the batch's longest): short sentences then go in larger batches,
             long ones in smaller. Without token `lengths` it cannot apply, and
             batches hold at most `PLAIN_BATCH_SIZE` sentences instead.
+        rows_multiple: as `length_batches` takes it.
 
     Returns:
         (embeddings `[n, d]` float32, stats): stats has sentences, batches,
@@ -113,7 +120,7 @@ def encode_in_length_order(embed_batch: Callable, sentences: Sequence, batch_siz
         padded_tokens and padding_waste (the fraction of padded positions).
     """
     sentences = list(sentences)
-    length_batches([], batch_size, max_tokens)  # refuses a bad batch_size or max_tokens
+    length_batches([], batch_size, max_tokens, rows_multiple)  # refuses bad counts
     if not sentences:
         raise ValueError("no sentences to embed")
     token_lengths = lengths is not None
@@ -121,7 +128,7 @@ def encode_in_length_order(embed_batch: Callable, sentences: Sequence, batch_siz
     order = np.argsort(lengths, kind="stable")
     if max_tokens is not None and not token_lengths:
         batch_size, max_tokens = min(batch_size, PLAIN_BATCH_SIZE), None
-    batches = length_batches(lengths[order], batch_size, max_tokens)
+    batches = length_batches(lengths[order], batch_size, max_tokens, rows_multiple)
     chunks, padded = [], 0
     start_time = time.time()
     for start, stop in progress_bar(batches, desc=description, unit="batch",
@@ -155,12 +162,15 @@ class TokenPath:
         pad_id: the id padding positions carry.
         embed_raw: as `embed_inputs`, the model's rows before normalisation
             (None: the model has no such output).
+        rows_multiple: batches come in whole multiples of this many rows
+            where they can (an XLA-compiled export's; `length_batches`).
     """
 
     tokenize: Callable
     embed_inputs: Callable
     pad_id: int = 0
     embed_raw: Callable | None = None
+    rows_multiple: int = 1
 
 
 def tokenize_once(tokenize: Callable, sentences: Sequence,

@@ -187,7 +187,7 @@ class Embedder:
                 lambda rows: embed_inputs(pack_rows(flat, lengths, rows, path.pad_id,
                                                     starts)),
                 range(len(sentences)), batch_size, lengths, show_progress_bar, description,
-                max_tokens)
+                max_tokens, path.rows_multiple)
             stats["tokenize_seconds"] = tokenize_seconds
             stats["seconds"] += tokenize_seconds
             stats["sentences_per_second"] = len(sentences) / max(stats["seconds"], 1e-9)

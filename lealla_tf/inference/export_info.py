@@ -8,6 +8,9 @@ load, so the hub contract is untouched):
      "needs": [] | ["avx512_bf16 or amx_bf16"],
      "encoder_config": {...the EncoderConfig...}, "jit_compile": false}
 
+and an XLA-compiled export (`"jit_compile": true`) the row multiple its batches
+are padded to, `"jit_rows_multiple"`, which `batch_rows_multiple` reads.
+
 `lealla_tf.inference.loaders.load_embedder` reads it to run a bfloat16 export
 at this CPU's best (see `bfloat16_plan`). Exports written before this file
 existed have none, and load as they always did.
@@ -24,6 +27,10 @@ PRECISIONS = ("float32", "bfloat16")
 INFO_DIR = "assets.extra"
 INFO_FILE = "lealla_export.json"
 BFLOAT16_INSTRUCTIONS = "avx512_bf16 or amx_bf16"
+# An XLA-compiled export pads each batch to a multiple of this many rows (one
+# compiled program per row count and padded length; exports that predate the
+# record's `jit_rows_multiple` padded to it too).
+JIT_ROWS_MULTIPLE = 32
 
 
 def info_path(export_path: str) -> str:
@@ -36,18 +43,29 @@ def check_precision(precision: str) -> None:
 
 
 def write_export_info(export_path: str, precision: str, encoder_config: dict,
-                      jit_compile: bool = False) -> str:
-    """Writes the export's `lealla_export.json`; returns its path."""
+                      jit_rows_multiple: int = 0) -> str:
+    """Writes the export's `lealla_export.json`; returns its path.
+    `jit_rows_multiple`: an XLA-compiled export's row multiple (0: not compiled)."""
     check_precision(precision)
     info = {"format": "lealla", "precision": precision,
             "needs": [BFLOAT16_INSTRUCTIONS] if precision == "bfloat16" else [],
-            "encoder_config": encoder_config, "jit_compile": bool(jit_compile)}
+            "encoder_config": encoder_config, "jit_compile": bool(jit_rows_multiple)}
+    if jit_rows_multiple:
+        info["jit_rows_multiple"] = int(jit_rows_multiple)
     path = info_path(export_path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(info, f, indent=2, sort_keys=True)
         f.write("\n")
     return path
+
+
+def batch_rows_multiple(info: dict | None) -> int:
+    """Rows a batch of this export should come in multiples of: an XLA-compiled
+    export's padding multiple (batches cut to it carry no padding rows), else 1."""
+    if not info or not info.get("jit_compile"):
+        return 1
+    return int(info.get("jit_rows_multiple", JIT_ROWS_MULTIPLE))
 
 
 def read_export_info(export_path: str) -> dict | None:

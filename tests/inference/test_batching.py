@@ -56,6 +56,27 @@ def test_length_batches_cap_sentences_and_padded_tokens():
             length_batches(lengths, **bad)
 
 
+def test_length_batches_come_in_whole_row_multiples_where_they_can():
+    """An XLA-compiled export pads a batch to a multiple of its rows: each batch
+    holds a whole multiple, the rest carried on, and only the last stays short."""
+    lengths = [4] * 100 + [8] * 30
+    assert length_batches(lengths, 1000, max_tokens=400) == [(0, 100), (100, 130)]
+    assert length_batches(lengths, 1000, max_tokens=400, rows_multiple=32) == [
+        (0, 96), (96, 128), (128, 130)]
+    # fewer than the multiple fit under the cap: as without it
+    assert length_batches([40] * 5, 1000, 100, 32) == length_batches([40] * 5, 1000, 100)
+    with pytest.raises(ValueError, match="rows_multiple"):
+        length_batches(lengths, 8, rows_multiple=0)
+    sizes = []
+
+    def embed_batch(batch):
+        sizes.append(len(batch))
+        return np.ones((len(batch), 2), np.float32)
+
+    encode_in_length_order(embed_batch, ["x"] * 70, 1000, [3] * 70, rows_multiple=32)
+    assert sizes == [64, 6]
+
+
 def test_a_token_cap_without_token_lengths_falls_back_to_plain_batches():
     sizes = []
 

@@ -19,7 +19,7 @@ def cpus(tmp_path):
 
 
 def test_the_record_reads_back_as_written(tmp_path):
-    path = export_info.write_export_info(str(tmp_path), "bfloat16", {"hidden_dim": 8}, False)
+    path = export_info.write_export_info(str(tmp_path), "bfloat16", {"hidden_dim": 8})
     assert path == str(tmp_path / "assets.extra" / "lealla_export.json")
     info = export_info.read_export_info(str(tmp_path))
     assert info == {"format": "lealla", "precision": "bfloat16",
@@ -27,6 +27,18 @@ def test_the_record_reads_back_as_written(tmp_path):
                     "encoder_config": {"hidden_dim": 8}, "jit_compile": False}
     export_info.write_export_info(str(tmp_path), "float32", {"hidden_dim": 8})
     assert export_info.read_export_info(str(tmp_path))["needs"] == []
+    assert export_info.batch_rows_multiple(export_info.read_export_info(str(tmp_path))) == 1
+
+
+def test_an_xla_export_records_the_rows_its_batches_come_in(tmp_path):
+    export_info.write_export_info(str(tmp_path), "float32", {"hidden_dim": 8}, 16)
+    info = export_info.read_export_info(str(tmp_path))
+    assert info["jit_compile"] and info["jit_rows_multiple"] == 16
+    assert export_info.batch_rows_multiple(info) == 16
+    # an XLA export from before the record named it padded to the default
+    del info["jit_rows_multiple"]
+    assert export_info.batch_rows_multiple(info) == export_info.JIT_ROWS_MULTIPLE
+    assert export_info.batch_rows_multiple(None) == 1
 
 
 def test_no_record_is_none_and_a_bad_one_is_named(tmp_path):

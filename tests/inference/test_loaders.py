@@ -32,6 +32,20 @@ def test_lealla_export_carries_its_tokenizer_and_encoder_apart(tokenizer, encode
     assert model.last_stats["tokens"] == int(loaded.preprocess(strings)["input_mask"].numpy().sum())
 
 
+def test_an_xla_export_is_fed_whole_row_multiples(tokenizer, encoder, tmp_path):
+    """Batches for an XLA-compiled export come in its compiled row multiple (no
+    padding rows but in the last), embedding as the float32 export does."""
+    compiled = load_embedder(export_lealla_model(encoder, tokenizer, str(tmp_path / "jit"),
+                                                 jit_compile=True))
+    assert compiled._tokens.rows_multiple == export_info.JIT_ROWS_MULTIPLE == 32
+    plain = load_embedder(export_lealla_model(encoder, tokenizer, str(tmp_path / "f32")))
+    assert plain._tokens.rows_multiple == 1
+    sentences = (multilingual_sentences() * 8)[:70]
+    want = encoder(tokenizer(tf.constant(sentences)), training=False)["sentence_embedding"]
+    np.testing.assert_allclose(compiled.encode(sentences), want.numpy(), atol=1e-5)
+    assert compiled.last_stats["batches"] == 2  # 64 + 6, not 70 padded to 96
+
+
 @pytest.mark.parametrize("bfloat16_cpu", [True, False], ids=["bf16_cpu", "older_cpu"])
 def test_a_bfloat16_export_runs_rebuilt_at_the_cpu_s_best(tokenizer, encoder, tmp_path,
                                                           monkeypatch, bfloat16_cpu):
