@@ -101,10 +101,11 @@ def _ids_spec():
 # A compiled encoder sees ids padded to a multiple of JIT_LENGTH_MULTIPLE and
 # batches padded to a multiple of export_info's JIT_ROWS_MULTIPLE rows: XLA compiles one program
 # per (batch size, padded length), and batches cut by a token budget vary in both.
-# `load_embedder` cuts its batches to whole multiples of the rows (the record's
-# `jit_rows_multiple`), so only a set's last batch carries padding rows; lengths
-# step by 2, which pads a short sentence's batch little, at more programs to
-# compile (docs/benchmarks.md, the XLA export's padding).
+# `load_embedder` cuts each batch that can hold that many rows to a whole multiple
+# of them (the record's `jit_rows_multiple`), so at the default token cap only a
+# call's last batch carries padding rows; lengths step by 2, which pads a short
+# sentence's batch little, at more programs to compile (docs/benchmarks.md, the
+# XLA export's padding).
 JIT_LENGTH_MULTIPLE = 2
 
 

@@ -63,8 +63,10 @@ def test_length_batches_come_in_whole_row_multiples_where_they_can():
     assert length_batches(lengths, 1000, max_tokens=400) == [(0, 100), (100, 130)]
     assert length_batches(lengths, 1000, max_tokens=400, rows_multiple=32) == [
         (0, 96), (96, 128), (128, 130)]
-    # fewer than the multiple fit under the cap: as without it
+    # fewer than the multiple fit under the cap: as without it; a sentence over the
+    # cap still gets a batch of its own
     assert length_batches([40] * 5, 1000, 100, 32) == length_batches([40] * 5, 1000, 100)
+    assert length_batches([2] * 40 + [500], 1000, 100, 32) == [(0, 32), (32, 40), (40, 41)]
     with pytest.raises(ValueError, match="rows_multiple"):
         length_batches(lengths, 8, rows_multiple=0)
     sizes = []

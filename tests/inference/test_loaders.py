@@ -35,8 +35,9 @@ def test_lealla_export_carries_its_tokenizer_and_encoder_apart(tokenizer, encode
 def test_an_xla_export_is_fed_whole_row_multiples(tokenizer, encoder, tmp_path):
     """Batches for an XLA-compiled export come in its compiled row multiple (no
     padding rows but in the last), embedding as the float32 export does."""
-    compiled = load_embedder(export_lealla_model(encoder, tokenizer, str(tmp_path / "jit"),
-                                                 jit_compile=True))
+    path = export_lealla_model(encoder, tokenizer, str(tmp_path / "jit"), jit_compile=True)
+    assert export_info.read_export_info(path)["jit_rows_multiple"] == 32
+    compiled = load_embedder(path)
     assert compiled._tokens.rows_multiple == export_info.JIT_ROWS_MULTIPLE == 32
     plain = load_embedder(export_lealla_model(encoder, tokenizer, str(tmp_path / "f32")))
     assert plain._tokens.rows_multiple == 1

@@ -128,7 +128,7 @@ def test_forward_in_training_drops_out_and_reaches_every_weight():
     {"hidden_activation": "gelu_approximate"},
     {"hidden_activation": "gelu", "pooling": "mean", "num_unique_layers": 1},
     {"hidden_activation": "relu"},  # not fused: the op-by-op layer runs
-    {"hidden_activation": "gelu_approximate", "dropout": 0.0},  # the main job's training
+    {"hidden_activation": "gelu_approximate", "dropout": 0.0},  # the main job trains at 0
 ])
 def test_fused_kernels_train_as_the_op_by_op_layers(changes):
     """The same outputs, the same dropout masks from the same seeds, the same
