@@ -103,10 +103,9 @@ def _tokenize_function(pack) -> Callable:
 def _token_path(pack, embed_inputs, pad_id: int, embed_raw=None,
                 rows_multiple: int = 1) -> TokenPath:
     """A `TokenPath` from TF callables: `pack` (string tensor -> BERT inputs)
-    and `embed_inputs` (BERT inputs -> `[b, d]`), each traced once; `rows_multiple`
-    as `TokenPath` takes it; `embed_raw`
+    and `embed_inputs` (BERT inputs -> `[b, d]`), each traced once; `embed_raw`
     (optional, traced when first called): BERT inputs -> the rows before
-    normalisation."""
+    normalisation; `rows_multiple` as `TokenPath` takes it."""
     import tensorflow as tf  # noqa: PLC0415 - loaded for the models that need it
 
     from lealla_tf.inference.formats import INPUT_NAMES  # noqa: PLC0415 - imports TF

@@ -20,6 +20,17 @@ def numpy_tokenize(tokenizer):
     return lambda strings: {k: v.numpy() for k, v in tokenizer(tf.constant(strings)).items()}
 
 
+def batch_recorder():
+    """(sizes, embed_batch): an embed function that records each batch's size."""
+    sizes = []
+
+    def embed_batch(batch):
+        sizes.append(len(batch))
+        return np.ones((len(batch), 2), np.float32)
+
+    return sizes, embed_batch
+
+
 def test_pack_rows_rebuilds_the_tokenizers_own_batches(tokenizer):
     sentences = multilingual_sentences()
     tokenize = numpy_tokenize(tokenizer)
@@ -69,23 +80,13 @@ def test_length_batches_come_in_whole_row_multiples_where_they_can():
     assert length_batches([2] * 40 + [500], 1000, 100, 32) == [(0, 32), (32, 40), (40, 41)]
     with pytest.raises(ValueError, match="rows_multiple"):
         length_batches(lengths, 8, rows_multiple=0)
-    sizes = []
-
-    def embed_batch(batch):
-        sizes.append(len(batch))
-        return np.ones((len(batch), 2), np.float32)
-
+    sizes, embed_batch = batch_recorder()
     encode_in_length_order(embed_batch, ["x"] * 70, 1000, [3] * 70, rows_multiple=32)
     assert sizes == [64, 6]
 
 
 def test_a_token_cap_without_token_lengths_falls_back_to_plain_batches():
-    sizes = []
-
-    def embed_batch(batch):
-        sizes.append(len(batch))
-        return np.ones((len(batch), 2), np.float32)
-
+    sizes, embed_batch = batch_recorder()
     sentences = ["x" * (i % 50 + 1) for i in range(300)]
     encode_in_length_order(embed_batch, sentences, 1000, max_tokens=4)
     assert sizes == [batching.PLAIN_BATCH_SIZE] * 2 + [300 - 2 * batching.PLAIN_BATCH_SIZE]
