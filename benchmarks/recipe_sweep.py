@@ -42,8 +42,8 @@ from benchmarks.common import machine, stop_signals_passed_to, write_result
 SAMPLE_FLAGS = ("language_alpha", "sample_pairs", "seed")
 TRAINING_FLAGS = SAMPLE_FLAGS + (
     "train_steps", "learning_rate", "warmup_steps", "decay_fraction", "clip_norm", "scale",
-    "margin", "distilled_rows", "cooldown_distilled_rows", "progressive_depth", "objective",
-    "loss_weights", "global_batch_size", "max_seq_length", "length_buckets",
+    "margin", "cooldown_margin", "distilled_rows", "cooldown_distilled_rows", "progressive_depth",
+    "objective", "loss_weights", "global_batch_size", "max_seq_length", "length_buckets",
     "one_language_batches", "pooling", "encoder_overrides", "dropout", "embedding_init",
     "teacher_center", "eval_every", "eval_max_pairs", "mixed_precision")
 

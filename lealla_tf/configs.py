@@ -241,6 +241,10 @@ class LossConfig:
             traced again where it starts): more of the teacher where the
             student settles, at the price of dearer steps there. 0:
             `distilled_rows` throughout.
+        cooldown_margin: the AMS margin while the learning rate decays (the
+            step is traced again where it starts): a wider gap between a pair
+            and its negatives where the student settles. None: `margin`
+            throughout.
     """
 
     objective: str = "lealla"
@@ -250,6 +254,7 @@ class LossConfig:
     weights: dict[str, float] = dataclasses.field(default_factory=dict)
     distilled_rows: float = 1.0
     cooldown_distilled_rows: float = 0.0
+    cooldown_margin: float | None = None
 
 
 @dataclasses.dataclass

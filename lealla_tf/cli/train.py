@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--cooldown_distilled_rows", type=float, default=0.0,
         help="that share while the rate decays (the last --decay_fraction of the steps after "
              "warmup: every one at --decay_fraction=1); 0: --distilled_rows throughout")
+    add("--cooldown_margin", type=float, default=None,
+        help="the AMS margin while the rate decays; unset: --margin throughout")
     add("--embedding_init", default="random",
         help=f"one of {', '.join(EMBEDDING_INITS)} (needs --embedding_init_source)")
     add("--embedding_init_source", default="", help="teacher module for --embedding_init")
@@ -178,7 +180,8 @@ def config_from_flags(args):
         loss=LossConfig(objective=objective, scale=args.scale, margin=args.margin,
                         temperature=args.temperature, weights=parse_weights(args.loss_weights),
                         distilled_rows=args.distilled_rows,
-                        cooldown_distilled_rows=args.cooldown_distilled_rows),
+                        cooldown_distilled_rows=args.cooldown_distilled_rows,
+                        cooldown_margin=args.cooldown_margin),
         optimizer=OptimizerConfig(learning_rate=args.learning_rate,
                                   warmup_steps=args.warmup_steps,
                                   weight_decay=args.weight_decay, clip_norm=args.clip_norm,

@@ -79,6 +79,8 @@ class Objective:
             `TEACHER_LAYERS`: the frozen teacher run on the student's tokens).
         teacher_width_pooler: the student's pooler is the teacher's width,
             followed by a dense layer back down to d (distillation-first).
+        reads_margin: the term reads `TermInputs.margin` (a change of margin
+            changes what the step computes).
         description: one line for help texts.
     """
 
@@ -89,6 +91,7 @@ class Objective:
     default_weight: Callable[[int], float]
     heads: tuple[str, ...] = ()
     teacher_width_pooler: bool = False
+    reads_margin: bool = False
     description: str = ""
 
 
@@ -193,6 +196,7 @@ def _hdsrc(x: TermInputs):
 
 OBJECTIVES: dict[str, Objective] = {row.name: row for row in [
     Objective("ams", _ams, needs_teacher=False, gathers=True, default_weight=lambda d: 1.0,
+              reads_margin=True,
               description="additive margin softmax, negatives from the global batch"),
     Objective("fd", _fd, needs_teacher=True, gathers=False, default_weight=paper_beta,
               heads=(PROJECTION,), description="feature distillation, both sides (eq. 3)"),

@@ -114,6 +114,8 @@ def _parser(parser_class, description):
     add("--cooldown_distilled_rows", type=float, default=defaults.cooldown_distilled_rows,
         help="that share while the rate decays (the last --decay_fraction of the steps); "
              "0: --distilled_rows throughout")
+    add("--cooldown_margin", type=float, default=defaults.cooldown_margin,
+        help="the AMS margin while the rate decays; unset: --margin throughout")
     add("--progressive_depth", type=float, default=defaults.progressive_depth,
         help="the share of the students' steps that skip the pass-through layers of weight "
              "selection (inserted, as initialised, for the rest; needs --train_steps); 0: "
@@ -189,6 +191,7 @@ def config_from_flags(flags: Mapping[str, Any]) -> RecipeConfig:
         clip_norm=v["clip_norm"], scale=v["scale"], margin=v["margin"],
         distilled_rows=v["distilled_rows"],
         cooldown_distilled_rows=v["cooldown_distilled_rows"],
+        cooldown_margin=v["cooldown_margin"],
         progressive_depth=v["progressive_depth"],
         eval_every=v["eval_every"],
         eval_max_pairs=v["eval_max_pairs"], keep_checkpoints=v["keep_checkpoints"],

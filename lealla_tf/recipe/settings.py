@@ -187,6 +187,8 @@ class RecipeConfig:
             runs on and the distillation terms read (`LossConfig`).
         cooldown_distilled_rows: that share while the rate decays
             (`LossConfig`; 0: `distilled_rows` throughout).
+        cooldown_margin: the AMS margin while the rate decays (`LossConfig`;
+            None: `margin` throughout).
         progressive_depth: the share of the students' steps that skip the
             pass-through layers (`TrainConfig`); needs --train_steps.
         comparison_learning_rate: the comparison student's peak rate, its own
@@ -230,6 +232,7 @@ class RecipeConfig:
     margin: float = RECIPE_MARGIN
     distilled_rows: float = RECIPE_DISTILLED_ROWS
     cooldown_distilled_rows: float = RECIPE_COOLDOWN_DISTILLED_ROWS
+    cooldown_margin: float | None = None
     progressive_depth: float = 0.0
     teacher_center: bool = False
     eval_every: int = 0

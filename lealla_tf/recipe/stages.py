@@ -102,7 +102,7 @@ def _comparable(value):
 # made before them trained with: a marker without one matches that value.
 ADDED_FLAGS = {"decay_fraction": 1.0, "clip_norm": 1.0, "scale": 100.0, "margin": 0.3,
                "progressive_depth": 0.0, "one_language_batches": False,
-               "cooldown_distilled_rows": 0.0}
+               "cooldown_distilled_rows": 0.0, "cooldown_margin": None}
 
 
 def with_added_flags(stored: dict, wanted) -> dict:

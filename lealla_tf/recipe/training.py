@@ -153,6 +153,7 @@ def student_train_config(config: RecipeConfig, data_dir, teacher: dict, teacher_
         loss=LossConfig(objective=objective, scale=config.scale, margin=config.margin,
                         distilled_rows=config.distilled_rows,
                         cooldown_distilled_rows=config.cooldown_distilled_rows,
+                        cooldown_margin=config.cooldown_margin,
                         weights=dict(loss_weights)),
         optimizer=OptimizerConfig(
             learning_rate=config.learning_rate, decay_fraction=config.decay_fraction,

@@ -6,7 +6,7 @@ locked and its config.json written); below it, tf-models' seam: `task` (what one
 step computes) and `trainer` (runs the steps and checkpoints). What plugs into
 its loop are `callbacks`: `logs` (the logs and progress bar), `planning` (a run
 that decides its own length), `depth` (progressive depth), `cooldown` (the
-teacher's share while the rate decays) and `dev_evaluation`.
+teacher's share and the margin while the rate decays) and `dev_evaluation`.
 Around them: `resolution` (a `TrainConfig` checked, its defaults filled in, what
 a resumed run may change), `data` (pairs -> balanced, tokenized batches),
 `decontamination` (evaluation sentences kept out of the stream), `students`,

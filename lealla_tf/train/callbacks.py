@@ -3,7 +3,7 @@
 The loop runs steps and saves checkpoints; everything else is a `Callback`: the
 logs and progress bar (`lealla_tf.train.logs.ProgressLog`), a run that plans
 its own length (`lealla_tf.train.planning`), progressive depth
-(`lealla_tf.train.depth`), the teacher's share in the cooldown
+(`lealla_tf.train.depth`), the teacher's share and the margin in the cooldown
 (`lealla_tf.train.cooldown`) and the dev evaluations
 (`lealla_tf.train.dev_evaluation`). `RunState` is what the loop has done and
 measured so far, shared with them.

@@ -1,6 +1,7 @@
-"""The teacher's share in the cooldown (`LossConfig.cooldown_distilled_rows`):
-while the learning rate decays, the teacher runs on that share of each batch's
-pairs instead of `distilled_rows`."""
+"""What changes in the cooldown: while the learning rate decays, the teacher
+runs on `LossConfig.cooldown_distilled_rows` of each batch's pairs instead of
+`distilled_rows`, and the AMS term asks for `LossConfig.cooldown_margin`
+instead of `margin`."""
 
 from lealla_tf.train.callbacks import Callback, RunState
 from lealla_tf.train.decay import decay_window
@@ -24,22 +25,35 @@ def distilled_rows_at(config, steps_done: int) -> float:
     return loss.distilled_rows
 
 
-class CooldownRows(Callback):
-    """Sets the task's share before each step; a change makes the loop trace the
-    step again. `started_at_step`: where the cooldown's share came in (None: not
-    in this call)."""
+def margin_at(config, steps_done: int) -> float:
+    """The AMS term's margin in the step after `steps_done`: the cooldown's
+    (when set) from the step the rate starts to decay at."""
+    loss = config.loss
+    if loss.cooldown_margin is not None and steps_done >= cooldown_start(config):
+        return loss.cooldown_margin
+    return loss.margin
+
+
+class Cooldown(Callback):
+    """Sets the task's teacher share and margin before each step; a change
+    makes the loop trace the step again. `started_at_step`: where the cooldown's
+    settings came in (None: not in this call, or they change nothing)."""
 
     def __init__(self):
         self.started_at_step: int | None = None
 
     def on_train_begin(self, trainer, state: RunState) -> None:
         trainer.task.set_distilled_rows(distilled_rows_at(trainer.config, state.steps_done))
+        trainer.task.set_margin(margin_at(trainer.config, state.steps_done))
 
     def on_step_begin(self, trainer, state: RunState) -> bool:
         share = distilled_rows_at(trainer.config, state.steps_done)
-        changed = trainer.task.set_distilled_rows(share)
+        margin = margin_at(trainer.config, state.steps_done)
+        changed = [what for what, change in (
+            (f"the teacher on {share:g} of each batch's pairs",
+             trainer.task.set_distilled_rows(share)),
+            (f"the AMS margin {margin:g}", trainer.task.set_margin(margin))) if change]
         if changed and state.steps_done >= cooldown_start(trainer.config):
             self.started_at_step = state.steps_done
-            trainer.say(f"step {state.steps_done}: cooldown, the teacher on {share:g} of "
-                        "each batch's pairs")
-        return changed
+            trainer.say(f"step {state.steps_done}: cooldown, {', '.join(changed)}")
+        return bool(changed)

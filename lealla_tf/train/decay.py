@@ -1,6 +1,6 @@
 """The warmup-stable-decay window (`lealla_tf.train.schedules.WarmupLinearDecay`)
 as arithmetic that runs on numbers or on tensors: the schedule computes it in
-the graph, the cooldown's teacher share (`lealla_tf.train.cooldown`) and the
+the graph, the cooldown's settings (`lealla_tf.train.cooldown`) and the
 main job's planner (`lealla_tf.recipe.planner`) on numbers. Importing it loads
 no TensorFlow."""
 

@@ -103,6 +103,9 @@ def validate_train_config(config: TrainConfig) -> None:
     if not 0 <= config.loss.cooldown_distilled_rows <= 1:
         raise ValueError("--cooldown_distilled_rows must be in [0, 1] (0: --distilled_rows "
                          f"throughout), got {config.loss.cooldown_distilled_rows}")
+    if config.loss.cooldown_margin is not None and not 0 <= config.loss.cooldown_margin < 1:
+        raise ValueError("--cooldown_margin must be in [0, 1) (a cosine gap; unset: --margin "
+                         f"throughout), got {config.loss.cooldown_margin}")
 
 
 def resolve_train_config(config: TrainConfig, vocabulary_size: int,
@@ -180,7 +183,8 @@ def resolve_train_config(config: TrainConfig, vocabulary_size: int,
 ADDED_SETTINGS = {**{f"teacher.{name}": getattr(TeacherConfig, name)
                      for name in ("center", "center_pairs", "in_step")},
                   "progressive_depth": 0.0, "loss.distilled_rows": 1.0,
-                  "loss.cooldown_distilled_rows": 0.0, "data.one_language_batches": False}
+                  "loss.cooldown_distilled_rows": 0.0, "loss.cooldown_margin": None,
+                  "data.one_language_batches": False}
 
 
 def check_resumable(stored: dict, requested: dict) -> None:

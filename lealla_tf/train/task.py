@@ -109,10 +109,13 @@ class DistillationTask:
                 raise ValueError("--progressive_depth: a student no deeper than its teacher "
                                  "starts with no pass-through layers to insert late")
         self.trainable = self.student.trainable_weights + self.heads.trainable_weights
-        # The share of the pairs the teacher runs on in the steps traced next
-        # (`set_distilled_rows`; the cooldown's share is set by `Trainer`).
+        # The share of the pairs the teacher runs on, and the AMS margin, in the
+        # steps traced next (`set_distilled_rows`, `set_margin`; the cooldown's
+        # are set by `Trainer`).
         self.distilled_rows = config.loss.distilled_rows
         self.reads_teacher = any(reads_teacher(t) for t in self.terms)
+        self.margin = config.loss.margin
+        self.reads_margin = any(OBJECTIVES[t].reads_margin for t in self.terms)
         self.jit_compile = resolve_jit_compile(config.jit_compile, strategy)
         self.compiled = self.jit_compile
         self._segments = {}
@@ -125,6 +128,13 @@ class DistillationTask:
         caller traces it again): the share changed, and a term reads the teacher."""
         changed = share != self.distilled_rows and self.reads_teacher
         self.distilled_rows = share
+        return changed
+
+    def set_margin(self, margin: float) -> bool:
+        """The AMS term's margin from the next trace of the step; True when the
+        step computes something else: the margin changed, and a term reads it."""
+        changed = margin != self.margin and self.reads_margin
+        self.margin = margin
         return changed
 
     def forget_traces(self) -> None:
@@ -239,7 +249,7 @@ class DistillationTask:
             pooled_source=vectors["pooled_source"], pooled_target=vectors["pooled_target"],
             teacher_source=vectors["teacher_source"], teacher_target=vectors["teacher_target"],
             gather=gather or _not_gathered, offset=offset, heads=self.heads, scale=loss.scale,
-            margin=loss.margin, temperature=loss.temperature, batch=batch,
+            margin=self.margin, temperature=loss.temperature, batch=batch,
             hidden_source=hidden[0], hidden_target=hidden[1])
 
     def _local_terms(self, batch, training):

@@ -1,5 +1,5 @@
 """The trainer: runs a `DistillationTask`'s steps and checkpoints (nothing else:
-the logs, a plan, progressive depth, the cooldown's teacher share and the dev
+the logs, a plan, progressive depth, the cooldown's teacher share and margin, and the dev
 evaluations are callbacks, `lealla_tf.train.callbacks`).
 
 The optimizer is AdamW (`lealla_tf.train.optimizers.FusedAdamW`: Keras' AdamW, one
@@ -45,7 +45,7 @@ from lealla_tf.configs import TrainConfig
 from lealla_tf.evaluation.tatoeba import TATOEBA_MEAN_COSINE, TATOEBA_PRIMARY_METRIC
 from lealla_tf.models.model_dir import CHECKPOINT_DIR
 from lealla_tf.train.callbacks import Callback, RunState
-from lealla_tf.train.cooldown import CooldownRows
+from lealla_tf.train.cooldown import Cooldown
 from lealla_tf.train.depth import ProgressiveDepth
 from lealla_tf.train.dev_evaluation import DevEvaluation
 from lealla_tf.train.distribution import any_worker, is_tpu_strategy, worker_role
@@ -220,7 +220,7 @@ class Trainer:
         """Runs until `train_steps` (or the time budget, or SIGINT / SIGTERM) and
         returns the summary. The loop runs steps and saves checkpoints; the logs,
         the plan (`planner`, see `lealla_tf.train.planning`), progressive depth,
-        the cooldown's teacher share and the dev evaluations are its callbacks
+        the cooldown's teacher share and margin, and the dev evaluations are its callbacks
         (`lealla_tf.train.callbacks`), then `callbacks`."""
         if planner is not None and self.role.workers > 1:
             raise ValueError("a run planning its own length runs in one process; give "
@@ -228,7 +228,7 @@ class Trainer:
         steps_done = self.restore_or_initialize()
         self.logs = RunLogs.resume(self.write_dir, steps_done)
         self.progress_log, self.depth = ProgressLog(self.progress), ProgressiveDepth()
-        self.cooldown, self.evaluation = CooldownRows(), DevEvaluation()
+        self.cooldown, self.evaluation = Cooldown(), DevEvaluation()
         self.callbacks = [self.progress_log, Planning(planner), self.depth, self.cooldown,
                           self.evaluation, *callbacks]
         iterator = iter(self.task.distributed_dataset(steps_done))
@@ -329,7 +329,7 @@ class Trainer:
                    "weights": self.task.weights, "replicas": self.strategy.num_replicas_in_sync,
                    "jit_compile": self.task.jit_compile,
                    "pass_through_inserted_at_step": self.depth.inserted_at_step,
-                   "cooldown_rows_from_step": self.cooldown.started_at_step,
+                   "cooldown_from_step": self.cooldown.started_at_step,
                    "data": self.task.data_info, "initialization": self.initialization}
         if self.role.chief:  # a collapsed model is named, with or without Tatoeba
             summary.update(collapse_check(evaluations, self.task.embed_function,

@@ -1,5 +1,6 @@
-"""The teacher's share in the cooldown (lealla_tf.train.cooldown): while the
-rate decays the teacher runs on `cooldown_distilled_rows` of each batch."""
+"""The cooldown (lealla_tf.train.cooldown): while the rate decays the teacher
+runs on `cooldown_distilled_rows` of each batch, and AMS asks for
+`cooldown_margin`."""
 
 import dataclasses as dc
 import os
@@ -10,18 +11,20 @@ import tensorflow as tf
 from conftest import Trainer, tiny_config
 
 from lealla_tf.configs import LossConfig, OptimizerConfig, TeacherConfig
+from lealla_tf.losses.objectives import OBJECTIVES
 from lealla_tf.teachers.conversion import SENTENCEPIECE_FILE
 from lealla_tf.train.callbacks import RunState
-from lealla_tf.train.cooldown import CooldownRows, cooldown_start, distilled_rows_at
+from lealla_tf.train.cooldown import Cooldown, cooldown_start, distilled_rows_at, margin_at
 from lealla_tf.train.resolution import validate_train_config
 from lealla_tf.train.schedules import WarmupLinearDecay
 
 
-def _config(train_steps=100, warmup=10, fraction=0.2, rows=0.25, cooldown=1.0):
+def _config(train_steps=100, warmup=10, fraction=0.2, rows=0.25, cooldown=1.0, margin=None):
     return types.SimpleNamespace(
         train_steps=train_steps,
         optimizer=OptimizerConfig(warmup_steps=warmup, decay_fraction=fraction),
-        loss=LossConfig(distilled_rows=rows, cooldown_distilled_rows=cooldown))
+        loss=LossConfig(distilled_rows=rows, cooldown_distilled_rows=cooldown, margin=0.15,
+                        cooldown_margin=margin))
 
 
 def test_the_cooldown_starts_where_the_rate_starts_to_decay():
@@ -39,18 +42,57 @@ def test_the_cooldown_starts_where_the_rate_starts_to_decay():
     assert distilled_rows_at(_config(cooldown=0.0), 99) == 0.25  # 0: one share throughout
 
 
+def test_the_margin_changes_where_the_rate_starts_to_decay():
+    config = _config(margin=0.3)
+    assert margin_at(config, 81) == 0.15 and margin_at(config, 82) == 0.3
+    assert margin_at(_config(), 99) == 0.15  # unset: one margin throughout
+    assert margin_at(_config(margin=0.0), 99) == 0.0  # 0 is a margin, not "unset"
+
+
+def _recording_task(rows=0.25, margin=0.15):
+    """A task stand-in that keeps what the callback sets, as the task does."""
+    task = types.SimpleNamespace(distilled_rows=rows, margin=margin)
+
+    def setter(name):
+        def set_value(value):
+            changed = value != getattr(task, name)
+            setattr(task, name, value)
+            return changed
+        return set_value
+
+    task.set_distilled_rows, task.set_margin = setter("distilled_rows"), setter("margin")
+    return task
+
+
+def _run_callback(config, task, said):
+    trainer = types.SimpleNamespace(task=task, config=config, say=said.append)
+    callback, state = Cooldown(), RunState(0)
+    callback.on_train_begin(trainer, state)
+    changes = []
+    for step in range(config.train_steps):
+        state.steps_done = step
+        changes.append(callback.on_step_begin(trainer, state))
+    return callback, changes
+
+
+def test_the_cooldown_says_everything_it_changes_in_one_line():
+    said, task = [], _recording_task()
+    callback, changes = _run_callback(_config(margin=0.3), task, said)
+    assert changes.index(True) == 82 and changes.count(True) == 1
+    assert callback.started_at_step == 82 and (task.distilled_rows, task.margin) == (1.0, 0.3)
+    assert said == ["step 82: cooldown, the teacher on 1 of each batch's pairs, "
+                    "the AMS margin 0.3"]
+    said, task = [], _recording_task()  # the margin alone
+    callback, changes = _run_callback(_config(cooldown=0.0, margin=0.3), task, said)
+    assert changes.count(True) == 1 and said == ["step 82: cooldown, the AMS margin 0.3"]
+    assert (task.distilled_rows, task.margin) == (0.25, 0.3)
+
+
 def test_the_share_changes_once_and_a_resumed_run_starts_with_the_right_one():
-    said, shares = [], []
-    task = types.SimpleNamespace(distilled_rows=0.25)
-
-    def set_distilled_rows(share):
-        changed, task.distilled_rows = share != task.distilled_rows, share
-        shares.append(share)
-        return changed
-
-    task.set_distilled_rows = set_distilled_rows
+    said = []
+    task = _recording_task()
     trainer = types.SimpleNamespace(task=task, config=_config(), say=said.append)
-    rows, state = CooldownRows(), RunState(0)
+    rows, state = Cooldown(), RunState(0)
     rows.on_train_begin(trainer, state)
     changes = []
     for step in range(100):
@@ -59,10 +101,10 @@ def test_the_share_changes_once_and_a_resumed_run_starts_with_the_right_one():
     assert changes.index(True) == 82 and changes.count(True) == 1
     assert rows.started_at_step == 82 and task.distilled_rows == 1.0
     assert said == ["step 82: cooldown, the teacher on 1 of each batch's pairs"]
-    resumed = CooldownRows()  # resumed inside the cooldown: its share from the start
-    task.distilled_rows = 0.25
+    resumed = Cooldown()  # resumed inside the cooldown: its settings from the start
+    task.distilled_rows, trainer.config = 0.25, _config(margin=0.3)
     resumed.on_train_begin(trainer, RunState(90))
-    assert task.distilled_rows == 1.0 and resumed.started_at_step is None
+    assert (task.distilled_rows, task.margin) == (1.0, 0.3) and resumed.started_at_step is None
 
 
 @pytest.mark.parametrize("share", [-0.1, 1.5, float("nan")])
@@ -70,6 +112,14 @@ def test_a_cooldown_share_outside_0_to_1_is_refused(share, tiny_parallel_dir):
     config = tiny_config(50, tiny_parallel_dir, "ams")
     config = dc.replace(config, loss=dc.replace(config.loss, cooldown_distilled_rows=share))
     with pytest.raises(ValueError, match="--cooldown_distilled_rows must be in"):
+        validate_train_config(config)
+
+
+@pytest.mark.parametrize("margin", [-0.1, 1.0, float("nan")])
+def test_a_cooldown_margin_outside_0_to_1_is_refused(margin, tiny_parallel_dir):
+    config = tiny_config(50, tiny_parallel_dir, "ams")
+    config = dc.replace(config, loss=dc.replace(config.loss, cooldown_margin=margin))
+    with pytest.raises(ValueError, match="--cooldown_margin must be in"):
         validate_train_config(config)
 
 
@@ -111,7 +161,7 @@ def test_a_run_distils_every_row_in_its_cooldown(teacher, tiny_parallel_dir, tmp
         rows.assign(0)
 
     summary = trainer.train(rows_of_the_step)
-    assert summary["final_step"] == 6 and summary["cooldown_rows_from_step"] == 4
+    assert summary["final_step"] == 6 and summary["cooldown_from_step"] == 4
     assert seen == [4, 4, 4, 4, 8, 8] and len(traces) == 2
 
 
@@ -124,5 +174,24 @@ def test_a_run_whose_terms_do_not_read_the_teacher_keeps_its_step(teacher, tiny_
     traces, step_function = [], trainer.step_function
     trainer.step_function = lambda spec: traces.append(spec) or step_function(spec)
     summary = trainer.train()
-    assert summary["final_step"] == 6 and summary["cooldown_rows_from_step"] is None
+    assert summary["final_step"] == 6 and summary["cooldown_from_step"] is None
     assert len(traces) == 1
+
+
+def test_a_run_traces_its_cooldown_margin_into_the_ams_term(teacher, tiny_parallel_dir, tmp_path,
+                                                            monkeypatch):
+    """The step traced before the cooldown computes AMS at --margin, the step
+    traced where it starts at --cooldown_margin; the teacher's share stays."""
+    traced = []
+
+    def recording(x):
+        traced.append(x.margin)  # runs where the step is traced
+        return ams.compute(x)
+
+    ams = OBJECTIVES["ams"]
+    monkeypatch.setitem(OBJECTIVES, "ams", dc.replace(ams, compute=recording))
+    trainer = _tiny_run(teacher, tiny_parallel_dir, tmp_path, "ams+fd", distilled_rows=0.5,
+                        margin=0.15, cooldown_margin=0.3)
+    summary = trainer.train()
+    assert summary["final_step"] == 6 and summary["cooldown_from_step"] == 4
+    assert traced == [0.15, 0.3] and trainer.task.distilled_rows == 0.5
