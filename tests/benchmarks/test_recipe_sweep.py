@@ -62,13 +62,15 @@ def test_a_recipe_sweep_row_changes_only_training_flags(tmp_path, capsys):
 
 
 def test_a_row_finished_before_a_flag_was_added_matches_at_its_value():
-    """A row recorded before `--cooldown_distilled_rows` existed trained without
-    it (0): it matches today's defaults and no other value."""
+    """A row recorded before `--cooldown_distilled_rows` and `--cooldown_margin`
+    existed trained without them (0, unset): it matches today's defaults and no
+    other value."""
     from benchmarks.recipe_sweep import recorded_recipe
 
     today = resolved_recipe(["--train_steps=500"])
-    older = {key: value for key, value in today.items() if key != "cooldown_distilled_rows"}
+    older = {key: value for key, value in today.items()
+             if key not in ("cooldown_distilled_rows", "cooldown_margin")}
     assert recorded_recipe({"recipe": older}) == today
-    assert recorded_recipe({"recipe": older}) != resolved_recipe(
-        ["--train_steps=500", "--cooldown_distilled_rows=1"])
+    for added in ("--cooldown_distilled_rows=1", "--cooldown_margin=0.3"):
+        assert recorded_recipe({"recipe": older}) != resolved_recipe(["--train_steps=500", added])
     assert recorded_recipe({}) == {}

@@ -277,6 +277,17 @@ def test_every_count_flag_is_positive_or_its_help_says_what_0_means():
         assert "0:" in (action.help or ""), f"{flag} takes 0; its help does not say what 0 means"
 
 
+def test_the_cooldown_flags_reach_the_loss_config():
+    from lealla_tf.cli.train import build_parser, config_from_flags
+
+    parser = build_parser()
+    loss = config_from_flags(parser.parse_args(
+        ["--model_dir=m", "--margin=0.15", "--cooldown_margin=0.3",
+         "--cooldown_distilled_rows=1"])).loss
+    assert (loss.margin, loss.cooldown_margin, loss.cooldown_distilled_rows) == (0.15, 0.3, 1.0)
+    assert config_from_flags(parser.parse_args(["--model_dir=m"])).loss.cooldown_margin is None
+
+
 def test_tpu_flag_accepts_a_real_tensorflow_grpc_server():
     server = tf.distribute.Server.create_local_server()
     address = server.target  # grpc://localhost:PORT
@@ -346,7 +357,7 @@ def train_args(sentence_vocab_file, tiny_parallel_dir, tmp_path):
     ("--global_batch_size=-4", "--global_batch_size"),
     ("--max_seq_length=600", "--max_seq_length"), ("--learning_rate=-1", "--learning_rate"),
     ("--encoder_overrides=bogus=1", "bogus"), ("--loss_weights=ams=x", "--loss_weights"),
-    ("--language_alpha=2", "--language_alpha")])
+    ("--language_alpha=2", "--language_alpha"), ("--cooldown_margin=1.5", "--cooldown_margin")])
 def test_train_flag_mistakes(train_args, capsys, flag, needle):
 
     args = [a for a in train_args() if not a.startswith(flag.split("=")[0] + "=")] + [flag]

@@ -251,8 +251,8 @@ RECORDED_FLAGS = {
         "loss_weights", "comparison_objective", "comparison_learning_rate", "teacher_center",
         "time_budget_minutes", "train_steps", "global_batch_size", "length_buckets",
         "one_language_batches", "learning_rate", "warmup_steps", "decay_fraction",
-        "clip_norm", "scale", "margin", "distilled_rows", "cooldown_distilled_rows",
-        "progressive_depth", "eval_every",
+        "clip_norm", "scale", "margin", "cooldown_margin", "distilled_rows",
+        "cooldown_distilled_rows", "progressive_depth", "eval_every",
         "eval_max_pairs", "mixed_precision", "strategy"],
     "train_student_ams_only": [], "export": [], "evaluate": [], "news": [],
     "mine": ["bucc_languages", "bucc_gold", "bucc_distractors"]}

@@ -87,13 +87,13 @@ def test_the_students_train_without_dropout_unless_asked():
 def test_the_schedule_clip_ams_and_batching_flags_reach_the_students_config():
     config = recipe_config(
         ["--decay_fraction=0.2", "--clip_norm=0", "--scale=50", "--margin=0.2",
-         "--train_steps=100", "--one_language_batches"])
+         "--cooldown_margin=0.3", "--train_steps=100", "--one_language_batches"])
     train = student_train_config(config, pathlib.Path("data"), {"tokenizer": "sentencepiece",
                                                                "multilingual": True},
                                  "teacher", "sample", config.objective,
                                  student_loss_weights(config))
     assert (train.optimizer.decay_fraction, train.optimizer.clip_norm) == (0.2, 0.0)
-    assert (train.loss.scale, train.loss.margin) == (50.0, 0.2)
+    assert (train.loss.scale, train.loss.margin, train.loss.cooldown_margin) == (50.0, 0.2, 0.3)
     assert train.data.one_language_batches
     defaults = student_train_config(RecipeConfig(train_steps=100), pathlib.Path("data"),
                                     {"tokenizer": "sentencepiece", "multilingual": True},
@@ -103,6 +103,7 @@ def test_the_schedule_clip_ams_and_batching_flags_reach_the_students_config():
         RECIPE_DECAY_FRACTION, 1.0)
     assert defaults.optimizer.learning_rate == RECIPE_LEARNING_RATE
     assert (defaults.loss.scale, defaults.loss.margin) == (100.0, RECIPE_MARGIN)
+    assert defaults.loss.cooldown_margin is None
     assert not defaults.data.one_language_batches
 
 

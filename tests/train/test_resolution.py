@@ -88,16 +88,19 @@ def test_a_run_written_before_progressive_depth_resumes_at_full_depth():
 
 
 def test_a_run_written_before_the_teachers_shares_resumes_with_them_unchanged():
-    """A config.json from before `distilled_rows` and `cooldown_distilled_rows`
-    (and `one_language_batches`) ran with the teacher on every row throughout."""
+    """A config.json from before `distilled_rows`, `cooldown_distilled_rows` and
+    `cooldown_margin` (and `one_language_batches`) ran with the teacher on every
+    row and one margin throughout."""
     stored = {"train_steps": 5, "loss": {"objective": "lealla"}, "data": {}}
     same = {"train_steps": 9, "loss": {"objective": "lealla", "distilled_rows": 1.0,
-                                       "cooldown_distilled_rows": 0.0},
+                                       "cooldown_distilled_rows": 0.0, "cooldown_margin": None},
             "data": {"one_language_batches": False}}
     check_resumable(stored, same)
     with pytest.raises(ValueError, match="loss.cooldown_distilled_rows: 0.0 -> 1.0"):
         check_resumable(stored, {**same, "loss": {**same["loss"],
                                                   "cooldown_distilled_rows": 1.0}})
+    with pytest.raises(ValueError, match="loss.cooldown_margin: None -> 0.3"):
+        check_resumable(stored, {**same, "loss": {**same["loss"], "cooldown_margin": 0.3}})
 
 
 def test_the_papers_defaults_follow_the_width():
