@@ -242,9 +242,8 @@ class LossConfig:
             student settles, at the price of dearer steps there. 0:
             `distilled_rows` throughout.
         cooldown_margin: the AMS margin while the learning rate decays (the
-            step is traced again where it starts): a wider gap between a pair
-            and its negatives where the student settles. None: `margin`
-            throughout.
+            step is traced again where it starts): a gap of its own, wider or
+            narrower, where the student settles. None: `margin` throughout.
     """
 
     objective: str = "lealla"

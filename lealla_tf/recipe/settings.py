@@ -75,9 +75,9 @@ RECIPE_DECAY_FRACTION = 0.2
 # The AMS term's additive margin: LaBSE's 0.3 at scale 100 asks a 64-pair batch
 # for a logit gap of 30; half of it learned faster at 250 steps (as did half the
 # scale, the same gap) and held at the main job's length (benchmarks/recipe_sweep.py,
-# its s250_margin015 row; benchmarks/main_job.py). 0.1 beat 0.15 again at 500
-# steps, on Tatoeba and news mining alike, while a wider margin in the cooldown
-# lost on both (its zen4_s500_margin01 and zen4_s500_cooldown_margin rows;
+# its s250_margin015 row; benchmarks/main_job.py). At 500 steps 0.1 beat 0.15 in
+# turn, on Tatoeba and news mining alike, and a wider margin in the cooldown lost
+# on both (its zen4_s500_margin01 and zen4_s500_cooldown_margin03 rows;
 # docs/benchmarks.md, "The AMS margin").
 RECIPE_MARGIN = 0.1
 # The share of each batch's pairs the in-step teacher runs on, and the

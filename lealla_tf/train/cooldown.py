@@ -16,11 +16,16 @@ def cooldown_start(config) -> float:
     return start
 
 
+def in_cooldown(config, steps_done: int) -> bool:
+    """Whether the step after `steps_done` is one of the cooldown's."""
+    return steps_done >= cooldown_start(config)
+
+
 def distilled_rows_at(config, steps_done: int) -> float:
     """The share of each batch's pairs the teacher runs on in the step after
     `steps_done`: the cooldown's from the step the rate starts to decay at."""
     loss = config.loss
-    if loss.cooldown_distilled_rows and steps_done >= cooldown_start(config):
+    if loss.cooldown_distilled_rows and in_cooldown(config, steps_done):
         return loss.cooldown_distilled_rows
     return loss.distilled_rows
 
@@ -29,7 +34,7 @@ def margin_at(config, steps_done: int) -> float:
     """The AMS term's margin in the step after `steps_done`: the cooldown's
     (when set) from the step the rate starts to decay at."""
     loss = config.loss
-    if loss.cooldown_margin is not None and steps_done >= cooldown_start(config):
+    if loss.cooldown_margin is not None and in_cooldown(config, steps_done):
         return loss.cooldown_margin
     return loss.margin
 
@@ -53,7 +58,7 @@ class Cooldown(Callback):
             (f"the teacher on {share:g} of each batch's pairs",
              trainer.task.set_distilled_rows(share)),
             (f"the AMS margin {margin:g}", trainer.task.set_margin(margin))) if change]
-        if changed and state.steps_done >= cooldown_start(trainer.config):
+        if changed and in_cooldown(trainer.config, state.steps_done):
             self.started_at_step = state.steps_done
             trainer.say(f"step {state.steps_done}: cooldown, {', '.join(changed)}")
         return bool(changed)

@@ -103,6 +103,8 @@ def validate_train_config(config: TrainConfig) -> None:
     if not 0 <= config.loss.cooldown_distilled_rows <= 1:
         raise ValueError("--cooldown_distilled_rows must be in [0, 1] (0: --distilled_rows "
                          f"throughout), got {config.loss.cooldown_distilled_rows}")
+    if not 0 <= config.loss.margin < 1:
+        raise ValueError(f"--margin must be in [0, 1) (a cosine gap), got {config.loss.margin}")
     if config.loss.cooldown_margin is not None and not 0 <= config.loss.cooldown_margin < 1:
         raise ValueError("--cooldown_margin must be in [0, 1) (a cosine gap; unset: --margin "
                          f"throughout), got {config.loss.cooldown_margin}")

@@ -111,7 +111,7 @@ class DistillationTask:
         self.trainable = self.student.trainable_weights + self.heads.trainable_weights
         # The share of the pairs the teacher runs on, and the AMS margin, in the
         # steps traced next (`set_distilled_rows`, `set_margin`; the cooldown's
-        # are set by `Trainer`).
+        # are set by its callback, `lealla_tf.train.cooldown`).
         self.distilled_rows = config.loss.distilled_rows
         self.reads_teacher = any(reads_teacher(t) for t in self.terms)
         self.margin = config.loss.margin
@@ -141,7 +141,7 @@ class DistillationTask:
         """Drops the compiled parts of the step (several replicas, `jit_compile`),
         traced with what the task computed then: the trainer calls it when a
         callback changes what the step computes (the layers it skips, the
-        teacher's share)."""
+        teacher's share, the margin)."""
         self._segments = {}
 
     def _without_fused_kernels(self):

@@ -1,6 +1,6 @@
 """The trainer: runs a `DistillationTask`'s steps and checkpoints (nothing else:
-the logs, a plan, progressive depth, the cooldown's teacher share and margin, and the dev
-evaluations are callbacks, `lealla_tf.train.callbacks`).
+the logs, a plan, progressive depth, the cooldown's teacher share and margin, and
+the dev evaluations are callbacks, `lealla_tf.train.callbacks`).
 
 The optimizer is AdamW (`lealla_tf.train.optimizers.FusedAdamW`: Keras' AdamW, one
 fused kernel a variable) with linear warmup and decay; gradients (already summed
@@ -220,8 +220,8 @@ class Trainer:
         """Runs until `train_steps` (or the time budget, or SIGINT / SIGTERM) and
         returns the summary. The loop runs steps and saves checkpoints; the logs,
         the plan (`planner`, see `lealla_tf.train.planning`), progressive depth,
-        the cooldown's teacher share and margin, and the dev evaluations are its callbacks
-        (`lealla_tf.train.callbacks`), then `callbacks`."""
+        the cooldown's teacher share and margin, and the dev evaluations are its
+        callbacks (`lealla_tf.train.callbacks`), then `callbacks`."""
         if planner is not None and self.role.workers > 1:
             raise ValueError("a run planning its own length runs in one process; give "
                              "worker processes a fixed --train_steps")

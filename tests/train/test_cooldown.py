@@ -89,20 +89,14 @@ def test_the_cooldown_says_everything_it_changes_in_one_line():
 
 
 def test_the_share_changes_once_and_a_resumed_run_starts_with_the_right_one():
-    said = []
-    task = _recording_task()
-    trainer = types.SimpleNamespace(task=task, config=_config(), say=said.append)
-    rows, state = Cooldown(), RunState(0)
-    rows.on_train_begin(trainer, state)
-    changes = []
-    for step in range(100):
-        state.steps_done = step
-        changes.append(rows.on_step_begin(trainer, state))
+    said, task = [], _recording_task()
+    rows, changes = _run_callback(_config(), task, said)
     assert changes.index(True) == 82 and changes.count(True) == 1
     assert rows.started_at_step == 82 and task.distilled_rows == 1.0
     assert said == ["step 82: cooldown, the teacher on 1 of each batch's pairs"]
     resumed = Cooldown()  # resumed inside the cooldown: its settings from the start
-    task.distilled_rows, trainer.config = 0.25, _config(margin=0.3)
+    task.distilled_rows = 0.25
+    trainer = types.SimpleNamespace(task=task, config=_config(margin=0.3), say=said.append)
     resumed.on_train_begin(trainer, RunState(90))
     assert (task.distilled_rows, task.margin) == (1.0, 0.3) and resumed.started_at_step is None
 
@@ -116,11 +110,12 @@ def test_a_cooldown_share_outside_0_to_1_is_refused(share, tiny_parallel_dir):
 
 
 @pytest.mark.parametrize("margin", [-0.1, 1.0, float("nan")])
-def test_a_cooldown_margin_outside_0_to_1_is_refused(margin, tiny_parallel_dir):
+def test_a_margin_outside_0_to_1_is_refused(margin, tiny_parallel_dir):
     config = tiny_config(50, tiny_parallel_dir, "ams")
-    config = dc.replace(config, loss=dc.replace(config.loss, cooldown_margin=margin))
-    with pytest.raises(ValueError, match="--cooldown_margin must be in"):
-        validate_train_config(config)
+    for flag in ("margin", "cooldown_margin"):
+        wrong = dc.replace(config, loss=dc.replace(config.loss, **{flag: margin}))
+        with pytest.raises(ValueError, match=f"--{flag} must be in"):
+            validate_train_config(wrong)
 
 
 def _tiny_run(teacher, tiny_parallel_dir, tmp_path, objective, **loss):
@@ -195,3 +190,15 @@ def test_a_run_traces_its_cooldown_margin_into_the_ams_term(teacher, tiny_parall
     summary = trainer.train()
     assert summary["final_step"] == 6 and summary["cooldown_from_step"] == 4
     assert traced == [0.15, 0.3] and trainer.task.distilled_rows == 0.5
+
+
+def test_a_run_whose_terms_do_not_read_the_margin_keeps_its_step(teacher, tiny_parallel_dir,
+                                                                 tmp_path):
+    """fd alone: no term reads the margin, so the cooldown's margin changes
+    nothing and the step is not traced again."""
+    trainer = _tiny_run(teacher, tiny_parallel_dir, tmp_path, "fd", cooldown_margin=0.3)
+    traces, step_function = [], trainer.step_function
+    trainer.step_function = lambda spec: traces.append(spec) or step_function(spec)
+    summary = trainer.train()
+    assert summary["final_step"] == 6 and summary["cooldown_from_step"] is None
+    assert len(traces) == 1
