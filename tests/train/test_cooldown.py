@@ -131,6 +131,13 @@ def _tiny_run(teacher, tiny_parallel_dir, tmp_path, objective, **loss):
                    progress=False)
 
 
+def _train_counting_traces(trainer, *train_args):
+    """Trains `trainer`; (its summary, the step specs it traced the step for)."""
+    traces, step_function = [], trainer.step_function
+    trainer.step_function = lambda spec: traces.append(spec) or step_function(spec)
+    return trainer.train(*train_args), traces
+
+
 def test_a_run_distils_every_row_in_its_cooldown(teacher, tiny_parallel_dir, tmp_path):
     """6 steps, the rate decaying over the last half of those after its 2
     warmup steps (from step 4): the traced step runs the teacher on 4 of the 8
@@ -147,15 +154,13 @@ def test_a_run_distils_every_row_in_its_cooldown(teacher, tiny_parallel_dir, tmp
         return vectors(features)
 
     task.teacher.vectors = counted
-    traces, step_function = [], trainer.step_function
-    trainer.step_function = lambda spec: traces.append(spec) or step_function(spec)
     seen = []
 
     def rows_of_the_step(measured):
         seen.append(int(rows.numpy()))
         rows.assign(0)
 
-    summary = trainer.train(rows_of_the_step)
+    summary, traces = _train_counting_traces(trainer, rows_of_the_step)
     assert summary["final_step"] == 6 and summary["cooldown_from_step"] == 4
     assert seen == [4, 4, 4, 4, 8, 8] and len(traces) == 2
 
@@ -166,9 +171,7 @@ def test_a_run_whose_terms_do_not_read_the_teacher_keeps_its_step(teacher, tiny_
     share changes nothing and the step is not traced again."""
     trainer = _tiny_run(teacher, tiny_parallel_dir, tmp_path, "ams",
                         distilled_rows=0.5, cooldown_distilled_rows=1.0)
-    traces, step_function = [], trainer.step_function
-    trainer.step_function = lambda spec: traces.append(spec) or step_function(spec)
-    summary = trainer.train()
+    summary, traces = _train_counting_traces(trainer)
     assert summary["final_step"] == 6 and summary["cooldown_from_step"] is None
     assert len(traces) == 1
 
@@ -197,8 +200,6 @@ def test_a_run_whose_terms_do_not_read_the_margin_keeps_its_step(teacher, tiny_p
     """fd alone: no term reads the margin, so the cooldown's margin changes
     nothing and the step is not traced again."""
     trainer = _tiny_run(teacher, tiny_parallel_dir, tmp_path, "fd", cooldown_margin=0.3)
-    traces, step_function = [], trainer.step_function
-    trainer.step_function = lambda spec: traces.append(spec) or step_function(spec)
-    summary = trainer.train()
+    summary, traces = _train_counting_traces(trainer)
     assert summary["final_step"] == 6 and summary["cooldown_from_step"] is None
     assert len(traces) == 1
