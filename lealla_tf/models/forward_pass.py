@@ -162,7 +162,8 @@ def _layer(w, rows, key_bias, batch, length, compute, training):
     rows = layer_norm(w.parts.attention_norm,
                       _dropout(w.parts.attention_output_dropout, attended, training) + rows)
     hidden = activate(w.parts.intermediate_dense.activation, tf.nn.bias_add(
-        tf.matmul(rows, w.intermediate_kernel), tf.cast(w.intermediate_bias, compute)))
+        tf.matmul(rows, w.intermediate_kernel), tf.cast(w.intermediate_bias, compute)),
+        training)
     hidden = tf.nn.bias_add(tf.matmul(hidden, w.feedforward_kernel),
                             tf.cast(w.feedforward_bias, compute))
     return layer_norm(w.parts.feedforward_norm,
@@ -221,13 +222,18 @@ def plain_norm(layer) -> bool:
             and layer.axis in (-1, [-1]))
 
 
-def activate(activation, x):
-    """`activation(x)`, computed in float32 when `x` is bfloat16 (then cast back):
-    TensorFlow's bfloat16 elementwise kernels are slower than its float32 ones
-    on a CPU (the `float32_activation` lever of the retired
-    `benchmarks/train_throughput.py --levers`: docs/benchmarks.md, "Settings chosen
-    by retired benchmarks"), and it rounds once instead of at every op."""
-    if x.dtype != tf.bfloat16:
+def activate(activation, x, training=True):
+    """`activation(x)`. In training, a bfloat16 `x` is computed in float32 (then
+    cast back): TensorFlow's bfloat16 elementwise kernels are slower than its
+    float32 ones on a CPU, forward and backward (the `float32_activation` lever
+    of the retired `benchmarks/train_throughput.py --levers`: docs/benchmarks.md,
+    "Settings chosen by retired benchmarks"), and it rounds once instead of at
+    every op. In inference (`training=False`) it is computed in `x`'s own dtype:
+    a GELU on a matmul plus its bias, all in one dtype, is the pattern grappler's
+    remapper turns into one oneDNN matmul with the bias and GELU applied in its
+    output (float32 as it computes), which casts around the GELU would break
+    (docs/benchmarks.md, "The bfloat16 export's GELU")."""
+    if x.dtype != tf.bfloat16 or not training:
         return activation(x)
     return tf.cast(activation(tf.cast(x, tf.float32)), x.dtype)
 

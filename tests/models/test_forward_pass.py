@@ -1,6 +1,8 @@
 """The fast forward pass (lealla_tf.models.forward_pass) against the Keras call it
 replaces: outputs, parts, bfloat16, gradients, dropout masks, the fused kernels."""
 
+import os
+
 import keras
 import numpy as np
 import pytest
@@ -8,7 +10,7 @@ import tensorflow as tf
 
 from lealla_tf.configs import EncoderConfig
 from lealla_tf.models import forward_pass, kernels
-from lealla_tf.models.encoder import build_encoder
+from lealla_tf.models.encoder import build_encoder, gelu_approximate
 
 TINY = EncoderConfig(vocabulary_size=30, num_layers=2, num_heads=2, hidden_dim=8,
                      intermediate_dim=16, max_sequence_length=32)
@@ -231,7 +233,7 @@ def test_layer_norm_is_the_keras_layers_in_both_dtypes():
                                atol=1e-6)
 
 
-def test_activate_computes_bfloat16_in_float32_and_rounds_once():
+def test_activate_trains_bfloat16_in_float32_and_rounds_once():
     x = tf.constant(np.linspace(-4.0, 4.0, 64).reshape(8, 8), tf.float32)
     gelu = keras.activations.gelu
     np.testing.assert_array_equal(forward_pass.activate(gelu, x), gelu(x))
@@ -239,6 +241,41 @@ def test_activate_computes_bfloat16_in_float32_and_rounds_once():
     assert half.dtype == tf.bfloat16
     np.testing.assert_array_equal(half, tf.cast(gelu(tf.cast(tf.cast(x, tf.bfloat16),
                                                              tf.float32)), tf.bfloat16))
+
+
+def test_activate_infers_in_the_input_dtype():
+    # No casts around the GELU at inference, so that grappler can fuse it into
+    # the matmul before it; float32 is unchanged either way.
+    x = tf.constant(np.linspace(-4.0, 4.0, 64).reshape(8, 8), tf.float32)
+    gelu = keras.activations.gelu
+    np.testing.assert_array_equal(forward_pass.activate(gelu, x, training=False), gelu(x))
+    half = tf.cast(x, tf.bfloat16)
+    np.testing.assert_array_equal(forward_pass.activate(gelu, half, training=False), gelu(half))
+    graph = tf.function(lambda v: forward_pass.activate(gelu, v, training=False)
+                        ).get_concrete_function(tf.TensorSpec([None, 8], tf.bfloat16)).graph
+    assert not [op for op in graph.get_operations()
+                if op.type == "Cast" and op.get_attr("DstT") == tf.float32]
+
+
+@pytest.mark.skipif(os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0",
+                    reason="the fusion is oneDNN's (lealla_tf turns it on)")
+def test_bfloat16_inference_matmul_gelu_rounds_once():
+    """The bfloat16 inference layer's matmul + bias + GELU, as one traced
+    function runs it, against the same computed in float32 and rounded once:
+    fused, nearly every value is the same bfloat16 (accumulation order aside);
+    op by op in bfloat16 it rounds at every op, and about half differ."""
+    rng = np.random.default_rng(0)
+    x, w = (tf.cast(rng.normal(size=shape), tf.bfloat16) for shape in ((512, 128), (128, 256)))
+    b = tf.cast(rng.normal(size=256), tf.bfloat16)
+    gelu = gelu_approximate  # the students' activation
+
+    @tf.function
+    def layer(x, w, b):
+        return forward_pass.activate(gelu, tf.nn.bias_add(tf.matmul(x, w), b), training=False)
+
+    once = tf.cast(gelu(tf.matmul(tf.cast(x, tf.float32), tf.cast(w, tf.float32))
+                        + tf.cast(b, tf.float32)), tf.bfloat16)
+    assert np.mean(layer(x, w, b).numpy() == once.numpy()) > 0.95
 
 
 def test_only_gelu_layers_with_plain_norms_and_dropout_are_fusable():
