@@ -231,8 +231,11 @@ def activate(activation, x, training=True):
     every op. In inference (`training=False`) it is computed in `x`'s own dtype:
     a GELU on a matmul plus its bias, all in one dtype, is the pattern grappler's
     remapper turns into one oneDNN matmul with the bias and GELU applied in its
-    output (float32 as it computes), which casts around the GELU would break
-    (docs/benchmarks.md, "The bfloat16 export's GELU")."""
+    output (float32 as it computes, then rounded once:
+    tests/models/test_forward_pass.py), which casts around the GELU would
+    break. A bfloat16 export's own graph (what TF-Hub users run) computes its
+    GELU so; `load_embedder` runs bfloat16 exports rebuilt with the fused
+    kernels instead (`lealla_tf.inference.loaders`)."""
     if x.dtype != tf.bfloat16 or not training:
         return activation(x)
     return tf.cast(activation(tf.cast(x, tf.float32)), x.dtype)
