@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from lealla_tf.configs import EncoderConfig
+from lealla_tf.machine import bfloat16_arithmetic
 from lealla_tf.models import forward_pass, kernels
 from lealla_tf.models.encoder import build_encoder, gelu_approximate
 
@@ -233,7 +234,7 @@ def test_layer_norm_is_the_keras_layers_in_both_dtypes():
                                atol=1e-6)
 
 
-def test_activate_trains_bfloat16_in_float32_and_rounds_once():
+def test_activate_computes_bfloat16_in_float32_and_rounds_once():
     x = tf.constant(np.linspace(-4.0, 4.0, 64).reshape(8, 8), tf.float32)
     gelu = keras.activations.gelu
     np.testing.assert_array_equal(forward_pass.activate(gelu, x), gelu(x))
@@ -243,39 +244,63 @@ def test_activate_trains_bfloat16_in_float32_and_rounds_once():
                                                              tf.float32)), tf.bfloat16))
 
 
-def test_activate_infers_in_the_input_dtype():
-    # No casts around the GELU at inference, so that grappler can fuse it into
-    # the matmul before it; float32 is unchanged either way.
+def test_activate_in_compute_dtype_leaves_bfloat16_uncast():
     x = tf.constant(np.linspace(-4.0, 4.0, 64).reshape(8, 8), tf.float32)
-    gelu = keras.activations.gelu
-    np.testing.assert_array_equal(forward_pass.activate(gelu, x, training=False), gelu(x))
-    half = tf.cast(x, tf.bfloat16)
-    np.testing.assert_array_equal(forward_pass.activate(gelu, half, training=False), gelu(half))
-    graph = tf.function(lambda v: forward_pass.activate(gelu, v, training=False)
+    np.testing.assert_array_equal(
+        forward_pass.activate(gelu_approximate, x, in_compute_dtype=True), gelu_approximate(x))
+    graph = tf.function(lambda v: forward_pass.activate(gelu_approximate, v,
+                                                        in_compute_dtype=True)
                         ).get_concrete_function(tf.TensorSpec([None, 8], tf.bfloat16)).graph
-    assert not [op for op in graph.get_operations()
-                if op.type == "Cast" and op.get_attr("DstT") == tf.float32]
+    assert activation_dtypes(graph) == {tf.bfloat16}
 
 
-@pytest.mark.skipif(os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0",
-                    reason="the fusion is oneDNN's (lealla_tf turns it on)")
+def activation_dtypes(graph) -> set:
+    """The dtypes the tanh GELUs' Tanh ops of `graph` compute in (not the pooler's)."""
+    return {op.get_attr("T") for op in graph.get_operations()
+            if op.type == "Tanh" and "gelu" in op.name.lower()}
+
+
+def test_graph_fusion_uncasts_only_inference_gelus():
+    """`graph_fusion` (a bfloat16 export's graph) computes the GELUs in bfloat16
+    in inference; training, and every other caller, keep them in float32."""
+    encoder = build_encoder(TINY, dtype="mixed_bfloat16")
+    assert encoder.hidden_activation == "gelu_approximate"
+
+    def dtypes(**flags):
+        return activation_dtypes(tf.function(lambda batch: encoder.forward(
+            batch, **flags)["pooled_output"]).get_concrete_function(BATCH).graph)
+
+    assert dtypes(training=False, graph_fusion=True) == {tf.bfloat16}
+    assert dtypes(training=False) == {tf.float32}
+    assert dtypes(training=True, graph_fusion=True) == {tf.float32}
+    np.testing.assert_allclose(  # the same outputs within bfloat16 rounding
+        tf.cast(encoder.forward(BATCH, graph_fusion=True)["pooled_output"], tf.float32),
+        tf.cast(encoder.forward(BATCH)["pooled_output"], tf.float32), atol=5e-2)
+
+
+@pytest.mark.skipif(
+    os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1").strip().lower() in ("0", "false")
+    or not bfloat16_arithmetic(),
+    reason="the fusion is oneDNN's bfloat16 path (lealla_tf turns oneDNN on; the CPU needs "
+           "bfloat16 arithmetic)")
 def test_bfloat16_inference_matmul_gelu_rounds_once():
-    """The bfloat16 inference layer's matmul + bias + GELU, as one traced
-    function runs it, against the same computed in float32 and rounded once:
-    fused, nearly every value is the same bfloat16 (accumulation order aside);
-    op by op in bfloat16 it rounds at every op, and about half differ."""
+    """The bfloat16 matmul + bias + GELU of `activate(..., in_compute_dtype=True)`,
+    as one traced function runs it, against the same computed in float32 and
+    rounded once: fused, nearly every value is the same bfloat16; op by op in
+    bfloat16 it rounds at every op, and many differ."""
     rng = np.random.default_rng(0)
-    x, w = (tf.cast(rng.normal(size=shape), tf.bfloat16) for shape in ((512, 128), (128, 256)))
+    x = tf.cast(rng.normal(size=(512, 128)), tf.bfloat16)
+    w = tf.cast(rng.normal(size=(128, 256)) / np.sqrt(128), tf.bfloat16)
     b = tf.cast(rng.normal(size=256), tf.bfloat16)
-    gelu = gelu_approximate  # the students' activation
 
     @tf.function
     def layer(x, w, b):
-        return forward_pass.activate(gelu, tf.nn.bias_add(tf.matmul(x, w), b), training=False)
+        return forward_pass.activate(gelu_approximate, tf.nn.bias_add(tf.matmul(x, w), b),
+                                     in_compute_dtype=True)
 
-    once = tf.cast(gelu(tf.matmul(tf.cast(x, tf.float32), tf.cast(w, tf.float32))
-                        + tf.cast(b, tf.float32)), tf.bfloat16)
-    assert np.mean(layer(x, w, b).numpy() == once.numpy()) > 0.95
+    once = tf.cast(gelu_approximate(tf.matmul(tf.cast(x, tf.float32), tf.cast(w, tf.float32))
+                                    + tf.cast(b, tf.float32)), tf.bfloat16)
+    assert np.mean(layer(x, w, b).numpy() == once.numpy()) > 0.99
 
 
 def test_only_gelu_layers_with_plain_norms_and_dropout_are_fusable():
