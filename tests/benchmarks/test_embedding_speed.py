@@ -49,12 +49,14 @@ def test_a_quick_run_measures_the_student_in_a_process_of_its_own(corpus_model, 
 def test_the_bfloat16_export_is_measured_against_the_float32_one(exported_model, tiny_data,
                                                                  tmp_path):
     """`student_bf16`: exported from the model directory, loaded as `load_embedder`
-    loads it, its vectors of every sentence of both sets set against float32's."""
+    loads it (rebuilt), and as a TF-Hub handle (`student_bf16_hub`: its own graph),
+    their vectors of every sentence of both sets set against float32's."""
     output = tmp_path / "speed.json"
     assert embedding_speed.main([
         f"--output_json={output}", f"--data_dir={tiny_data}",
         f"--student={exported_model['export']}",
-        f"--student_model_dir={exported_model['model_dir']}", "--models=student,student_bf16",
+        f"--student_model_dir={exported_model['model_dir']}",
+        "--models=student,student_bf16,student_bf16_hub",
         "--num_sentences=20", "--num_long=8", "--max_pairs=2", "--batch_size=4",
         "--parts=", "--peak_repeats=1"]) == 0
     result = json.loads(output.read_text())
@@ -69,6 +71,9 @@ def test_the_bfloat16_export_is_measured_against_the_float32_one(exported_model,
     assert 0.995 <= compared["min_cosine"] < 1.0  # 28 sentences, not float32's own vectors
     assert set(compared["over_student"]) == {"tatoeba", "long"}
     assert compared["p_at_1_difference"] is not None
+    hub = result["results"]["student_bf16_hub"]["model"]
+    assert hub.startswith("SavedModel file://") and "rebuilt" not in hub
+    assert 0.995 <= result["variants"]["student_bf16_hub"]["min_cosine"] < 1.0
 
 
 def test_the_forward_pass_in_parts_is_timed_against_one_part():
