@@ -172,9 +172,7 @@ def export_lealla_model(encoder, tokenizer, export_path: str, jit_compile: bool 
                                      encoder.encoder_config.max_sequence_length)
             return compiled(pad_rows_to_multiple(padded, JIT_ROWS_MULTIPLE,
                                                  tokenizer.pad_id))[:rows]
-        # The graph's GELUs in bfloat16, each fused into its matmul by grappler
-        # (`forward_pass.activate`; training and float32 compute as before).
-        outputs = encoder.forward(inputs, training=training, graph_fusion=True)
+        outputs = encoder.forward(inputs, training=training)
         if precision == "float32":
             return outputs["sentence_embedding"]
         return tf.math.l2_normalize(tf.cast(unnormalised(encoder, outputs), tf.float32), axis=-1)

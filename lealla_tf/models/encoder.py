@@ -285,8 +285,7 @@ class LeallaEncoder(keras.Model):
         return pooled_output, pooled_output
 
     def forward(self, inputs, training=False, parts: int | None = None,
-                fused_kernels: bool = False, skipped_layers: Collection[int] = (),
-                graph_fusion: bool = False) -> dict:
+                fused_kernels: bool = False, skipped_layers: Collection[int] = ()) -> dict:
         """The outputs of `self(inputs, training=training)`, computed with fewer,
         larger ops by `lealla_tf.models.forward_pass` (TensorFlow backend, float32
         or bfloat16; otherwise the Keras call).
@@ -303,22 +302,18 @@ class LeallaEncoder(keras.Model):
             skipped_layers: indices of layers that hand their input on (a
                 progressive-depth run's pass-through layers before they are
                 inserted); exports skip none.
-            graph_fusion: inference computes each GELU in the compute dtype,
-                for grappler to fuse into its matmul (a bfloat16 export's
-                graph; `forward_pass.forward_batches`).
 
         Returns: the Keras call's dict of outputs.
         """
-        return forward_pass.forward(self, inputs, training, parts, fused_kernels, skipped_layers,
-                                    graph_fusion)
+        return forward_pass.forward(self, inputs, training, parts, fused_kernels, skipped_layers)
 
     def forward_batches(self, batches: list, training=False, fused_kernels: bool = False,
-                        skipped_layers: Collection[int] = (), graph_fusion: bool = False) -> list:
+                        skipped_layers: Collection[int] = ()) -> list:
         """`forward` (without parts) of each batch in `batches`, the weights packed
         and cast to the compute dtype once for all of them: a pair's two sides in
         the students' training step, the parts of an inference batch."""
         return forward_pass.forward_batches(self, batches, training, fused_kernels,
-                                            skipped_layers, graph_fusion)
+                                            skipped_layers)
 
     @property
     def encoder_config(self) -> EncoderConfig:

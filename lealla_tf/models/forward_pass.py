@@ -15,10 +15,7 @@ is the Keras call):
   `lealla_tf.models.kernels.usable()`), each layer's attention core, its bias +
   GELU and its two bias + dropout + residual + layer norm blocks run as the
   fused ops of `lealla_tf.models.kernels`: the same outputs within round-off and
-  the same dropout masks from the same seeds;
-- with `graph_fusion=True` (a bfloat16 export's graph), inference computes each
-  feed-forward GELU in the compute dtype for grappler to fuse into its matmul
-  (`activate`).
+  the same dropout masks from the same seeds.
 
 Without dropout the outputs are the Keras call's within float32 round-off
 (tests/models/test_forward_pass.py). The exports and embedders serve with it,
@@ -48,8 +45,7 @@ INFERENCE_PARTS = 2
 
 
 def forward(encoder, inputs, training=False, parts: int | None = None,
-            fused_kernels: bool = False, skipped_layers: Collection[int] = (),
-            graph_fusion: bool = False) -> dict:
+            fused_kernels: bool = False, skipped_layers: Collection[int] = ()) -> dict:
     """The outputs of `encoder(inputs, training=training)` (see the module).
 
     Inference runs the batch as `parts` (default `INFERENCE_PARTS`) independent
@@ -57,7 +53,7 @@ def forward(encoder, inputs, training=False, parts: int | None = None,
     graph (a Beam worker capped at one) the parts run one after the other; the
     int8 TFLite export is built with `parts=1` (its interpreter runs one op at a
     time on every thread).
-    `skipped_layers`, `graph_fusion`: see `forward_batches`.
+    `skipped_layers`: see `forward_batches`.
     """
     parts = INFERENCE_PARTS if parts is None else parts
     if parts < 1:
@@ -66,20 +62,18 @@ def forward(encoder, inputs, training=False, parts: int | None = None,
         _check_unskipped(skipped_layers)
         return encoder(inputs, training=training)
     if training or parts == 1:
-        return encoder.forward_batches([inputs], training, fused_kernels, skipped_layers,
-                                       graph_fusion)[0]
+        return encoder.forward_batches([inputs], training, fused_kernels, skipped_layers)[0]
     inputs = {name: tf.convert_to_tensor(value) for name, value in inputs.items()}
     rows = tf.shape(inputs["input_word_ids"])[0]
     cuts = [rows * i // parts for i in range(parts + 1)]
     pieces = encoder.forward_batches(
         [{name: value[start:stop] for name, value in inputs.items()}
-         for start, stop in zip(cuts, cuts[1:])], False, fused_kernels, skipped_layers,
-        graph_fusion)
+         for start, stop in zip(cuts, cuts[1:])], False, fused_kernels, skipped_layers)
     return tf.nest.map_structure(lambda *part: tf.concat(part, axis=0), *pieces)
 
 
 def forward_batches(encoder, batches: list, training=False, fused_kernels: bool = False,
-                    skipped_layers: Collection[int] = (), graph_fusion: bool = False) -> list:
+                    skipped_layers: Collection[int] = ()) -> list:
     """`forward` (without parts) of each batch in `batches`, the weights packed
     and cast to the compute dtype once for all of them: a pair's two sides in
     the students' training step, the parts of an inference batch.
@@ -87,21 +81,14 @@ def forward_batches(encoder, batches: list, training=False, fused_kernels: bool 
     `skipped_layers`: indices of layers that hand their input on unchanged (a
     progressive-depth run's pass-through layers before they are inserted:
     `lealla_tf.train.trainer`); their entries in `encoder_outputs` repeat the
-    previous output, so the layers keep their indices.
-
-    `graph_fusion`: inference (`training` False) computes each layer's GELU in
-    the compute dtype, not float32, so that grappler's remapper can fuse it
-    with its matmul and bias into one oneDNN op (a bfloat16 export's graph on
-    an x86 CPU). Nowhere else: under XLA (the accelerator step) or where
-    oneDNN is off there is no such fusion, and a bfloat16 GELU would round at
-    every op."""
+    previous output, so the layers keep their indices."""
     if not supported(encoder):
         _check_unskipped(skipped_layers)
         return [encoder(inputs, training=training) for inputs in batches]
     compute = encoder.token_embedding.compute_dtype
     weights = {}  # layer name -> its LayerWeights, filled on first use
     return [_forward(encoder, inputs, training, compute, weights, fused_kernels,
-                     frozenset(skipped_layers), graph_fusion and not training)
+                     frozenset(skipped_layers))
             for inputs in batches]
 
 
@@ -118,12 +105,11 @@ def supported(encoder) -> bool:
 
 
 def _forward(encoder, inputs, training, compute, weights, fused=False,
-             skipped=frozenset(), gelu_in_compute_dtype=False) -> dict:
+             skipped=frozenset()) -> dict:
     """`forward` on one batch. `weights`: layer name -> its `LayerWeights`,
     filled here on first use (shared by the batches of one `forward_batches`);
     `fused`: run the layers with `lealla_tf.models.kernels` where they allow it;
-    `skipped`: the indices of layers that hand their input on;
-    `gelu_in_compute_dtype`: see `activate`."""
+    `skipped`: the indices of layers that hand their input on."""
     ids, mask = inputs["input_word_ids"], inputs["input_mask"]
     x = token_rows(encoder, ids, compute)
     if encoder.embedding_projection is not None:
@@ -150,8 +136,7 @@ def _forward(encoder, inputs, training, compute, weights, fused=False,
         if fused and fusable(w.parts, encoder.hidden_activation):
             rows = _fused_layer(w, rows, mask, training, encoder.hidden_activation)
         else:
-            rows = _layer(w, rows, key_bias, batch, length, compute, training,
-                          gelu_in_compute_dtype)
+            rows = _layer(w, rows, key_bias, batch, length, compute, training)
         encoder_outputs.append(tf.reshape(rows, [batch, length, width]))
     x = encoder_outputs[-1]
     pooled_output, embedding = encoder.pool(x, mask)
@@ -160,7 +145,7 @@ def _forward(encoder, inputs, training, compute, weights, fused=False,
             "encoder_outputs": encoder_outputs}
 
 
-def _layer(w, rows, key_bias, batch, length, compute, training, gelu_in_compute_dtype=False):
+def _layer(w, rows, key_bias, batch, length, compute, training):
     """One transformer layer on rows `[b*t, d]`, op by op."""
     # [3, b, heads, t, head], unstacked along its first axis: views of one
     # buffer, no copy (tf.split on another axis copies), and the gradient is
@@ -177,8 +162,7 @@ def _layer(w, rows, key_bias, batch, length, compute, training, gelu_in_compute_
     rows = layer_norm(w.parts.attention_norm,
                       _dropout(w.parts.attention_output_dropout, attended, training) + rows)
     hidden = activate(w.parts.intermediate_dense.activation, tf.nn.bias_add(
-        tf.matmul(rows, w.intermediate_kernel), tf.cast(w.intermediate_bias, compute)),
-        gelu_in_compute_dtype)
+        tf.matmul(rows, w.intermediate_kernel), tf.cast(w.intermediate_bias, compute)))
     hidden = tf.nn.bias_add(tf.matmul(hidden, w.feedforward_kernel),
                             tf.cast(w.feedforward_bias, compute))
     return layer_norm(w.parts.feedforward_norm,
@@ -237,22 +221,13 @@ def plain_norm(layer) -> bool:
             and layer.axis in (-1, [-1]))
 
 
-def activate(activation, x, in_compute_dtype=False):
-    """`activation(x)`, computed in float32 when `x` is bfloat16 (then cast
-    back): TensorFlow's bfloat16 elementwise kernels are slower than its float32
-    ones on a CPU, forward and backward (the `float32_activation` lever of the
-    retired `benchmarks/train_throughput.py --levers`: docs/benchmarks.md,
-    "Settings chosen by retired benchmarks"), and it rounds once instead of at
-    every op.
-
-    `in_compute_dtype` (a bfloat16 export's graph: `forward_batches`'
-    `graph_fusion`) computes it in `x`'s own dtype instead: a GELU on a matmul
-    plus its bias, all in one dtype, is the pattern grappler's remapper turns
-    into one oneDNN matmul that applies the bias and GELU to its float32 result
-    and rounds once (tests/models/test_forward_pass.py); casts around the GELU
-    would break it. Unfused (under XLA, or with oneDNN off) it would round at
-    every op."""
-    if x.dtype != tf.bfloat16 or in_compute_dtype:
+def activate(activation, x):
+    """`activation(x)`, computed in float32 when `x` is bfloat16 (then cast back):
+    TensorFlow's bfloat16 elementwise kernels are slower than its float32 ones
+    on a CPU (the `float32_activation` lever of the retired
+    `benchmarks/train_throughput.py --levers`: docs/benchmarks.md, "Settings chosen
+    by retired benchmarks"), and it rounds once instead of at every op."""
+    if x.dtype != tf.bfloat16:
         return activation(x)
     return tf.cast(activation(tf.cast(x, tf.float32)), x.dtype)
 

@@ -1,17 +1,14 @@
 """The fast forward pass (lealla_tf.models.forward_pass) against the Keras call it
 replaces: outputs, parts, bfloat16, gradients, dropout masks, the fused kernels."""
 
-import os
-
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from lealla_tf.configs import EncoderConfig
-from lealla_tf.machine import bfloat16_arithmetic
 from lealla_tf.models import forward_pass, kernels
-from lealla_tf.models.encoder import build_encoder, gelu_approximate
+from lealla_tf.models.encoder import build_encoder
 
 TINY = EncoderConfig(vocabulary_size=30, num_layers=2, num_heads=2, hidden_dim=8,
                      intermediate_dim=16, max_sequence_length=32)
@@ -242,65 +239,6 @@ def test_activate_computes_bfloat16_in_float32_and_rounds_once():
     assert half.dtype == tf.bfloat16
     np.testing.assert_array_equal(half, tf.cast(gelu(tf.cast(tf.cast(x, tf.bfloat16),
                                                              tf.float32)), tf.bfloat16))
-
-
-def test_activate_in_compute_dtype_leaves_bfloat16_uncast():
-    x = tf.constant(np.linspace(-4.0, 4.0, 64).reshape(8, 8), tf.float32)
-    np.testing.assert_array_equal(
-        forward_pass.activate(gelu_approximate, x, in_compute_dtype=True), gelu_approximate(x))
-    graph = tf.function(lambda v: forward_pass.activate(gelu_approximate, v,
-                                                        in_compute_dtype=True)
-                        ).get_concrete_function(tf.TensorSpec([None, 8], tf.bfloat16)).graph
-    assert activation_dtypes(graph) == {tf.bfloat16}
-
-
-def activation_dtypes(graph) -> set:
-    """The dtypes the tanh GELUs' Tanh ops of `graph` compute in (not the pooler's)."""
-    return {op.get_attr("T") for op in graph.get_operations()
-            if op.type == "Tanh" and "gelu" in op.name.lower()}
-
-
-def test_graph_fusion_uncasts_only_inference_gelus():
-    """`graph_fusion` (a bfloat16 export's graph) computes the GELUs in bfloat16
-    in inference; training, and every other caller, keep them in float32."""
-    encoder = build_encoder(TINY, dtype="mixed_bfloat16")
-    assert encoder.hidden_activation == "gelu_approximate"
-
-    def dtypes(**flags):
-        return activation_dtypes(tf.function(lambda batch: encoder.forward(
-            batch, **flags)["pooled_output"]).get_concrete_function(BATCH).graph)
-
-    assert dtypes(training=False, graph_fusion=True) == {tf.bfloat16}
-    assert dtypes(training=False) == {tf.float32}
-    assert dtypes(training=True, graph_fusion=True) == {tf.float32}
-    np.testing.assert_allclose(  # the same outputs within bfloat16 rounding
-        tf.cast(encoder.forward(BATCH, graph_fusion=True)["pooled_output"], tf.float32),
-        tf.cast(encoder.forward(BATCH)["pooled_output"], tf.float32), atol=5e-2)
-
-
-@pytest.mark.skipif(
-    os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1").strip().lower() in ("0", "false")
-    or not bfloat16_arithmetic(),
-    reason="the fusion is oneDNN's bfloat16 path (lealla_tf turns oneDNN on; the CPU needs "
-           "bfloat16 arithmetic)")
-def test_bfloat16_inference_matmul_gelu_rounds_once():
-    """The bfloat16 matmul + bias + GELU of `activate(..., in_compute_dtype=True)`,
-    as one traced function runs it, against the same computed in float32 and
-    rounded once: fused, nearly every value is the same bfloat16; op by op in
-    bfloat16 it rounds at every op, and many differ."""
-    rng = np.random.default_rng(0)
-    x = tf.cast(rng.normal(size=(512, 128)), tf.bfloat16)
-    w = tf.cast(rng.normal(size=(128, 256)) / np.sqrt(128), tf.bfloat16)
-    b = tf.cast(rng.normal(size=256), tf.bfloat16)
-
-    @tf.function
-    def layer(x, w, b):
-        return forward_pass.activate(gelu_approximate, tf.nn.bias_add(tf.matmul(x, w), b),
-                                     in_compute_dtype=True)
-
-    once = tf.cast(gelu_approximate(tf.matmul(tf.cast(x, tf.float32), tf.cast(w, tf.float32))
-                                    + tf.cast(b, tf.float32)), tf.bfloat16)
-    assert np.mean(layer(x, w, b).numpy() == once.numpy()) > 0.99
 
 
 def test_only_gelu_layers_with_plain_norms_and_dropout_are_fusable():
