@@ -394,7 +394,8 @@ def roofline(results: dict, peaks: dict, specs: dict, student_encoder=None,
     directory's; None: the lealla_small preset's, the main job's default).
     `bfloat16_native`: whether this CPU multiplies bfloat16 (None: read it);
     where it does not, a bfloat16 export runs rebuilt in float32
-    (`load_embedder`) and is set against the float32 peak."""
+    (`load_embedder`) and is set against the float32 peak, but one loaded as a
+    hub handle (`student_bf16_hub`) runs its own bfloat16 graph either way."""
     from lealla_tf.machine import bfloat16_arithmetic
     from lealla_tf.models.presets import count_flops_per_token, get_preset
 
@@ -411,7 +412,9 @@ def roofline(results: dict, peaks: dict, specs: dict, student_encoder=None,
             config = get_preset(preset).encoder
         else:
             continue
-        precision = ARITHMETIC.get(name, "float32") if bfloat16_native else "float32"
+        precision = ARITHMETIC.get(name, "float32")
+        if not bfloat16_native and not MODELS.get(name, {}).get("hub_handle"):
+            precision = "float32"  # rebuilt in float32 by load_embedder; a handle is not
         peak = peaks[precision]
         shaped = max(v for k, v in peak.items() if k.startswith("student_"))
         table[name] = {"preset": preset, "precision": precision, "sets": {}}

@@ -74,6 +74,8 @@ def test_the_bfloat16_export_is_measured_against_the_float32_one(exported_model,
     hub = result["results"]["student_bf16_hub"]["model"]
     assert hub.startswith("SavedModel file://") and "rebuilt" not in hub
     assert 0.995 <= result["variants"]["student_bf16_hub"]["min_cosine"] < 1.0
+    assert result["roofline"]["student_bf16_hub"]["precision"] == "bfloat16"
+    assert "student_bf16_hub" not in embedding_speed.DEFAULT_MODELS  # asked for only
 
 
 def test_the_forward_pass_in_parts_is_timed_against_one_part():
@@ -134,6 +136,10 @@ def test_the_roofline_sets_each_model_against_its_precisions_peak():
                                        bfloat16_native=False)["student_bf16"]
     assert rebuilt["precision"] == "float32"
     assert rebuilt["sets"]["long"]["of_square_peak"] == pytest.approx(row["gflops"] / 100.0)
+    # ... but as a hub handle it runs its own bfloat16 graph either way.
+    assert embedding_speed.roofline({"student_bf16_hub": figures}, peaks, {},
+                                    bfloat16_native=False)["student_bf16_hub"][
+        "precision"] == "bfloat16"
     # A student of another architecture is counted as its model directory says.
     base = get_preset("lealla_base").encoder
     other = embedding_speed.roofline({"student": figures}, peaks, {}, base)["student"]
