@@ -71,6 +71,22 @@ def test_attention_equals_the_op_by_op_layer(batch, length, heads, size, rate):
             lambda q, b: reference_attention(q, b, mask, heads, rate, SEED), [qkv, bias])
 
 
+@pytest.mark.parametrize("rate", [0.0, 0.3])  # 0: the inference path, keys left out
+def test_attention_with_padding_inside_or_after_the_keys_equals_the_layer(rate):
+    """Without dropout the op scores only a suffix-padded sequence's unpadded
+    keys, and keeps the mask's -1e9 where the padding has holes."""
+    rng = np.random.default_rng(11)
+    qkv = tf.constant(rng.normal(size=(4 * 21, 3 * 8 * 16)), tf.float32)
+    bias = tf.constant(rng.normal(size=(3 * 8 * 16,)), tf.float32)
+    mask = np.ones((4, 21), np.int32)
+    mask[0, 17:] = 0          # a suffix: 17 keys scored
+    mask[1, [2, 9, 20]] = 0   # holes: every key scored, three masked
+    mask[2, 0] = 0            # padding first
+    mask = tf.constant(mask)
+    compare(lambda q, b: kernels.attention(q, b, mask, SEED, 8, rate),
+            lambda q, b: reference_attention(q, b, mask, 8, rate, SEED), [qkv, bias])
+
+
 def test_attention_with_every_key_padded_is_keras_uniform_softmax():
     """Keras adds -1e9 to padded keys; with all of them padded the softmax is over
     the raw scores again, not a division by zero."""
@@ -154,6 +170,21 @@ def test_bias_dropout_add_norm_equals_the_op_by_op_layer(width, rate):
     bias, gamma, beta = (tf.constant(rng.normal(size=(width,)), tf.float32) for _ in range(3))
     compare(lambda *a: kernels.bias_dropout_add_norm(*a[:3], a[3], a[4], SEED, rate, 1e-12),
             lambda *a: reference_norm(*a, rate, 1e-12), [x, bias, residual, gamma, beta])
+
+
+@pytest.mark.parametrize("width", [128, 40])  # whole vectors, and a row with a tail
+@pytest.mark.parametrize("rate", [0.0, 0.25])
+def test_bias_dropout_add_norm_in_bfloat16_rounds_the_float32_result_once(width, rate):
+    rng = np.random.default_rng(width + 1)
+    x, residual = (tf.cast(rng.normal(size=(19, width)), tf.bfloat16) for _ in range(2))
+    bias, gamma, beta = (tf.constant(rng.normal(size=(width,)), tf.float32) for _ in range(3))
+    ours = kernels.bias_dropout_add_norm(x, bias, residual, gamma, beta, SEED, rate, 1e-12)
+    assert ours.dtype == tf.bfloat16
+    exact = kernels.bias_dropout_add_norm(tf.cast(x, tf.float32), bias,
+                                          tf.cast(residual, tf.float32), gamma, beta, SEED,
+                                          rate, 1e-12)
+    np.testing.assert_array_equal(tf.cast(ours, tf.float32),
+                                  tf.cast(tf.cast(exact, tf.bfloat16), tf.float32))
 
 
 def test_the_ops_refuse_inconsistent_shapes():

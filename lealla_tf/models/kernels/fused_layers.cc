@@ -126,6 +126,30 @@ inline float Max(V16 v) {
 }
 inline int64_t RoundUp16(int64_t n) { return (n + 15) / 16 * 16; }
 
+// 16 values of a tensor's type as floats, and back (bfloat16: Io's conversions,
+// a vector at a time).
+typedef uint16_t V16h __attribute__((vector_size(32)));
+
+inline V16 LoadAs16(const float* p) { return Load16(p); }
+inline V16 LoadAs16(const bfloat16* p) {
+  V16h bits;
+  std::memcpy(&bits, p, sizeof(bits));
+  const V16u words = __builtin_convertvector(bits, V16u) << 16;
+  V16 v;
+  std::memcpy(&v, &words, sizeof(v));
+  return v;
+}
+inline void StoreAs16(float* p, V16 v) { Store16(p, v); }
+inline void StoreAs16(bfloat16* p, V16 v) {
+  V16u word;
+  std::memcpy(&word, &v, sizeof(word));
+  const V16u rounded = (word + 0x7FFFu + ((word >> 16) & 1u)) >> 16;
+  const V16u nan = (word >> 16) | 0x40u;
+  const V16u chosen = (word & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded;
+  const V16h bits = __builtin_convertvector(chosen, V16h);
+  std::memcpy(p, &bits, sizeof(bits));
+}
+
 // Sum of x[0..n) (vectors of 16, then the rest).
 inline float RowSum(const float* x, int64_t n) {
   V16 sums = Splat(0.0f);
@@ -154,11 +178,13 @@ inline void CopyFloats(float* out, const float* in, int64_t n) {
 }
 
 // out[c, i] = in[i, c] for the first `rows` rows and `columns` columns of
-// in (leading dimension ldi) into out (leading dimension ldo).
+// in (leading dimension ldi) into out (leading dimension ldo). Row by row of
+// out: its stores are contiguous, the strided accesses loads.
 inline void Transpose(const float* in, int64_t rows, int64_t columns, int64_t ldi, float* out,
                       int64_t ldo) {
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t c = 0; c < columns; ++c) out[c * ldo + i] = in[i * ldi + c];
+  for (int64_t c = 0; c < columns; ++c) {
+    float* row = out + c * ldo;
+    for (int64_t i = 0; i < rows; ++i) row[i] = in[i * ldi + c];
   }
 }
 
@@ -382,6 +408,10 @@ struct Sequence {
   // dv [t, sp]; qt, dct [sp, tq]; p, pd, factor, dp [t (keys), tq (queries)].
   std::vector<float> rows, results, gradients, key_bias, q, k, v, context, qt, p, pd, factor,
       dc, dct, dq, dk, dv, dp;
+  // Load's reading of the key mask for Inference: the keys to score, and
+  // whether they need the mask's -1e9 (false when the mask pads a suffix).
+  int64_t keys = 0;
+  bool masked_keys = true;
 
   Sequence(const AttentionShape& shape, bool backward)
       : s(shape), t(shape.length), tq(RoundUp16(shape.length)), sp(RoundUp16(shape.size)),
@@ -407,6 +437,65 @@ struct Sequence {
       float* row = &rows[i * s.width];
       for (int64_t c = 0; c < s.width; ++c) row[c] += bias[c];
       key_bias[i] = mask[b * t + i] != 0 ? 0.0f : -1e9f;
+    }
+    int64_t unpadded = 0;
+    while (unpadded < t && mask[b * t + unpadded] != 0) ++unpadded;
+    bool prefix = unpadded > 0;
+    for (int64_t i = unpadded; i < t; ++i) prefix = prefix && mask[b * t + i] == 0;
+    keys = prefix ? unpadded : t;
+    masked_keys = !prefix;
+  }
+
+  // Head h of sequence b without dropout (inference), into results [t, inner]:
+  // Probabilities and Context in one pass over local pointers. When the mask
+  // pads a suffix, only the `keys` unpadded keys are scored (a padded key's
+  // e^(-1e9 - max) is 0 exactly, so no sum changes). The softmax's division
+  // moves after p v, one multiply per context value instead of one per
+  // probability (a different rounding, not a different result).
+  void Inference(int64_t h) {
+    const int64_t size = s.size, n = keys;
+    float* qb = q.data();
+    float* kb = k.data();
+    float* vb = v.data();
+    float* qtb = qt.data();
+    float* pb = p.data();
+    float* cb = context.data();
+    float* inverse = pd.data();  // [tq]: 1 / each query's sum of exponentials
+    const float* rb = rows.data();
+    const float* kbias = key_bias.data();
+    for (int64_t i = 0; i < t; ++i) {
+      const float* row = rb + i * s.width + h * size;
+      CopyFloats(qb + i * sp, row, size);
+      if (i < n) {
+        CopyFloats(kb + i * sp, row + s.inner, size);
+        CopyFloats(vb + i * sp, row + 2 * s.inner, size);
+      }
+    }
+    Transpose(qb, t, size, sp, qtb, tq);
+    Gemm<false>(n, tq, sp, kb, sp, qtb, tq, pb, tq);  // s^T = k q^T, unpadded keys
+    for (int64_t i = 0; i < tq; i += 16) {
+      V16 top = Splat(-INFINITY);
+      for (int64_t j = 0; j < n; ++j) {
+        V16 x = Load16(pb + j * tq + i);
+        if (masked_keys) {
+          x += kbias[j];
+          Store16(pb + j * tq + i, x);
+        }
+        top = x > top ? x : top;
+      }
+      V16 sums = Splat(0.0f);
+      for (int64_t j = 0; j < n; ++j) {
+        const V16 e = Exp16(Load16(pb + j * tq + i) - top);
+        Store16(pb + j * tq + i, e);
+        sums += e;
+      }
+      Store16(inverse + i, 1.0f / sums);
+    }
+    Gemm<true>(t, sp, n, pb, tq, vb, sp, cb, sp);  // e v over the unpadded keys
+    float* out = results.data() + h * size;
+    for (int64_t i = 0; i < t; ++i) {
+      const float scale = inverse[i];
+      for (int64_t c = 0; c < size; ++c) out[i * s.inner + c] = cb[i * sp + c] * scale;
     }
   }
 
@@ -570,8 +659,12 @@ class AttentionOp : public AttentionKernel {
                  [&](Sequence& sequence, int64_t bi) {
                    sequence.Load(in, b, m, bi);
                    for (int64_t h = 0; h < s.heads; ++h) {
-                     sequence.Probabilities(dropout, bi, h);
-                     sequence.Context(h);
+                     if (dropout.active) {
+                       sequence.Probabilities(dropout, bi, h);
+                       sequence.Context(h);
+                     } else {
+                       sequence.Inference(h);
+                     }
                    }
                    Io<T>::Store(sequence.results.data(), out + bi * t * s.inner, t * s.inner);
                  });
@@ -759,6 +852,41 @@ inline void PreNorm(const NormInputs& n, const T* x, const T* residual, int64_t 
   }
 }
 
+// The norm op's row r when the width is whole vectors: PreNorm, the
+// statistics and the output in three passes over z (the row loop's arithmetic
+// in the same order: sums lane by lane, then across the lanes).
+template <typename T>
+inline void NormRow16(const NormInputs& n, const T* x, const T* residual, const float* beta,
+                      float epsilon, int64_t r, float* z, float* factor, T* out, float* means,
+                      float* rstds) {
+  const int64_t width = n.width;
+  const T* xr = x + r * width;
+  const T* rr = residual + r * width;
+  if (n.dropout.active) n.dropout.Factors(static_cast<uint32_t>(r * width), width, factor);
+  V16 sums = Splat(0.0f);
+  for (int64_t c = 0; c < width; c += 16) {
+    V16 v = LoadAs16(xr + c) + Load16(n.bias + c);
+    if (n.dropout.active) v *= Load16(factor + c);
+    v += LoadAs16(rr + c);
+    Store16(z + c, v);
+    sums += v;
+  }
+  const float mu = Sum(sums) / width;
+  V16 squares = Splat(0.0f);
+  for (int64_t c = 0; c < width; c += 16) {
+    const V16 centred = Load16(z + c) - mu;
+    Store16(z + c, centred);
+    squares += centred * centred;
+  }
+  const float inverse = 1.0f / std::sqrt(Sum(squares) / width + epsilon);
+  T* yr = out + r * width;
+  for (int64_t c = 0; c < width; c += 16) {
+    StoreAs16(yr + c, Load16(z + c) * (inverse * Load16(n.gamma + c)) + Load16(beta + c));
+  }
+  means[r] = mu;
+  rstds[r] = inverse;
+}
+
 // What the norm op and its gradient share: x, bias, residual, gamma, beta and
 // seed at inputs first..first + 5, checked.
 class NormKernel : public DropoutKernel {
@@ -814,6 +942,13 @@ class BiasDropoutAddNormOp : public NormKernel {
     ForBlocks(context, n.rows, blocks, n.rows * width / blocks * 20,
               [&](int64_t, int64_t begin, int64_t end) {
                 std::vector<float> z(width), factor(width), scratch(width);
+                if (width % 16 == 0) {
+                  for (int64_t r = begin; r < end; ++r) {
+                    NormRow16(n, in, residual, beta, epsilon_, r, z.data(), factor.data(), out,
+                              means, rstds);
+                  }
+                  return;
+                }
                 for (int64_t r = begin; r < end; ++r) {
                   PreNorm(n, in, residual, r, z.data(), factor.data(), scratch.data());
                   const float mu = RowSum(z.data(), width) / width;
