@@ -188,18 +188,17 @@ inline void Transpose(const float* in, int64_t rows, int64_t columns, int64_t ld
   }
 }
 
-// exp(x), 16 at a time: x = n ln 2 + r (ln 2 in two parts), e^r by a
-// degree-6 polynomial (Cephes' expf coefficients, ~1 ulp), 2^n into the
-// exponent bits. Below -87.3 (e^x under float's normal range) it is 0, as
-// TensorFlow's exp of a masked score (-1e9) is.
+// exp(x) of a softmax's shifted scores (x <= 0), 16 at a time: x = n ln 2 + r,
+// n the nearest integer (adding 1.5 * 2^23 rounds x / ln 2 into the low bits
+// of the sum) and ln 2 in two parts, e^r by a degree-6 polynomial (Cephes'
+// expf coefficients, ~1 ulp), 2^n into the exponent bits. Below -87.3 (e^x
+// under float's normal range) it is 0, as TensorFlow's exp of a masked score
+// (-1e9) is.
 inline V16 Exp16(V16 x) {
-  const V16i underflow = x < -87.33654f;
-  x = x > 88.3762626647949f ? Splat(88.3762626647949f) : x;
-  x = x < -87.33654f ? Splat(-87.33654f) : x;
-  const V16 y = x * 1.44269504088896341f + 0.5f;
-  V16i n = __builtin_convertvector(y, V16i);          // toward zero
-  n += __builtin_convertvector(n, V16) > y ? -1 : 0;  // floor
-  const V16 nf = __builtin_convertvector(n, V16);
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
+  const V16i underflow = x < -87.33654f;  // there the result below is any value
+  const V16 y = x * 1.44269504088896341f + kRound;
+  const V16 nf = y - kRound;
   V16 r = x - nf * 0.693359375f;
   r = r - nf * -2.12194440e-4f;
   V16 poly = Splat(1.9875691500e-4f);
@@ -209,7 +208,10 @@ inline V16 Exp16(V16 x) {
   poly = poly * r + 1.6666665459e-1f;
   poly = poly * r + 5.0000001201e-1f;
   poly = poly * r * r + r + 1.0f;
-  const V16i bits = (n + 127) << 23;
+  // y's bits are kRound's plus n; kRound's own bits shift out of the word.
+  V16u bits;
+  std::memcpy(&bits, &y, sizeof(bits));
+  bits = (bits + 127) << 23;
   V16 scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   const V16 result = poly * scale;
@@ -436,8 +438,13 @@ struct Sequence {
     for (int64_t i = 0; i < t; ++i) {
       float* row = &rows[i * s.width];
       for (int64_t c = 0; c < s.width; ++c) row[c] += bias[c];
-      key_bias[i] = mask[b * t + i] != 0 ? 0.0f : -1e9f;
     }
+    LoadMask(mask, b);
+  }
+
+  // Sequence b's key mask: key_bias, and the keys Inference scores.
+  void LoadMask(const int32_t* mask, int64_t b) {
+    for (int64_t i = 0; i < t; ++i) key_bias[i] = mask[b * t + i] != 0 ? 0.0f : -1e9f;
     int64_t unpadded = 0;
     while (unpadded < t && mask[b * t + unpadded] != 0) ++unpadded;
     bool prefix = unpadded > 0;
@@ -446,14 +453,17 @@ struct Sequence {
     masked_keys = !prefix;
   }
 
-  // Head h of sequence b without dropout (inference), into results [t, inner]:
-  // Probabilities and Context in one pass over local pointers. When the mask
-  // pads a suffix, only the `keys` unpadded keys are scored (a padded key's
-  // e^(-1e9 - max) is 0 exactly, so no sum changes). The softmax's division
-  // moves after p v, one multiply per context value instead of one per
-  // probability (a different rounding, not a different result).
-  void Inference(int64_t h) {
-    const int64_t size = s.size, n = keys;
+  // Head h of sequence b without dropout (inference), from its qkv rows `in`
+  // [t, width] (of type T) into its context rows `out` [t, inner], after
+  // LoadMask: Probabilities and Context in one pass over local pointers, each
+  // head reading and writing the tensors itself. When the mask pads a suffix,
+  // only the `keys` unpadded keys are scored (a padded key's e^(-1e9 - max)
+  // is 0 exactly, so no sum changes). The softmax's division moves after
+  // p v, one multiply per context value instead of one per probability (a
+  // different rounding, not a different result).
+  template <typename T>
+  void Inference(const T* in, const float* bias, int64_t h, T* out) {
+    const int64_t size = s.size, n = keys, head = h * size;
     float* qb = q.data();
     float* kb = k.data();
     float* vb = v.data();
@@ -461,14 +471,13 @@ struct Sequence {
     float* pb = p.data();
     float* cb = context.data();
     float* inverse = pd.data();  // [tq]: 1 / each query's sum of exponentials
-    const float* rb = rows.data();
     const float* kbias = key_bias.data();
     for (int64_t i = 0; i < t; ++i) {
-      const float* row = rb + i * s.width + h * size;
-      CopyFloats(qb + i * sp, row, size);
+      const T* row = in + i * s.width + head;
+      AddBias(row, bias + head, size, qb + i * sp);
       if (i < n) {
-        CopyFloats(kb + i * sp, row + s.inner, size);
-        CopyFloats(vb + i * sp, row + 2 * s.inner, size);
+        AddBias(row + s.inner, bias + s.inner + head, size, kb + i * sp);
+        AddBias(row + 2 * s.inner, bias + 2 * s.inner + head, size, vb + i * sp);
       }
     }
     Transpose(qb, t, size, sp, qtb, tq);
@@ -492,11 +501,30 @@ struct Sequence {
       Store16(inverse + i, 1.0f / sums);
     }
     Gemm<true>(t, sp, n, pb, tq, vb, sp, cb, sp);  // e v over the unpadded keys
-    float* out = results.data() + h * size;
     for (int64_t i = 0; i < t; ++i) {
-      const float scale = inverse[i];
-      for (int64_t c = 0; c < size; ++c) out[i * s.inner + c] = cb[i * sp + c] * scale;
+      StoreScaled(cb + i * sp, inverse[i], size, out + i * s.inner + head);
     }
+  }
+
+  // dst[0..n) = src[0..n) (of type T) + bias, in float32.
+  template <typename T>
+  static void AddBias(const T* src, const float* bias, int64_t n, float* dst) {
+    int64_t c = 0;
+    for (; c + 16 <= n; c += 16) Store16(dst + c, LoadAs16(src + c) + Load16(bias + c));
+    if (c == n) return;
+    Io<T>::Load(src + c, dst + c, n - c);
+    for (; c < n; ++c) dst[c] += bias[c];
+  }
+
+  // dst[0..n) (of type T) = src[0..n) * scale.
+  template <typename T>
+  static void StoreScaled(const float* src, float scale, int64_t n, T* dst) {
+    int64_t c = 0;
+    for (; c + 16 <= n; c += 16) StoreAs16(dst + c, Load16(src + c) * scale);
+    if (c == n) return;
+    float tail[16];
+    for (int64_t i = 0; c + i < n; ++i) tail[i] = src[c + i] * scale;
+    Io<T>::Store(tail, dst + c, n - c);
   }
 
   // Head h of sequence b: the probabilities p^T after the masked softmax,
@@ -657,14 +685,17 @@ class AttentionOp : public AttentionKernel {
     const int64_t t = s.length;
     ForSequences(context, s, false, s.heads * t * (8 * t * s.size + 30 * t),
                  [&](Sequence& sequence, int64_t bi) {
+                   if (!dropout.active) {
+                     sequence.LoadMask(m, bi);
+                     for (int64_t h = 0; h < s.heads; ++h) {
+                       sequence.Inference(in + bi * t * s.width, b, h, out + bi * t * s.inner);
+                     }
+                     return;
+                   }
                    sequence.Load(in, b, m, bi);
                    for (int64_t h = 0; h < s.heads; ++h) {
-                     if (dropout.active) {
-                       sequence.Probabilities(dropout, bi, h);
-                       sequence.Context(h);
-                     } else {
-                       sequence.Inference(h);
-                     }
+                     sequence.Probabilities(dropout, bi, h);
+                     sequence.Context(h);
                    }
                    Io<T>::Store(sequence.results.data(), out + bi * t * s.inner, t * s.inner);
                  });
