@@ -100,13 +100,16 @@ def test_attention_with_every_key_padded_is_keras_uniform_softmax():
                                atol=1e-5)
 
 
-@pytest.mark.parametrize("size", [16, 24])  # whole vectors, and a head with a tail
+@pytest.mark.parametrize("size", [8, 16, 24])  # a tail alone, whole vectors, both
 @pytest.mark.parametrize("rate", [0.0, 0.1])  # 0: inference, and the recipe's training
 def test_attention_in_bfloat16_rounds_once(rate, size):
     rng = np.random.default_rng(4)
-    qkv = tf.constant(rng.normal(size=(2 * 9, 3 * 4 * size)), tf.float32)
+    qkv = tf.constant(rng.normal(size=(3 * 9, 3 * 4 * size)), tf.float32)
     bias = tf.constant(rng.normal(size=(3 * 4 * size,)), tf.float32)
-    mask = tf.ones([2, 9], tf.int32)
+    mask = np.ones((3, 9), np.int32)
+    mask[1, 6:] = 0       # padded at the end
+    mask[2, [1, 4]] = 0   # holes
+    mask = tf.constant(mask)
     ours = kernels.attention(tf.cast(qkv, tf.bfloat16), bias, mask, SEED, 4, rate)
     assert ours.dtype == tf.bfloat16
     np.testing.assert_allclose(tf.cast(ours, tf.float32),

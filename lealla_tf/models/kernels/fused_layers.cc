@@ -188,7 +188,8 @@ inline void Transpose(const float* in, int64_t rows, int64_t columns, int64_t ld
   }
 }
 
-// exp(x) of a softmax's shifted scores (x <= 0), 16 at a time: x = n ln 2 + r,
+// exp(x) of a softmax's shifted scores, 16 at a time, for x <= 0 only (above
+// about 89 the exponent bits would spill into the sign): x = n ln 2 + r,
 // n the nearest integer (adding 1.5 * 2^23 rounds x / ln 2 into the low bits
 // of the sum) and ln 2 in two parts, e^r by a degree-6 polynomial (Cephes'
 // expf coefficients, ~1 ulp), 2^n into the exponent bits. Below -87.3 (e^x
@@ -394,14 +395,20 @@ Status GetAttentionShape(const Tensor& qkv, const Tensor& bias, const Tensor& ma
   return CheckVector(bias, shape->width, "bias");
 }
 
-// One sequence's attention in float32 scratch: its rows of q, k, v (bias
-// added) are loaded once, contiguous, then each head works from them.
+// One sequence's attention in float32 scratch. With dropout (training) its
+// rows of q, k, v (bias added) are loaded once, contiguous, then each head
+// works from them; without it (Inference) each head reads its own rows from
+// the tensor and writes its context rows back.
 //
 // Within a head, scores are kept transposed, keys down and queries across
 // (s^T [t, tq], queries padded to tq, a multiple of 16): the softmax over the
 // keys of each query is then a sum down the rows, lane by lane, with no sum
 // across a vector. Head dimensions are padded to sp (a multiple of 16) with
 // zeros, so every product below works on whole 16-float vectors.
+// What a Sequence's scratch is for: Inference (no dropout), Probabilities and
+// Context (dropout), or those and Backward.
+enum class Pass { kInference, kForward, kBackward };
+
 struct Sequence {
   const AttentionShape& s;
   const int64_t t, tq, sp;
@@ -410,17 +417,20 @@ struct Sequence {
   // dv [t, sp]; qt, dct [sp, tq]; p, pd, factor, dp [t (keys), tq (queries)].
   std::vector<float> rows, results, gradients, key_bias, q, k, v, context, qt, p, pd, factor,
       dc, dct, dq, dk, dv, dp;
-  // Load's reading of the key mask for Inference: the keys to score, and
+  // LoadMask's reading of the key mask for Inference: the keys to score, and
   // whether they need the mask's -1e9 (false when the mask pads a suffix).
   int64_t keys = 0;
   bool masked_keys = true;
 
-  Sequence(const AttentionShape& shape, bool backward)
+  Sequence(const AttentionShape& shape, Pass pass)
       : s(shape), t(shape.length), tq(RoundUp16(shape.length)), sp(RoundUp16(shape.size)),
-        rows(t * s.width), results(t * s.width), key_bias(t), q(t * sp, 0.0f),
-        k(q.size(), 0.0f), v(q.size(), 0.0f), context(q.size()), qt(sp * tq, 0.0f),
-        p(t * tq), pd(p.size()), factor(p.size()) {
-    if (backward) {
+        key_bias(t), q(t * sp, 0.0f), k(q.size(), 0.0f), v(q.size(), 0.0f),
+        context(q.size()), qt(sp * tq, 0.0f), p(t * tq), pd(p.size()) {
+    if (pass == Pass::kInference) return;  // no rows, results or dropout factors
+    rows.resize(t * s.width);
+    results.resize(t * s.width);
+    factor.resize(p.size());
+    if (pass == Pass::kBackward) {
       gradients.resize(t * s.inner);
       dc.assign(q.size(), 0.0f);
       dct.assign(qt.size(), 0.0f);
@@ -457,8 +467,9 @@ struct Sequence {
   // [t, width] (of type T) into its context rows `out` [t, inner], after
   // LoadMask: Probabilities and Context in one pass over local pointers, each
   // head reading and writing the tensors itself. When the mask pads a suffix,
-  // only the `keys` unpadded keys are scored (a padded key's e^(-1e9 - max)
-  // is 0 exactly, so no sum changes). The softmax's division moves after
+  // only the `keys` unpadded keys are scored: with finite scores and values a
+  // padded key's score leaves the maximum as it is and its e^(-1e9 - max) is
+  // 0 exactly, so no sum changes. The softmax's division moves after
   // p v, one multiply per context value instead of one per probability (a
   // different rounding, not a different result).
   template <typename T>
@@ -614,13 +625,13 @@ struct Sequence {
 
 // Runs `fn(Sequence&, b)` over the sequences, one Sequence's scratch per block.
 template <typename Fn>
-void ForSequences(OpKernelContext* context, const AttentionShape& s, bool backward,
+void ForSequences(OpKernelContext* context, const AttentionShape& s, Pass pass,
                   int64_t cost, const Fn& fn) {
   const int64_t threads = context->device()->tensorflow_cpu_worker_threads()->num_threads;
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(s.batch, 4 * threads));
   ForBlocks(context, s.batch, blocks, cost * s.batch / blocks,
             [&](int64_t, int64_t begin, int64_t end) {
-              Sequence sequence(s, backward);
+              Sequence sequence(s, pass);
               for (int64_t b = begin; b < end; ++b) fn(sequence, b);
             });
 }
@@ -683,7 +694,8 @@ class AttentionOp : public AttentionKernel {
     const int32_t* m = context->input(2).flat<int32_t>().data();
     T* out = output->flat<T>().data();
     const int64_t t = s.length;
-    ForSequences(context, s, false, s.heads * t * (8 * t * s.size + 30 * t),
+    ForSequences(context, s, dropout.active ? Pass::kForward : Pass::kInference,
+                 s.heads * t * (8 * t * s.size + 30 * t),
                  [&](Sequence& sequence, int64_t bi) {
                    if (!dropout.active) {
                      sequence.LoadMask(m, bi);
@@ -729,7 +741,7 @@ class AttentionGradOp : public AttentionKernel {
     const int32_t* m = context->input(3).flat<int32_t>().data();
     T* out = dqkv->flat<T>().data();
     const int64_t t = s.length;
-    ForSequences(context, s, true, s.heads * t * (20 * t * s.size + 50 * t),
+    ForSequences(context, s, Pass::kBackward, s.heads * t * (20 * t * s.size + 50 * t),
                  [&](Sequence& sequence, int64_t bi) {
                    sequence.Load(in, b, m, bi);
                    Io<T>::Load(grad + bi * t * s.inner, sequence.gradients.data(), t * s.inner);
