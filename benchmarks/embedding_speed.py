@@ -51,6 +51,17 @@ batches (sentences x tokens: about the pipelines' 4,096-token batches of short
 and of long sentences), the parts' functions called in turn, the fastest of
 --part_repeats calls each. `--parts=` skips it.
 
+`fused_kernels` (asked for with --fused_shapes, e.g. 336x12,100x40): the fused
+kernels (`lealla_tf.models.kernels`) at inference, which a bfloat16 export runs
+rebuilt by `load_embedder`, on random --part_presets widths, for each batch
+(the last sentences padded at the end, as a length-sorted batch is) and each
+--fused_dtypes type: `attention_ms` (one call a layer, no dropout),
+`bias_gelu_ms` (one a layer), `norm_ms` (two a layer), each call on its own
+inputs, and `forward_ms`, `LeallaEncoder.forward(..., fused_kernels=True)` of
+the whole encoder (bfloat16: the mixed_bfloat16 policy); the fastest of
+--fused_repeats calls each, the rows taking turns. The kernels compile from the
+checkout the command runs in, so two checkouts' runs compare their kernels.
+
 `peaks_gflops` and `roofline`: the machine's matmul GFLOP/s in float32 and
 bfloat16 (`PEAK_SHAPES`: the student's own matmuls at a 4,096-token batch, and
 a square one), the fastest of --peak_repeats calls; and for each model of a
@@ -279,6 +290,8 @@ def run_child(spec: dict, sentences_file: str) -> dict:
         return {"forward_parts": parts_table(**spec["parts"])}
     if spec["kind"] == "peak":
         return {"peaks": matmul_peaks(spec["repeats"])}
+    if spec["kind"] == "fused":
+        return {"fused_kernels": fused_table(**spec["fused"])}
     with open(sentences_file, encoding="utf-8") as f:
         sets = json.load(f)
     with tempfile.TemporaryDirectory(prefix="embedding_speed_") as work:
@@ -341,6 +354,95 @@ def parts_table(presets, shapes, part_counts, repeats: int, num_layers: int = 0)
                              "parts": count, "milliseconds": 1e3 * fastest[count],
                              "sentences_per_second": batch / fastest[count],
                              "over_one_part": fastest[part_counts[0]] / fastest[count]})
+    return rows
+
+
+def padded_mask(rows: int, length: int, rng):
+    """A length-sorted batch's mask: the first sentence full, the others 80-100 %
+    of `length` long, padded at the end."""
+    import numpy as np
+
+    lengths = rng.integers(max(1, int(0.8 * length)), length + 1, rows)
+    lengths[0] = length
+    return (np.arange(length)[None, :] < lengths[:, None]).astype(np.int32)
+
+
+def fused_functions(config, shape, dtype: str) -> dict:
+    """The `fused_kernels` table's timed functions of one batch shape and type:
+    name -> (tf.function, its inputs), on random inputs and weights."""
+    import numpy as np
+    import tensorflow as tf
+
+    from lealla_tf import build_encoder
+    from lealla_tf.models import kernels
+
+    rows, length = shape
+    tokens, width = rows * length, config.hidden_dim
+    rng = np.random.default_rng(0)
+    compute = tf.bfloat16 if dtype == "bfloat16" else tf.float32
+    mask = tf.constant(padded_mask(rows, length, rng))
+
+    def values(columns, count, scale=1.0):
+        return [tf.cast(tf.constant(scale * rng.standard_normal((tokens, columns)), tf.float32),
+                        compute) for _ in range(count)]
+
+    def vector(size):
+        return tf.constant(0.1 * rng.standard_normal(size), tf.float32)
+
+    layers = config.num_layers
+    qkv, qkv_bias = values(3 * width, layers, scale=0.5), vector(3 * width)  # queries scaled
+    hidden, gelu_bias = values(config.intermediate_dim, layers), vector(config.intermediate_dim)
+    normed, (residual,) = values(width, 2 * layers), values(width, 1)
+    norm_bias, gamma, beta = vector(width), 1.0 + vector(width), vector(width)
+    encoder = build_encoder(config, dtype="mixed_bfloat16" if dtype == "bfloat16" else "float32")
+    inputs = {"input_word_ids": tf.constant(rng.integers(5, config.vocabulary_size,
+                                                         (rows, length)), tf.int32),
+              "input_mask": mask, "input_type_ids": tf.zeros([rows, length], tf.int32)}
+    return {
+        "attention_ms": (tf.function(lambda xs: [kernels.attention(
+            x, qkv_bias, mask, None, config.num_heads) for x in xs]), qkv),
+        "bias_gelu_ms": (tf.function(lambda xs: [kernels.bias_gelu(
+            x, gelu_bias) for x in xs]), hidden),
+        "norm_ms": (tf.function(lambda xs: [kernels.bias_dropout_add_norm(
+            x, norm_bias, residual, gamma, beta, None, 0.0, 1e-12) for x in xs]), normed),
+        "forward_ms": (tf.function(lambda x: encoder.forward(
+            x, fused_kernels=True)["sentence_embedding"]), inputs),
+    }
+
+
+def fused_table(presets, shapes, dtypes, repeats: int, num_layers: int = 0) -> list:
+    """The fused kernels' ops and the forward pass through them (see the module):
+    the fastest of `repeats` calls of each, after one untimed call, the functions
+    of a batch shape and type called in turn (`num_layers`: fewer layers than the
+    preset's, for a quick run)."""
+    import tensorflow as tf
+
+    from lealla_tf import get_preset
+    from lealla_tf.models import kernels
+
+    if not kernels.usable():
+        raise RuntimeError(f"the fused kernels are not usable here "
+                           f"({kernels.unavailable_reason()})")
+    rows = []
+    for preset in presets:
+        config = get_preset(preset).encoder.replace(vocabulary_size=1000)
+        config = config.replace(num_layers=num_layers or config.num_layers)
+        for batch, length in shapes:
+            for dtype in dtypes:
+                functions = fused_functions(config, (batch, length), dtype)
+                for function, inputs in functions.values():
+                    tf.nest.map_structure(lambda t: t.numpy(), function(inputs))
+                fastest = {name: float("inf") for name in functions}
+                for _ in range(repeats):
+                    for name, (function, inputs) in functions.items():
+                        start = time.perf_counter()
+                        tf.nest.map_structure(lambda t: t.numpy(), function(inputs))
+                        fastest[name] = min(fastest[name], time.perf_counter() - start)
+                row = {"preset": preset, "batch": batch, "length": length, "dtype": dtype,
+                       "layers": config.num_layers}
+                row.update({name: 1e3 * seconds for name, seconds in fastest.items()})
+                row["forward_us_per_token"] = 1e3 * row["forward_ms"] / (batch * length)
+                rows.append(row)
     return rows
 
 
@@ -522,6 +624,12 @@ def parse_args(argv=None):
     parser.add_argument("--part_shapes", default="340x12,100x40",
                         help="forward_parts: sentences x tokens, comma-separated")
     parser.add_argument("--part_repeats", type=int, default=10)
+    parser.add_argument("--fused_shapes", default="",
+                        help="fused_kernels: sentences x tokens, comma-separated "
+                             "(empty, the default: skip the table)")
+    parser.add_argument("--fused_dtypes", default="bfloat16,float32",
+                        help="fused_kernels: bfloat16 and/or float32")
+    parser.add_argument("--fused_repeats", type=int, default=7)
     parser.add_argument("--peak_repeats", type=int, default=20,
                         help="roofline: calls of each matmul whose fastest is the peak "
                              "(0: no peaks, no roofline)")
@@ -535,27 +643,42 @@ def parse_args(argv=None):
     if unknown or not args.models:
         parser.error(f"unknown --models {unknown}; choose from {list(MODELS)}")
     if min(args.rounds, args.batch_size, args.minilm_batch_size, args.num_sentences,
-           args.num_long, args.part_repeats) < 1 or min(args.max_tokens, args.max_pairs,
+           args.num_long, args.part_repeats, args.fused_repeats) < 1 or min(
+               args.max_tokens, args.max_pairs,
                                                         args.peak_repeats) < 0:
-        parser.error("--rounds, --batch_size, --minilm_batch_size, --num_sentences, --num_long "
-                     "and --part_repeats must be at least 1, --max_tokens, --max_pairs and "
-                     "--peak_repeats at least 0")
+        parser.error("--rounds, --batch_size, --minilm_batch_size, --num_sentences, --num_long, "
+                     "--part_repeats and --fused_repeats must be at least 1, --max_tokens, "
+                     "--max_pairs and --peak_repeats at least 0")
     try:
         args.parts = [int(p) for p in args.parts.split(",") if p.strip()]
-        args.part_shapes = [tuple(int(n) for n in shape.strip().split("x", 1))
-                            for shape in args.part_shapes.split(",") if shape.strip()]
-        if any(len(shape) != 2 or min(shape) < 1 for shape in args.part_shapes) or (
-                args.parts and min(args.parts) < 1):
+        args.part_shapes = shape_list(args.part_shapes)
+        if args.parts and min(args.parts) < 1:
             raise ValueError
     except ValueError:
         parser.error("--parts takes positive integers and --part_shapes rows x tokens like "
                      "340x12,100x40")
+    try:
+        args.fused_shapes = shape_list(args.fused_shapes)
+    except ValueError:
+        parser.error("--fused_shapes takes rows x tokens like 336x12,100x40")
+    args.fused_dtypes = [d.strip() for d in args.fused_dtypes.split(",") if d.strip()]
+    if not args.fused_dtypes or set(args.fused_dtypes) - {"bfloat16", "float32"}:
+        parser.error(f"--fused_dtypes takes bfloat16 and/or float32, got {args.fused_dtypes}")
     if args.parts and args.parts[0] != 1:
         parser.error(f"--parts must start with 1 (the reference), got {args.parts}")
     args.part_presets = [p.strip() for p in args.part_presets.split(",") if p.strip()]
     if [p for p in args.part_presets if p not in PRESETS]:
         parser.error(f"unknown --part_presets in {args.part_presets}; known: {sorted(PRESETS)}")
     return args
+
+
+def shape_list(text: str) -> list:
+    """"340x12,100x40" -> [(340, 12), (100, 40)] (empty: []); ValueError otherwise."""
+    shapes = [tuple(int(n) for n in shape.strip().split("x", 1))
+              for shape in text.split(",") if shape.strip()]
+    if any(len(shape) != 2 or min(shape) < 1 for shape in shapes):
+        raise ValueError(text)
+    return shapes
 
 
 def model_specs(args, data_dir, skipped: dict) -> dict:
@@ -623,6 +746,11 @@ def main(argv=None) -> int:
                 "presets": args.part_presets, "shapes": args.part_shapes,
                 "part_counts": args.parts, "repeats": args.part_repeats}},
                 sentences_file)["forward_parts"]
+        if args.fused_shapes:
+            output["fused_kernels"] = measure("fused_kernels", {"kind": "fused", "fused": {
+                "presets": args.part_presets, "shapes": args.fused_shapes,
+                "dtypes": args.fused_dtypes, "repeats": args.fused_repeats}},
+                sentences_file)["fused_kernels"]
         if args.peak_repeats:
             output["peaks_gflops"] = measure("peaks", {"kind": "peak",
                                                        "repeats": args.peak_repeats},

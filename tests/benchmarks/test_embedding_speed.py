@@ -1,8 +1,10 @@
 """benchmarks/embedding_speed.py: a quick run on a tiny export and data directory,
-the forward pass in parts, the export formats set against the float32 export, and
-its refusals."""
+the forward pass in parts, the fused kernels op by op, the export formats set
+against the float32 export, and its refusals."""
 
 import json
+import os
+import shutil
 
 import numpy as np
 import pytest
@@ -86,6 +88,29 @@ def test_the_forward_pass_in_parts_is_timed_against_one_part():
     assert rows[0]["over_one_part"] == 1.0 and rows[1]["milliseconds"] > 0
 
 
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None,
+                    reason="no C++ compiler to build the fused kernels")
+def test_the_fused_kernels_are_timed_op_by_op_and_in_the_forward_pass():
+    rows = embedding_speed.fused_table(["lealla_small"], [(4, 8), (3, 20)],
+                                       ["bfloat16", "float32"], repeats=1, num_layers=2)
+    assert [(r["batch"], r["length"], r["dtype"], r["layers"]) for r in rows] == [
+        (4, 8, "bfloat16", 2), (4, 8, "float32", 2), (3, 20, "bfloat16", 2),
+        (3, 20, "float32", 2)]
+    for row in rows:
+        for name in ("attention_ms", "bias_gelu_ms", "norm_ms", "forward_ms"):
+            assert row[name] > 0, (row, name)
+        assert row["forward_us_per_token"] == pytest.approx(
+            1e3 * row["forward_ms"] / (row["batch"] * row["length"]))
+
+
+def test_a_timed_batch_is_padded_at_the_end_its_first_sentence_full():
+    mask = embedding_speed.padded_mask(50, 20, np.random.default_rng(0))
+    lengths = mask.sum(axis=1)
+    assert mask.shape == (50, 20) and lengths[0] == 20 and 16 <= lengths.min() < 20
+    for row, length in zip(mask, lengths):
+        assert row[:length].all() and not row[length:].any()
+
+
 def test_each_export_format_is_set_against_the_float32_export():
     vectors = {"student": np.array([[1.0, 0.0], [0.0, 1.0]]),
                "student_int8": np.array([[0.99, 0.05], [0.0, 1.0]]),
@@ -155,6 +180,9 @@ def test_the_roofline_sets_each_model_against_its_precisions_peak():
     (["--parts=2,1"], "--parts must start with 1"),
     (["--part_shapes=3by4"], "--part_shapes rows x tokens"),
     (["--part_presets=lealla_tiny"], "unknown --part_presets"),
+    (["--fused_shapes=3by4"], "--fused_shapes takes rows x tokens"),
+    (["--fused_dtypes=float16"], "--fused_dtypes takes bfloat16 and/or float32"),
+    (["--fused_repeats=0"], "--fused_repeats must be at least 1"),
 ])
 def test_bad_flags_are_refused_with_a_message(tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as stopped:
