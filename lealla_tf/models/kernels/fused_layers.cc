@@ -63,13 +63,19 @@ inline float FromBf16Bits(uint16_t bits) {
   return value;
 }
 
-// Round to nearest even, as TensorFlow's Cast does; NaN stays NaN.
+// A float's bits (uint32_t, or 16 of them) rounded to bfloat16's, in the low
+// half: to nearest even, as TensorFlow's Cast does; NaN stays NaN.
+template <typename U>
+inline U RoundToBf16(U word) {
+  const U rounded = (word + 0x7FFFu + ((word >> 16) & 1u)) >> 16;
+  const U nan = (word >> 16) | 0x40u;
+  return (word & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded;
+}
+
 inline uint16_t ToBf16Bits(float value) {
   uint32_t word;
   std::memcpy(&word, &value, sizeof(word));
-  const uint32_t rounded = (word + 0x7FFFu + ((word >> 16) & 1u)) >> 16;
-  const uint32_t nan = (word >> 16) | 0x40u;
-  return static_cast<uint16_t>((word & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+  return static_cast<uint16_t>(RoundToBf16(word));
 }
 
 template <typename T>
@@ -143,10 +149,7 @@ inline void StoreAs16(float* p, V16 v) { Store16(p, v); }
 inline void StoreAs16(bfloat16* p, V16 v) {
   V16u word;
   std::memcpy(&word, &v, sizeof(word));
-  const V16u rounded = (word + 0x7FFFu + ((word >> 16) & 1u)) >> 16;
-  const V16u nan = (word >> 16) | 0x40u;
-  const V16u chosen = (word & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded;
-  const V16h bits = __builtin_convertvector(chosen, V16h);
+  const V16h bits = __builtin_convertvector(RoundToBf16(word), V16h);
   std::memcpy(p, &bits, sizeof(bits));
 }
 
