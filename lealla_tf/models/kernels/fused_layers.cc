@@ -125,11 +125,6 @@ inline float Sum(V16 v) {
   for (int i = 0; i < 16; ++i) total += v[i];
   return total;
 }
-inline float Max(V16 v) {
-  float top = v[0];
-  for (int i = 1; i < 16; ++i) top = std::max(top, v[i]);
-  return top;
-}
 inline int64_t RoundUp16(int64_t n) { return (n + 15) / 16 * 16; }
 
 // 16 values of a tensor's type as floats, and back (bfloat16: Io's conversions,
@@ -898,36 +893,56 @@ inline void PreNorm(const NormInputs& n, const T* x, const T* residual, int64_t 
   }
 }
 
-// The norm op's row r when the width is whole vectors: PreNorm, the
-// statistics and the output in three passes over z (the row loop's arithmetic
-// in the same order: sums lane by lane, then across the lanes).
+// The norm op's row r: PreNorm, the statistics and the output in three passes
+// over z, each over the whole vectors, then the rest one value at a time (the
+// sums in RowSum's and RowDot's order: lane by lane, across the lanes, the rest).
 template <typename T>
-inline void NormRow16(const NormInputs& n, const T* x, const T* residual, const float* beta,
-                      float epsilon, int64_t r, float* z, float* factor, T* out, float* means,
-                      float* rstds) {
-  const int64_t width = n.width;
+inline void NormRow(const NormInputs& n, const T* x, const T* residual, const float* beta,
+                    float epsilon, int64_t r, float* z, float* factor, T* out, float* means,
+                    float* rstds) {
+  const int64_t width = n.width, whole = width / 16 * 16;
   const T* xr = x + r * width;
   const T* rr = residual + r * width;
-  if (n.dropout.active) n.dropout.Factors(static_cast<uint32_t>(r * width), width, factor);
+  T* yr = out + r * width;
+  const bool drop = n.dropout.active;
+  if (drop) n.dropout.Factors(static_cast<uint32_t>(r * width), width, factor);
   V16 sums = Splat(0.0f);
-  for (int64_t c = 0; c < width; c += 16) {
+  for (int64_t c = 0; c < whole; c += 16) {
     V16 v = LoadAs16(xr + c) + Load16(n.bias + c);
-    if (n.dropout.active) v *= Load16(factor + c);
+    if (drop) v *= Load16(factor + c);
     v += LoadAs16(rr + c);
     Store16(z + c, v);
     sums += v;
   }
-  const float mu = Sum(sums) / width;
+  float total = Sum(sums);
+  for (int64_t c = whole; c < width; ++c) {
+    float v, w;
+    Io<T>::Load(xr + c, &v, 1);
+    Io<T>::Load(rr + c, &w, 1);
+    v += n.bias[c];
+    if (drop) v *= factor[c];
+    z[c] = v + w;
+    total += z[c];
+  }
+  const float mu = total / width;
   V16 squares = Splat(0.0f);
-  for (int64_t c = 0; c < width; c += 16) {
+  for (int64_t c = 0; c < whole; c += 16) {
     const V16 centred = Load16(z + c) - mu;
     Store16(z + c, centred);
     squares += centred * centred;
   }
-  const float inverse = 1.0f / std::sqrt(Sum(squares) / width + epsilon);
-  T* yr = out + r * width;
-  for (int64_t c = 0; c < width; c += 16) {
+  float square_total = Sum(squares);
+  for (int64_t c = whole; c < width; ++c) {
+    z[c] -= mu;
+    square_total += z[c] * z[c];
+  }
+  const float inverse = 1.0f / std::sqrt(square_total / width + epsilon);
+  for (int64_t c = 0; c < whole; c += 16) {
     StoreAs16(yr + c, Load16(z + c) * (inverse * Load16(n.gamma + c)) + Load16(beta + c));
+  }
+  for (int64_t c = whole; c < width; ++c) {
+    const float y = z[c] * (inverse * n.gamma[c]) + beta[c];
+    Io<T>::Store(&y, yr + c, 1);
   }
   means[r] = mu;
   rstds[r] = inverse;
@@ -987,26 +1002,10 @@ class BiasDropoutAddNormOp : public NormKernel {
     const int64_t blocks = RowBlocks(context, n.rows, width);
     ForBlocks(context, n.rows, blocks, n.rows * width / blocks * 20,
               [&](int64_t, int64_t begin, int64_t end) {
-                std::vector<float> z(width), factor(width), scratch(width);
-                if (width % 16 == 0) {
-                  for (int64_t r = begin; r < end; ++r) {
-                    NormRow16(n, in, residual, beta, epsilon_, r, z.data(), factor.data(), out,
-                              means, rstds);
-                  }
-                  return;
-                }
+                std::vector<float> z(width), factor(width);
                 for (int64_t r = begin; r < end; ++r) {
-                  PreNorm(n, in, residual, r, z.data(), factor.data(), scratch.data());
-                  const float mu = RowSum(z.data(), width) / width;
-                  for (int64_t c = 0; c < width; ++c) z[c] -= mu;
-                  const float squares = RowDot(z.data(), z.data(), width);
-                  const float inverse = 1.0f / std::sqrt(squares / width + epsilon_);
-                  for (int64_t c = 0; c < width; ++c) {
-                    scratch[c] = z[c] * (inverse * n.gamma[c]) + beta[c];
-                  }
-                  Io<T>::Store(scratch.data(), out + r * width, width);
-                  means[r] = mu;
-                  rstds[r] = inverse;
+                  NormRow(n, in, residual, beta, epsilon_, r, z.data(), factor.data(), out,
+                          means, rstds);
                 }
               });
   }
