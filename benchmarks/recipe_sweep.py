@@ -174,13 +174,13 @@ def train_variant(name, argv, work_dir, data_dir, result_file):
         if not os.path.exists(os.path.join(sample, "DONE")):
             sample_stage(config, data_dir, sample)
             open(os.path.join(sample, "DONE"), "w").close()
-    # The flags as they are (no `steps`): the row's --train_steps and --eval_every.
-    train_settings = student_train_config(config, data_dir, teacher,
-                                          os.path.join(work_dir, "teacher"), sample,
-                                          config.objective, weights, in_step)
     try:
+        # The flags as they are (no `steps`): the row's --train_steps and --eval_every.
+        train_settings = student_train_config(config, data_dir, teacher,
+                                              os.path.join(work_dir, "teacher"), sample,
+                                              config.objective, weights, in_step)
         summary = train(train_settings, model_dir, vocabulary["output"], progress=False)
-    except (ValueError, FileNotFoundError) as error:  # the trainer's own refusals
+    except (ValueError, FileNotFoundError) as error:  # the job's and the trainer's refusals
         print(f"error: {name}: {error}".replace("\n", "; "), file=sys.stderr)
         sys.exit(2)
     if summary["final_step"] < train_settings.train_steps:  # stopped by a signal
@@ -276,7 +276,9 @@ def main(argv=None) -> int:
             if stopped or process.exitcode == 130:
                 print(f"{name}: stopped before its last step; rerun to go on", file=sys.stderr)
                 return 130
-            if process.exitcode == 2:  # refused, said why in one line
+            if process.exitcode == 2:  # refused (the trainer says why in the line above)
+                print(f"{name}: refused (exit 2); the sweep stops, its finished rows are kept "
+                      f"under {os.path.join(args.work_dir, 'sweep')}", file=sys.stderr)
                 return 2
             if process.exitcode != 0:
                 print(f"{name}: failed (exit {process.exitcode})", file=sys.stderr)

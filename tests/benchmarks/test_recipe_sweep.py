@@ -74,3 +74,25 @@ def test_a_row_finished_before_a_flag_was_added_matches_at_its_value():
     for added in ("--cooldown_distilled_rows=1", "--cooldown_margin=0.3"):
         assert recorded_recipe({"recipe": older}) != resolved_recipe(["--train_steps=500", added])
     assert recorded_recipe({}) == {}
+
+
+def test_a_row_the_trainer_refuses_stops_the_sweep_naming_the_row(tmp_path, capfd):
+    """A row whose training is refused (here: the job's teacher stage names no
+    SentencePiece teacher for the student's embedding init) exits 2 with the
+    reason, no traceback, and a line naming the row."""
+    data = tmp_path / "data"
+    for folder in ("parallel", "tatoeba_dev"):
+        (data / folder).mkdir(parents=True)
+    work = tmp_path / "work"
+    (work / "stages").mkdir(parents=True)
+    for stage in ("teacher", "sample"):
+        (work / "stages" / f"{stage}.json").write_text('{"result": {}}')
+    (work / "stages" / "vocabulary.json").write_text(json.dumps(
+        {"result": {"output": str(work / "vocab.model")}}))
+    out = str(tmp_path / "out.json")
+    assert main([f"--work_dir={work}", f"--data_dir={data}", "--variant=gone=",
+                 "--output_json", out]) == 2
+    err = capfd.readouterr().err  # the row trains in a child process
+    assert "error: gone: --embedding_init=teacher_select needs a SentencePiece teacher" in err
+    assert "gone: refused (exit 2)" in err and "Traceback" not in err, err
+    assert not os.path.exists(out)
