@@ -41,8 +41,8 @@ except ImportError:  # not POSIX: no flock, so no lock
 
 LOCK_FILE = ".lealla_tf.lock"
 # How long a refused run waits for the holder's pid to appear in the file (a
-# holder writes it right after it takes the lock).
-PID_WAIT_SECONDS = 1.0
+# holder writes it right after it takes the lock, unless a busy machine stalls it).
+PID_WAIT_SECONDS = 5.0
 
 
 class FolderInUseError(RuntimeError):

@@ -97,7 +97,7 @@ def test_workers_listed_before_the_run_are_used_without_asking_the_cluster_again
     started = time.monotonic()
     run_pipeline(listed, ["tcp://127.0.0.1:9002", "tcp://127.0.0.1:9001"])
     run_pipeline(unplaced, None)
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 4  # asking would cost the 5 s connect timeout
     assert listed.annotations["workers"].workers == ["tcp://127.0.0.1:9001",
                                                      "tcp://127.0.0.1:9002"]
     assert listed.annotations["priority"] is shuffles_first
