@@ -2,7 +2,7 @@
 #   make main   set up, then run the main job end to end
 #   make test   set up, then run the test suite (what CI runs)
 # and, after `make main`, every speed target in one JSON and one table:
-#   make speed  python -m benchmarks.speed_targets (about 40 min on 2 cores)
+#   make speed  python -m benchmarks.speed_targets (its duration: README.md)
 PYTHON ?= python3.11
 VENV ?= .venv
 MAIN_FLAGS ?=

@@ -8,7 +8,7 @@ Needs a finished main job in --recipe_dir (`make main`): the student's model
 directory (`student/`), its export (`export/lealla_small`), the converted
 teacher (`teacher/`), and the job's vocabulary, sample and stage records.
 Runs, one after another on this machine, each benchmark in its own process
-(nothing else should run meanwhile; about 40 minutes on 2 cores):
+(nothing else should run meanwhile; its duration on 2 cores: docs/benchmarks.md):
 
 1. `embedding` (`embedding_speed.py --rounds=N`): sentences/s of the student,
    its int8 and XLA exports, lealla_small with a 32k and LaBSE's 501k
