@@ -7,6 +7,10 @@ PYTHON ?= python3.11
 VENV ?= .venv
 MAIN_FLAGS ?=
 PYTEST_FLAGS ?=
+# The suite's worker processes (pytest-xdist), a test file to each at a time:
+# its fixtures are built once a file, and while one worker traces Python the
+# other computes. 0 runs it in this process.
+TEST_WORKERS ?= 2
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.lealla_tf-installed
@@ -38,7 +42,7 @@ main: $(STAMP)
 # The linter first (ruff.toml), then the suite.
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q $(PYTEST_FLAGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_FLAGS)
 
 speed: $(STAMP)
 	$(BIN)/python -m benchmarks.speed_targets --output_json=benchmarks/results/speed_targets.json

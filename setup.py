@@ -46,6 +46,8 @@ EXTRAS_REQUIRE = {
     ],
     "dev": [
         "pytest==9.2.0",
+        # `make test` runs the suite on two processes (TEST_WORKERS in the Makefile).
+        "pytest-xdist==3.8.0",
         "ruff==0.17.6",
         "nbclient==0.11.0",
         "nbformat==5.11.1",
