@@ -276,9 +276,10 @@ def main(argv=None) -> int:
             if stopped or process.exitcode == 130:
                 print(f"{name}: stopped before its last step; rerun to go on", file=sys.stderr)
                 return 130
-            if process.exitcode == 2:  # refused (the trainer says why in the line above)
-                print(f"{name}: refused (exit 2); the sweep stops, its finished rows are kept "
-                      f"under {os.path.join(args.work_dir, 'sweep')}", file=sys.stderr)
+            if process.exitcode == 2:  # a refusal, whose reason train_variant printed
+                print(f"{name}: stopped with exit 2 (a refused row's reason is the line above); "
+                      f"the sweep stops, its finished rows are kept under "
+                      f"{os.path.join(args.work_dir, 'sweep')}", file=sys.stderr)
                 return 2
             if process.exitcode != 0:
                 print(f"{name}: failed (exit {process.exitcode})", file=sys.stderr)

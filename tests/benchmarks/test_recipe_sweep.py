@@ -94,5 +94,5 @@ def test_a_row_the_trainer_refuses_stops_the_sweep_naming_the_row(tmp_path, capf
                  "--output_json", out]) == 2
     err = capfd.readouterr().err  # the row trains in a child process
     assert "error: gone: --embedding_init=teacher_select needs a SentencePiece teacher" in err
-    assert "gone: refused (exit 2)" in err and "Traceback" not in err, err
+    assert "gone: stopped with exit 2" in err and "Traceback" not in err, err
     assert not os.path.exists(out)
