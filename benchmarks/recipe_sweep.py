@@ -276,7 +276,7 @@ def main(argv=None) -> int:
             if stopped or process.exitcode == 130:
                 print(f"{name}: stopped before its last step; rerun to go on", file=sys.stderr)
                 return 130
-            if process.exitcode == 2:  # a refusal, whose reason train_variant printed
+            if process.exitcode == 2:  # train_variant's refusals exit 2 after their reason
                 print(f"{name}: stopped with exit 2 (a refused row's reason is the line above); "
                       f"the sweep stops, its finished rows are kept under "
                       f"{os.path.join(args.work_dir, 'sweep')}", file=sys.stderr)
